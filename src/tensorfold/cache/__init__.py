@@ -1,0 +1,22 @@
+"""Per-layer-kind caches: paged K/V for attention layers, state slots for Gated DeltaNet layers."""
+from .kv_pool import KVPool
+from .state_pool import StatePool, StateSnapshot
+
+__all__ = ["KVPool", "StatePool", "StateSnapshot", "ModelCaches"]
+
+
+class ModelCaches:
+    """The two pools of one model, addressed by the layer's index within its kind."""
+
+    def __init__(self, kv: KVPool, states: StatePool) -> None:
+        self.kv, self.states = kv, states
+
+    def kv_layer(self, i: int):
+        return self.kv.k[i], self.kv.v[i]
+
+    def state_layer(self, i: int):
+        return self.states.conv[i], self.states.recurrent[i]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.states.nbytes

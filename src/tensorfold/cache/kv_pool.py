@@ -1,0 +1,45 @@
+"""Paged K/V for the full-attention layers: fixed-size pages, one free list for all layers.
+
+A page index names the same rows in every attention layer; a lane's page table maps its
+positions to cache rows: row = page * page_size + position % page_size.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        rows = num_pages * page_size
+        # Zeroed so a row read before it is written is finite (it is masked, and 0 * finite = 0).
+        self.k = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"KV pool exhausted: {n} pages asked, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+    def rows(self, pages: list[int], length: int) -> torch.Tensor:
+        """Cache rows of positions 0..length-1 of a lane with this page table."""
+        device = self.k[0].device if self.k else torch.device("cpu")
+        pos = torch.arange(length, device=device)
+        table = torch.tensor(pages, dtype=torch.long, device=device)
+        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

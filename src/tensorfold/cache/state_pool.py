@@ -1,0 +1,65 @@
+"""Gated DeltaNet state slots: per lane, per layer, the conv window and the fp32 recurrent state.
+
+Slots are plain rows of preallocated tensors, so a lane's whole state can be copied out
+(a snapshot: the prompt cache, a draft position) and copied back bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    conv: tuple[torch.Tensor, ...]        # per GDN layer [K-1, conv_dim]
+    recurrent: tuple[torch.Tensor, ...]   # per GDN layer [Hv, dk, dv]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)
+
+
+class StatePool:
+    def __init__(self, num_layers: int, num_slots: int, conv_kernel: int, conv_dim: int, num_v_heads: int,
+                 k_head_dim: int, v_head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.num_slots = num_slots
+        self.conv = [torch.zeros(num_slots, conv_kernel - 1, conv_dim, dtype=dtype, device=device)
+                     for _ in range(num_layers)]
+        self.recurrent = [torch.zeros(num_slots, num_v_heads, k_head_dim, v_head_dim, dtype=state_dtype,
+                                      device=device) for _ in range(num_layers)]
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise MemoryError("state pool exhausted")
+        slot = self._free.pop()
+        self.reset(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def reset(self, slot: int) -> None:
+        for t in self.conv + self.recurrent:
+            t[slot].zero_()
+
+    def snapshot(self, slot: int) -> StateSnapshot:
+        return StateSnapshot(tuple(t[slot].clone() for t in self.conv), tuple(t[slot].clone() for t in self.recurrent))
+
+    def restore(self, slot: int, snap: StateSnapshot) -> None:
+        for dst, src in zip(self.conv + self.recurrent, snap.conv + snap.recurrent):
+            dst[slot].copy_(src)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.nbytes // max(1, self.num_slots)

@@ -1,0 +1,71 @@
+"""The `tensorfold` command: run (offline generation, seams), serve, make-random."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from .errors import TensorFoldError
+
+
+def token_sha(ids: list[int]) -> str:
+    """sha256 hex of the ids written as comma-separated decimals."""
+    return hashlib.sha256(",".join(str(i) for i in ids).encode()).hexdigest()
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", nargs="?", default=None, help="checkpoint folder (default: the bundled demo model)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
+    p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
+    p.add_argument("--context", type=int, default=None, help="prompt + generation limit per request")
+    p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="generate from one prompt, offline")
+    _add_model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw text prompt")
+    src.add_argument("--chat", help="a user message, rendered with the chat template")
+    src.add_argument("--tokens", help="token ids: a JSON list, or a file holding one")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--compare-chunk", type=int, default=None, help="run again with this chunk and compare seams")
+    p.add_argument("--seams", type=int, default=256, help="fingerprint every N prompt rows")
+    from .tools.run import run_command
+    p.set_defaults(func=run_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorfold", description="Exact inference for Qwen3.5 models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    for module in ("server.cli", "tools.make_random"):
+        __import__(f"{__package__}.{module}", fromlist=["add_parser"]).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TensorFoldError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def default_checkpoint(path: str | None) -> Path:
+    if path is not None:
+        return Path(path)
+    from .demo import demo_checkpoint
+    return demo_checkpoint()

@@ -1,0 +1,183 @@
+"""The engine: requests in, one shared forward pass per step, token events out.
+
+add_request and cancel may be called from any thread; step() runs on one thread.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..cache import KVPool, ModelCaches, StatePool
+from ..errors import ContextOverflow, InvalidRequest
+from ..models.qwen3_5 import Qwen35Model
+from ..ops.sampling import sample_row, top_logprobs, uniform
+from ..runner.model_runner import ModelRunner
+from .request import Request, SamplingParams, Status, TokenEvent
+from .scheduler import Scheduler, SchedulerConfig
+from .text import advance_text
+
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig(SchedulerConfig):
+    page_size: int = PAGE_SIZE
+
+
+class Engine:
+    def __init__(self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        cfg = model.config
+        pages = config.parallel * -(-config.context // config.page_size)
+        kv = KVPool(len(cfg.full_layers), pages, config.page_size, cfg.num_kv_heads, cfg.head_dim,
+                    model.dtype, model.device)
+        states = StatePool(len(cfg.linear_layers), config.parallel, cfg.conv_kernel, cfg.conv_dim,
+                           cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                           model.dtype, model.device)
+        self.caches = ModelCaches(kv, states)
+        self.runner = ModelRunner(model, self.caches)
+        self.scheduler = Scheduler(config, kv, states)
+        self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
+        self._inbox: deque[Request] = deque()
+        self._cancels: deque[str] = deque()
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.wakeup = threading.Event()
+
+    # -- admission (any thread) ----------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    *, stream: int = 0, cuts: tuple[int, ...] = (), on_cut=None, on_finish=None,
+                    keep_logits: bool = False) -> Request:
+        prompt_ids = [int(t) for t in prompt_ids]
+        self._validate(prompt_ids, params)
+        max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, max_tokens, seed, stream,
+                      tuple(sorted(set(cuts))), on_cut, on_finish)
+        req.keep_logits = keep_logits
+        req.logits_by_position = {}
+        with self._lock:
+            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
+                from ..errors import QueueFull
+                raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
+            self._requests[req.request_id] = req
+            self._inbox.append(req)
+        self.wakeup.set()
+        return req
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+        want = len(ids) + (params.max_tokens or 1)
+        if want > self.config.context:
+            raise ContextOverflow(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens or 1}) = {want} exceeds "
+                f"the context of {self.config.context} tokens", param="max_tokens")
+
+    def cancel(self, request_id: str) -> None:
+        self._cancels.append(request_id)
+        self.wakeup.set()
+
+    # -- the loop (one thread) -----------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._cancels or self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> list[TokenEvent]:
+        events = self._take_inbox()
+        self.scheduler.admit()
+        work = self.scheduler.schedule()
+        if not work:
+            return events
+        keep = {i for i, w in enumerate(work) if w.request.keep_logits}
+        logits = self.runner.execute([(w.request, w.rows) for w in work], keep)
+        for i, w in enumerate(work):
+            event = self._advance(w.request, w.rows, logits.get(i))
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _take_inbox(self) -> list[TokenEvent]:
+        with self._lock:
+            while self._inbox:
+                self.scheduler.waiting.append(self._inbox.popleft())
+        events = []
+        while self._cancels:
+            req = self._requests.get(self._cancels.popleft())
+            if req is not None and req.status != Status.FINISHED:
+                events.append(self._finish(req, "cancelled", None))
+        return events
+
+    def _advance(self, req: Request, rows: int, logits: torch.Tensor | None) -> TokenEvent | None:
+        start = req.num_computed
+        req.num_computed += rows
+        if req.keep_logits and logits is not None:
+            for j in range(rows):
+                req.logits_by_position[start + j] = logits[j].clone()
+        last = logits[-1] if logits is not None else None
+        if req.on_cut is not None and req.num_computed in req.cuts:
+            req.on_cut(req, req.num_computed, last)
+        if req.num_computed < req.num_tokens:
+            return None
+        return self._emit(req, last)
+
+    def _emit(self, req: Request, logits: torch.Tensor) -> TokenEvent:
+        p = req.params
+        u = uniform(req.seed, req.num_tokens, req.stream)
+        token = sample_row(logits, p.temperature, p.top_k, p.top_p, p.min_p, u)
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        req.output_ids.append(token)
+        req.last_logits = logits
+        lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
+        reason = self._stop_reason(req, token)
+        text, stop_hit = self._new_text(req, final=reason is not None)
+        if stop_hit:
+            reason = "stop"
+        event = TokenEvent(req.request_id, [token], text, logprobs=lp)
+        if reason is not None:
+            self._finish(req, reason, logits)
+            event.finished, event.finish_reason = True, reason
+        return event
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return "stop"
+        if len(req.output_ids) >= req.max_tokens:
+            return "length"
+        return None
+
+    def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
+        if self.tokenizer is None:
+            return "", False
+        full = self.tokenizer.decode(req.output_ids)
+        text, req.emitted_text_len, hit = advance_text(full, req.emitted_text_len, req.params.stop, final)
+        req.text += text
+        return text, hit
+
+    def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
+        if req.on_finish is not None and req.status == Status.RUNNING:
+            req.on_finish(req, logits)
+        req.finish_reason = reason
+        req.finish_time = time.monotonic()
+        self.scheduler.finish(req)
+        self._requests.pop(req.request_id, None)
+        return TokenEvent(req.request_id, [], "", finished=True, finish_reason=reason)
+
+    def fingerprint(self, req: Request, logits: torch.Tensor | None) -> str:
+        return self.runner.fingerprint(req, logits)
+
+    def run_until_done(self) -> None:
+        while self.has_work():
+            self.step()

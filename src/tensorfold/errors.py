@@ -1,0 +1,63 @@
+"""Named errors. Each one says what was wrong and where, before any weight is read."""
+from __future__ import annotations
+
+
+class TensorFoldError(Exception):
+    """Base of every error TensorFold raises on purpose."""
+
+
+class ConfigError(TensorFoldError, ValueError):
+    """config.json describes something we cannot run; the message names the field."""
+
+
+class UnsupportedModelType(ConfigError):
+    pass
+
+
+class UnsupportedMoE(ConfigError):
+    pass
+
+
+class UnknownLayerType(ConfigError):
+    pass
+
+
+class InconsistentShape(ConfigError):
+    pass
+
+
+class UnsupportedQuantization(ConfigError):
+    pass
+
+
+class CheckpointError(TensorFoldError):
+    """The weight files do not match the config; the message names the tensor."""
+
+
+class MissingTensor(CheckpointError, KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class BadTensor(CheckpointError, ValueError):
+    pass
+
+
+class RequestError(TensorFoldError, ValueError):
+    """A request that cannot be served as asked; `param` names the offending parameter."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflow(RequestError):
+    pass
+
+
+class InvalidRequest(RequestError):
+    pass
+
+
+class QueueFull(TensorFoldError):
+    pass

@@ -1,0 +1,93 @@
+"""Linear layers and embeddings over dense or MLX-affine packed weights.
+
+Every weight carries its reduction plan, chosen from its own (N, K) alone: the output rows
+are produced in fixed chunks (the dequantization unit for packed weights) and every chunk
+goes through `matmul_rows`, whose calls have one fixed shape. So any number of rows, in any
+order, gets the same bits per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.linear import matmul_rows
+from ..ops.quant import dequantize
+
+DEQUANT_CHUNK_ELEMENTS = 1 << 22   # dequantize at most ~4M weights at a time
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """An MLX affine weight kept packed: [N, K*bits/32] words, [N, K/gs] scales and biases."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.packed.shape[1] * 32 // self.bits
+
+    def rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.packed[start:stop], self.scales[start:stop], self.biases[start:stop],
+                          self.bits, self.group_size, dtype)
+
+    def take(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.packed[ids], self.scales[ids], self.biases[ids], self.bits, self.group_size, dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.biases))
+
+    def to(self, device: torch.device) -> "QuantizedWeight":
+        return QuantizedWeight(self.packed.to(device), self.scales.to(device), self.biases.to(device),
+                               self.bits, self.group_size)
+
+
+Weight = torch.Tensor | QuantizedWeight
+
+
+class Linear:
+    """y = x Wᵀ (no bias anywhere in Qwen3.5)."""
+
+    def __init__(self, weight: Weight, dtype: torch.dtype) -> None:
+        self.weight = weight
+        self.dtype = dtype
+        n, k = weight.shape
+        self.out_features, self.in_features = n, k
+        self.chunk = n if isinstance(weight, torch.Tensor) else max(1, min(n, DEQUANT_CHUNK_ELEMENTS // k))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, torch.Tensor):
+            return matmul_rows(x, self.weight)
+        out = x.new_empty((x.shape[0], self.out_features))
+        for start in range(0, self.out_features, self.chunk):
+            stop = min(start + self.chunk, self.out_features)
+            out[:, start:stop] = matmul_rows(x, self.weight.rows(start, stop, self.dtype))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        w = self.weight
+        return w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
+
+
+class Embedding:
+    """Token ids -> rows of the table; a packed table is dequantized row by row on lookup."""
+
+    def __init__(self, weight: Weight, dtype: torch.dtype) -> None:
+        self.weight = weight
+        self.dtype = dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, torch.Tensor):
+            return F.embedding(ids, self.weight)
+        return self.weight.take(ids, self.dtype)
+
+    def as_linear(self) -> Linear:
+        """The tied output head: the same table, used as a projection."""
+        return Linear(self.weight, self.dtype)

@@ -1,0 +1,96 @@
+"""Offline batches in vLLM's shape: LLM(path).generate(prompts, SamplingParams(...)).
+
+It drives the same engine as the server, so offline and served tokens are the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .engine.engine import Engine, EngineConfig
+from .engine.request import SamplingParams
+from .models.loader import load_model
+from .tokenizer import Tokenizer
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+          "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of auto, bfloat16, float32, float64")
+    return DTYPES[dtype]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+
+class LLM:
+    def __init__(self, model: str | Path, *, dtype: str | torch.dtype = "auto", device: str = "auto",
+                 parallel: int = 4, context: int = 4096, chunk: int = 128, **engine_kwargs) -> None:
+        dev = resolve_device(device)
+        self.model = load_model(model, dtype=resolve_dtype(dtype, dev), device=dev)
+        self.tokenizer = Tokenizer(model) if Tokenizer.exists(model) else None
+        config = EngineConfig(parallel=parallel, context=context, chunk=chunk, **engine_kwargs)
+        self.engine = Engine(self.model, self.tokenizer, config)
+
+    def _ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass token ids")
+            return prompt, self.tokenizer.encode(prompt)
+        return None, [int(t) for t in prompt]
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 n: int = 1) -> list[RequestOutput]:
+        """All prompts go in together and share passes, `parallel` lanes at a time."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        pending = []
+        for prompt, p in zip(prompts, params_list):
+            text, ids = self._ids(prompt)
+            reqs = [self.engine.add_request(ids, p, stream=i) for i in range(n)]
+            pending.append((text, ids, reqs))
+        self.engine.run_until_done()
+        return [RequestOutput(reqs[0].request_id, text, ids,
+                              [CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason) for i, r in enumerate(reqs)])
+                for text, ids, reqs in pending]
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
+             **template_kwargs) -> RequestOutput:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer")
+        ids = self.tokenizer.chat(messages, **template_kwargs)
+        return self.generate([ids], sampling_params)[0]

@@ -1,0 +1,73 @@
+"""The Qwen3.5 dense decoder: Gated DeltaNet layers with gated full attention every few layers.
+
+    h = embed(ids)
+    for each layer:  h = h + mixer(norm_in(h));  h = h + mlp(norm_post(h))
+    logits = head(norm(h))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from ..layers.attention import GatedAttention
+from ..layers.gdn import GatedDeltaNet
+from ..layers.linear import Embedding, Linear
+from ..layers.mlp import MLP
+from ..layers.norm import RMSNorm
+from ..ops.linear import pad_rows
+from ..ops.rope import rope_tables
+from ..runner.batch import ForwardBatch
+
+
+@dataclass
+class DecoderLayer:
+    input_norm: RMSNorm
+    mixer: GatedDeltaNet | GatedAttention
+    post_norm: RMSNorm
+    mlp: MLP
+    cache_index: int          # index into the KV layers or the state layers of the caches
+
+
+class Qwen35Model:
+    def __init__(self, config: ModelConfig, embed: Embedding, layers: list[DecoderLayer], norm: RMSNorm,
+                 lm_head: Linear, dtype: torch.dtype, device: torch.device) -> None:
+        self.config, self.embed, self.layers, self.norm, self.lm_head = config, embed, layers, norm, lm_head
+        self.dtype, self.device = dtype, device
+
+    def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
+        """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
+
+        `caches` provides kv_layer(i) -> (k, v) and state_layer(i) -> (conv, recurrent).
+        """
+        # Row-wise ops see a row count padded to the tile: a contiguous elementwise op then has no
+        # scalar tail, so every element takes the same (vector) code path whatever the pass holds.
+        ids, positions = pad_rows(batch.token_ids), pad_rows(batch.positions)
+        h = self.embed(ids).to(self.dtype)
+        cfg = self.config
+        rope = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, self.dtype)
+        for layer in self.layers:
+            x = layer.input_norm(h)
+            if isinstance(layer.mixer, GatedAttention):
+                h = h + layer.mixer(x, batch, rope, *caches.kv_layer(layer.cache_index))
+            else:
+                h = h + layer.mixer(x, batch, *caches.state_layer(layer.cache_index))
+            h = h + layer.mlp(layer.post_norm(h))
+        return self.lm_head(self.norm(h[batch.logit_rows]))
+
+    @property
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for lin in self._linears():
+            if id(lin.weight) not in seen:
+                seen.add(id(lin.weight))
+                total += lin.nbytes
+        return total
+
+    def _linears(self):
+        yield self.lm_head
+        yield Linear(self.embed.weight, self.dtype) if id(self.embed.weight) != id(self.lm_head.weight) else self.lm_head
+        for layer in self.layers:
+            for obj in (layer.mixer, layer.mlp):
+                yield from (v for v in vars(obj).values() if isinstance(v, Linear))

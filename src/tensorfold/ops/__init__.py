@@ -1,0 +1,1 @@
+"""Pure tensor functions. Each op here is the plain-torch reference; GPU kernels sit beside it."""

@@ -1,0 +1,79 @@
+"""Causal attention over a paged KV cache, with a fixed KV split (design/EXACTNESS.md point 2).
+
+Keys are visited in splits of `KV_SPLIT` positions and merged by an online softmax in split
+order; query rows go through in tiles of `Q_TILE`. Every product has one fixed shape, every
+split is reduced the same way, and a split past a row's position leaves that row untouched,
+so a row's output depends only on its own query and the keys up to its position: not on how
+many rows came with it, which chunk it arrived in, or whether it is a prompt or a decode row.
+"""
+from __future__ import annotations
+
+import torch
+
+from .linear import pad_rows
+
+KV_SPLIT = 64
+Q_TILE = 16
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one sequence's query rows over its cached keys.
+
+    q [n, Hq, D] (rows of one sequence), k_cache/v_cache [S, Hkv, D] flat cache rows,
+    slots [P] the cache row of every position 0..P-1 of this sequence (P > max(positions)),
+    positions [n] absolute position of each query row. K/V of the rows themselves must
+    already be written. Returns [n, Hq, D] in q's dtype.
+    """
+    n, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.empty_like(q)
+    qp = pad_rows(q, Q_TILE)
+    pos_p = torch.cat([positions, positions.new_full(((-n) % Q_TILE,), -1)])
+    for start in range(0, n, Q_TILE):
+        stop = min(start + Q_TILE, n)
+        tile = _attend_tile(qp[start:start + Q_TILE].to(acc), pos_p[start:start + Q_TILE],
+                            k_cache, v_cache, slots, scale, hkv)
+        out[start:stop] = tile[: stop - start].to(q.dtype)
+    return out
+
+
+def _attend_tile(q, pos, k_cache, v_cache, slots, scale, hkv):
+    t, hq, d = q.shape
+    group = hq // hkv
+    # [Hkv, group*T, D]: query heads of one KV head side by side, rows inside.
+    qh = q.view(t, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * t, d)
+    row_pos = pos.repeat(group)                                   # [group*T]
+    m = qh.new_full((hkv, group * t), float("-inf"))
+    l = qh.new_zeros((hkv, group * t))
+    o = qh.new_zeros((hkv, group * t, d))
+    last = int(pos.max())
+    for split in range(0, last + 1, KV_SPLIT):
+        key_pos = torch.arange(split, split + KV_SPLIT, device=q.device)
+        idx = slots[split:split + KV_SPLIT]
+        if idx.shape[0] < KV_SPLIT:  # the tail of the page table: read any row, mask it below
+            idx = torch.cat([idx, idx.new_zeros(KV_SPLIT - idx.shape[0])])
+        k = k_cache[idx].to(q.dtype).permute(1, 2, 0)           # [Hkv, D, S]
+        v = v_cache[idx].to(q.dtype).permute(1, 0, 2)           # [Hkv, S, D]
+        visible = key_pos[None, :] <= row_pos[:, None]            # [group*T, S]
+        scores = torch.matmul(qh, k) * scale
+        scores = scores.masked_fill(~visible, float("-inf"))
+        m_new = torch.maximum(m, scores.amax(-1))
+        active = (split <= row_pos)[None, :].expand_as(m)         # rows this split reaches
+        m_safe = torch.where(active, m_new, torch.zeros_like(m_new))
+        p = torch.exp(scores - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l_new = l * alpha + p.sum(-1)
+        o_new = o * alpha[..., None] + torch.matmul(p, v)
+        m = torch.where(active, m_new, m)
+        l = torch.where(active, l_new, l)
+        o = torch.where(active[..., None], o_new, o)
+    res = o / l.clamp_min(torch.finfo(o.dtype).tiny)[..., None]
+    return res.view(hkv, group, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)

@@ -1,0 +1,72 @@
+"""MLX affine quantization: bit unpacking and dequantization (reference/qwen35.md §4).
+
+Each row of a packed weight is one little-endian, LSB-first bitstream of `bits`-bit
+unsigned values; groups of `group_size` consecutive values share a scale and a bias:
+    w = scale * q + bias
+"""
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., W] uint32/int32 words -> [..., W*32/bits] uint8 values q."""
+    words = packed.contiguous().view(torch.int32)
+    if 32 % bits == 0:
+        # Values never straddle words: shift and mask each word.
+        per_word = 32 // bits
+        shifts = torch.arange(per_word, dtype=torch.int32, device=words.device) * bits
+        q = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+        return q.reshape(*words.shape[:-1], -1).to(torch.uint8)
+    # 3, 5, 6 bits: expand the byte stream to single bits, regroup `bits` at a time.
+    stream = words.view(torch.uint8)
+    bit_idx = torch.arange(8, dtype=torch.uint8, device=words.device)
+    stream_bits = (stream.unsqueeze(-1) >> bit_idx) & 1
+    stream_bits = stream_bits.reshape(*words.shape[:-1], -1, bits)
+    weights = (1 << torch.arange(bits, device=words.device)).to(torch.int32)
+    return (stream_bits.to(torch.int32) * weights).sum(-1).to(torch.uint8)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `unpack`: [..., K] values in [0, 2^bits) -> [..., K*bits/32] uint32 words."""
+    if q.shape[-1] * bits % 32:
+        raise ValueError(f"{q.shape[-1]} values of {bits} bits do not fill whole 32-bit words")
+    bit_idx = torch.arange(bits, device=q.device)
+    stream = ((q.to(torch.int64).unsqueeze(-1) >> bit_idx) & 1).reshape(*q.shape[:-1], -1, 8)
+    byte_vals = (stream << torch.arange(8, device=q.device)).sum(-1).to(torch.uint8)
+    return byte_vals.contiguous().view(torch.int32).view(torch.uint32)
+
+
+def dequantize(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    biases: torch.Tensor,
+    bits: int,
+    group_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """[..., K*bits/32] packed + [..., K/gs] scales/biases -> [..., K] weights in `dtype`.
+
+    Computed in fp32 (fp64 for a float64 run) and rounded once to `dtype`.
+    """
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    q = unpack(packed, bits).to(acc)
+    groups = q.reshape(*q.shape[:-1], -1, group_size)
+    w = groups * scales.to(acc).unsqueeze(-1) + biases.to(acc).unsqueeze(-1)
+    return w.reshape(q.shape).to(dtype)
+
+
+def quantize(w: torch.Tensor, bits: int, group_size: int):
+    """A simple affine quantizer (min/max per group) producing MLX-layout tensors.
+
+    Used to make random quantized checkpoints; real files come from mlx_lm.
+    """
+    groups = w.float().reshape(*w.shape[:-1], -1, group_size)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / ((1 << bits) - 1)).clamp_min(1e-7)
+    q = ((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, (1 << bits) - 1)
+    packed = pack(q.reshape(w.shape).to(torch.uint8), bits)
+    return packed, scale.to(w.dtype), lo.to(w.dtype)

@@ -1,0 +1,77 @@
+"""Turns a pass's work into one forward over all its rows, and returns the logits it needs."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ..cache import ModelCaches
+from ..models.qwen3_5 import Qwen35Model
+from .batch import ForwardBatch, Segment
+
+
+def limit_cpu_threads() -> None:
+    """A power-of-two thread count: torch splits a large elementwise op into per-thread ranges,
+    and only then do those ranges stay multiples of the vector width (no scalar tails)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1 << (n.bit_length() - 1))
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen35Model, caches: ModelCaches) -> None:
+        self.model, self.caches = model, caches
+        self.device = model.device
+        if self.device.type == "cpu":
+            limit_cpu_threads()
+
+    def execute(self, work, keep_all: set[int] = frozenset()) -> dict[int, torch.Tensor]:
+        """work: [(request, rows)]. Returns {index in work: logits [r, V]} for the rows that need them:
+        the last row of a segment that reaches the end of its tokens or a cut, or every row of a
+        request in `keep_all` (by index)."""
+        ids, segments, logit_rows, owners = [], [], [], []
+        row = 0
+        for i, (req, n) in enumerate(work):
+            start = req.num_computed
+            ids += req.all_ids[start:start + n]
+            segments.append(Segment(req.slot, start, row, n, req.kv_rows[: start + n]))
+            if i in keep_all:
+                logit_rows += range(row, row + n)
+                owners += [i] * n
+            elif start + n == req.num_tokens or start + n in req.cuts:
+                logit_rows.append(row + n - 1)
+                owners.append(i)
+            row += n
+        dev = self.device
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
+        batch = ForwardBatch(
+            token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=positions,
+            kv_write=torch.cat([s.kv_slots[s.start:] for s in segments]),
+            segments=tuple(segments),
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
+        )
+        with torch.inference_mode():
+            logits = self.model.forward(batch, self.caches)
+        out: dict[int, list[torch.Tensor]] = {}
+        for r, owner in enumerate(owners):
+            out.setdefault(owner, []).append(logits[r])
+        return {i: torch.stack(rows) for i, rows in out.items()}
+
+    def fingerprint(self, req, logits: torch.Tensor | None) -> str:
+        """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""
+        h = hashlib.sha256()
+        states = self.caches.states
+        for conv, rec in zip(states.conv, states.recurrent):
+            h.update(tensor_bytes(conv[req.slot]))
+            h.update(tensor_bytes(rec[req.slot]))
+        rows = req.kv_rows[: req.num_computed]
+        for k, v in zip(self.caches.kv.k, self.caches.kv.v):
+            h.update(tensor_bytes(k[rows]))
+            h.update(tensor_bytes(v[rows]))
+        if logits is not None:
+            h.update(tensor_bytes(logits))
+        return h.hexdigest()
