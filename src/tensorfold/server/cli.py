@@ -1,2 +1,80 @@
-def add_parser(sub):
-    pass
+"""`tensorfold serve`: load a checkpoint, start the engine thread, serve the OpenAI API on uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+
+log = logging.getLogger("tensorfold.server")
+MIB = 1 << 20
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    p.add_argument("checkpoint", nargs="?", default=None,
+                   help="checkpoint folder (default: the bundled demo model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
+    p.add_argument("--context", type=int, default=65536, help="prompt + generation limit per request")
+    p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
+    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    p.add_argument("--prompt-cache-gib", type=float, default=0.0,
+                   help="memory for the prompt cache (reserved: no prompt cache yet)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the checkpoint folder's name)")
+    p.add_argument("--api-key", default=os.environ.get("TENSORFOLD_API_KEY"),
+                   help="require Authorization: Bearer KEY (default: $TENSORFOLD_API_KEY)")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="seconds running requests get to finish on SIGINT/SIGTERM before cancel")
+    p.set_defaults(func=serve)
+
+
+def _build(args: argparse.Namespace):
+    from ..cli import default_checkpoint
+    from ..engine.engine import Engine, EngineConfig
+    from ..llm import resolve_device, resolve_dtype
+    from ..models.loader import load_model
+    from ..tokenizer import Tokenizer
+    from .api import create_app
+    from .serving import SamplingDefaults
+
+    path = default_checkpoint(args.checkpoint).resolve()
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    start = time.monotonic()
+    log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
+    model = load_model(path, dtype=dtype, device=device, progress=True)
+    tokenizer = Tokenizer(path) if Tokenizer.exists(path) else None
+    if args.context > model.config.max_position_embeddings:
+        log.warning("--context %d is past the model's max_position_embeddings (%d)", args.context,
+                    model.config.max_position_embeddings)
+    config = EngineConfig(parallel=args.parallel, context=args.context, chunk=args.chunk,
+                          max_queue=args.max_queue)
+    engine = Engine(model, tokenizer, config)
+    defaults = SamplingDefaults.from_checkpoint(path)
+    log.info("loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
+             "sampling defaults %s", time.monotonic() - start, model.weight_bytes / MIB,
+             engine.caches.kv.nbytes / MIB, engine.caches.states.nbytes / MIB, defaults)
+    name = args.served_model_name or path.name
+    app = create_app(engine, tokenizer, name, api_key=args.api_key, defaults=defaults,
+                     prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
+    return app, name
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    app, name = _build(args)
+    log.info("serving %r: parallel %d, context %d, chunk %d, queue %d", name, args.parallel,
+             args.context, args.chunk, args.max_queue)
+    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
+                            timeout_graceful_shutdown=args.shutdown_grace)
+    uvicorn.Server(config).run()
+    log.info("stopped")
+    return 0
+

@@ -1,0 +1,172 @@
+"""The bridge between asyncio and the engine: one thread runs every pass, handlers await events.
+
+Handlers call submit() on the event loop; the engine thread loops step() while there is work and
+waits on engine.wakeup otherwise, handing each TokenEvent to its request's asyncio queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from ..engine.engine import Engine
+from ..engine.request import Request, SamplingParams, TokenEvent
+
+log = logging.getLogger("tensorfold.server")
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One choice of one prompt: an engine request of its own."""
+
+    index: int              # the choice's index in the response
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: int = 0         # which choice of its prompt: keys the random numbers with the seed
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine thread saw after its last pass (read by /metrics from any thread)."""
+
+    busy_lanes: int = 0
+    prompt_lanes: int = 0
+    waiting: int = 0
+    passes: int = 0
+
+
+class EngineFailed(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Route:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    index: int
+
+
+class Generation:
+    """The lanes of one HTTP request; iterate events() for (choice index, TokenEvent) pairs."""
+
+    def __init__(self, bridge: AsyncEngine, requests: list[Request], queue: asyncio.Queue) -> None:
+        self.bridge, self.requests, self.queue = bridge, requests, queue
+        self.unfinished = {r.request_id for r in requests}
+
+    async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        while self.unfinished:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                self.unfinished.clear()
+                raise item
+            index, event = item
+            if event.finished:
+                self.unfinished.discard(event.request_id)
+            yield index, event
+
+    def cancel(self) -> None:
+        """Frees the lanes at the next pass; safe to call twice or after the end."""
+        for request_id in self.unfinished:
+            self.bridge.engine.cancel(request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.stats = EngineStats()
+        self._routes: dict[str, _Route] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- event loop side ----------------------------------------------------------------------
+    def submit(self, request_id: str, lanes: list[Lane]) -> Generation:
+        """Admits every lane or none: a refusal (InvalidRequest, QueueFull...) withdraws the rest."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        requests: list[Request] = []
+        try:
+            for lane in lanes:
+                rid = f"{request_id}-{lane.index}"
+                with self._lock:     # routed before admission, so no event can miss its queue
+                    self._routes[rid] = _Route(loop, queue, lane.index)
+                requests.append(self.engine.add_request(lane.prompt_ids, lane.params, rid,
+                                                        stream=lane.stream))
+        except BaseException:
+            self._withdraw([f"{request_id}-{lane.index}" for lane in lanes], requests)
+            raise
+        return Generation(self, requests, queue)
+
+    def _withdraw(self, ids: list[str], admitted: list[Request]) -> None:
+        with self._lock:
+            for rid in ids:
+                self._routes.pop(rid, None)
+        for req in admitted:
+            self.engine.cancel(req.request_id)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancels whatever is still running, lets one pass release it, then ends the thread."""
+        with self._lock:
+            pending = list(self._routes)
+        for rid in pending:
+            self.engine.cancel(rid)
+        self._stop.set()
+        self.engine.wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- engine thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            self.engine.wakeup.clear()
+            if not self.engine.has_work():
+                if self._stop.is_set():
+                    return
+                self.engine.wakeup.wait()
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as exc:   # a failed pass fails its requests, never the server
+                log.exception("engine pass failed")
+                self._fail_all(exc)
+                continue
+            self._dispatch(events)
+            self._record()
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            with self._lock:
+                route = (self._routes.pop(event.request_id, None) if event.finished
+                         else self._routes.get(event.request_id))
+            if route is not None:
+                self._post(route, (route.index, event))
+
+    def _fail_all(self, exc: Exception) -> None:
+        with self._lock:
+            routes, self._routes = self._routes, {}
+        for rid, route in routes.items():
+            self.engine.cancel(rid)
+            self._post(route, EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _post(route: _Route, item) -> None:
+        try:
+            route.loop.call_soon_threadsafe(route.queue.put_nowait, item)
+        except RuntimeError:         # the loop is closed: nobody is listening any more
+            pass
+
+    def _record(self) -> None:
+        running = list(self.engine.scheduler.running)
+        self.stats = EngineStats(busy_lanes=len(running),
+                                 prompt_lanes=sum(r.in_prompt for r in running),
+                                 waiting=len(self.engine.scheduler.waiting),
+                                 passes=self.stats.passes + 1)

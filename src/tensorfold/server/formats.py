@@ -1,0 +1,177 @@
+"""Response shapes: the legacy completion format and the chat format, whole or as stream chunks."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from pydantic import BaseModel
+
+from ..tokenizer import Tokenizer
+from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                       ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
+                       CompletionLogprobs, CompletionResponse, Delta, TokenLogprob, TopLogprob,
+                       Usage)
+
+# One sampled token's logprob and the top alternatives, as the engine reports it.
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+LOGPROB_FLOOR = -9999.0     # -inf is not JSON
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> raw byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+class TokenTexts:
+    """A token's text and raw bytes, for logprobs (a partial UTF-8 token has text '\ufffd')."""
+
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self._cache:
+            self._cache[token_id] = self._lookup(token_id)
+        return self._cache[token_id]
+
+    def _lookup(self, token_id: int) -> tuple[str, list[int]]:
+        if self.tokenizer is None or token_id >= len(self.tokenizer):
+            return "", []
+        text = self.tokenizer.token_text(token_id)
+        piece = self.tokenizer.hf.convert_ids_to_tokens(token_id) or ""
+        table = _byte_decoder()
+        if piece and all(c in table for c in piece):
+            return text, [table[c] for c in piece]
+        return text, list(text.encode())
+
+
+def _lp(x: float) -> float:
+    return x if math.isfinite(x) else LOGPROB_FLOOR
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    index: int
+    prompt_tokens: int
+    prefix: str = ""                      # the echoed prompt, for completions with echo
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    last_token_time: float | None = None
+
+
+def usage(choices: list[ChoiceState], prompt_tokens: int) -> Usage:
+    done = sum(len(c.token_ids) for c in choices)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done)
+
+
+class CompletionFormat:
+    """/v1/completions: text choices, logprobs in the legacy {tokens, token_logprobs, ...} shape."""
+
+    def __init__(self, request_id: str, model: str, texts: TokenTexts, logprobs: bool,
+                 token_ids: bool) -> None:
+        self.id, self.model, self.texts = request_id, model, texts
+        self.want_logprobs, self.want_ids = logprobs, token_ids
+        self.created = int(time.time())
+        self._offsets: dict[int, int] = {}     # text_offset reached by each streamed choice
+
+    def opening(self, choice: ChoiceState) -> BaseModel | None:
+        self._offsets[choice.index] = len(choice.prefix)
+        return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix)) if choice.prefix else None
+
+    def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
+              finish: str | None) -> BaseModel:
+        logprobs = None
+        if self.want_logprobs:
+            start = self._offsets.get(choice.index, 0)
+            logprobs = self._logprobs(ids, lps, start)
+            self._offsets[choice.index] = start + sum(len(t) for t in logprobs.tokens)
+        return self._chunk(CompletionChoice(index=choice.index, text=text, finish_reason=finish,
+                                            logprobs=logprobs, token_ids=ids if self.want_ids else None))
+
+    def usage_chunk(self, u: Usage) -> BaseModel:
+        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[], usage=u)
+
+    def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
+        out = [CompletionChoice(index=c.index, text=c.prefix + c.text, finish_reason=c.finish_reason,
+                                logprobs=(self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
+                                          if self.want_logprobs else None),
+                                token_ids=c.token_ids if self.want_ids else None) for c in choices]
+        return CompletionResponse(id=self.id, model=self.model, created=self.created, choices=out,
+                                  usage=u)
+
+    def _chunk(self, choice: CompletionChoice) -> BaseModel:
+        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
+
+    def _logprobs(self, ids: list[int], lps: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for token_id, (logprob, top) in zip(ids, lps):
+            text = self.texts.get(token_id)[0]
+            out.tokens.append(text)
+            out.token_logprobs.append(_lp(logprob))
+            alternatives: dict[str, float] = {}
+            for t, v in top:        # tokens with the same text keep the likelier one's logprob
+                alternatives.setdefault(self.texts.get(t)[0], _lp(v))
+            out.top_logprobs.append(alternatives)
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out
+
+
+class ChatFormat:
+    """/v1/chat/completions: an assistant message per choice, logprobs in the chat shape."""
+
+    def __init__(self, request_id: str, model: str, texts: TokenTexts, logprobs: bool,
+                 token_ids: bool) -> None:
+        self.id, self.model, self.texts = request_id, model, texts
+        self.want_logprobs, self.want_ids = logprobs, token_ids
+        self.created = int(time.time())
+
+    def opening(self, choice: ChoiceState) -> BaseModel | None:
+        return self._chunk(ChatChunkChoice(index=choice.index, delta=Delta(role="assistant", content="")))
+
+    def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
+              finish: str | None) -> BaseModel:
+        return self._chunk(ChatChunkChoice(
+            index=choice.index, delta=Delta(content=text) if text or not finish else Delta(),
+            finish_reason=finish, logprobs=self._logprobs(ids, lps) if self.want_logprobs else None,
+            token_ids=ids if self.want_ids else None))
+
+    def usage_chunk(self, u: Usage) -> BaseModel:
+        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created, choices=[],
+                                   usage=u)
+
+    def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
+        out = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                          finish_reason=c.finish_reason,
+                          logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
+                          token_ids=c.token_ids if self.want_ids else None) for c in choices]
+        return ChatCompletionResponse(id=self.id, model=self.model, created=self.created, choices=out,
+                                      usage=u)
+
+    def _chunk(self, choice: ChatChunkChoice) -> BaseModel:
+        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
+
+    def _entry(self, token_id: int, logprob: float) -> TopLogprob:
+        text, raw = self.texts.get(token_id)
+        return TopLogprob(token=text, logprob=_lp(logprob), bytes=raw)
+
+    def _logprobs(self, ids: list[int], lps: list[TokenLogprobs]) -> ChatLogprobs:
+        content = []
+        for token_id, (logprob, top) in zip(ids, lps):
+            head = self._entry(token_id, logprob)
+            content.append(TokenLogprob(**head.model_dump(), top_logprobs=[self._entry(t, v) for t, v in top]))
+        return ChatLogprobs(content=content)

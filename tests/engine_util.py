@@ -1,0 +1,35 @@
+"""Small drivers of the engine shared by tests."""
+from __future__ import annotations
+
+import torch
+
+from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.request import SamplingParams
+from tensorfold.models.loader import load_model
+from tensorfold.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+def make_engine(path, dtype=torch.float32, **config) -> Engine:
+    model = load_model(path, dtype=dtype)
+    tok = Tokenizer(path) if Tokenizer.exists(path) else None
+    return Engine(model, tok, EngineConfig(**{"parallel": 4, "context": 1024, "chunk": 128, **config}))
+
+
+def position_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """Logits [len(ids), V] at every position of `ids`, from one request's prompt passes."""
+    req = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0), keep_logits=True)
+    engine.run_until_done()
+    return torch.stack([req.logits_by_position[p] for p in range(len(ids))])
+
+
+def generate(engine: Engine, ids: list[int], params: SamplingParams = GREEDY) -> list[int]:
+    req = engine.add_request(ids, params)
+    engine.run_until_done()
+    return req.output_ids
+
+
+def sample_prompt(seed: int, n: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()

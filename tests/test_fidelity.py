@@ -1,0 +1,91 @@
+"""Fidelity against the reference implementations on the same files.
+
+HF-layout files: transformers in float32 (and float64) — logits at every prompt position within a
+measured bound, 64 greedy tokens equal. MLX files: mlx_lm's greedy history, teacher-forced into our
+bf16 engine; every top-1 difference must be a near tie (design/EXACTNESS.md), and our float64 mode
+arbitrates.
+"""
+import math
+
+import pytest
+import torch
+
+from engine_util import generate, make_engine, position_logits, sample_prompt
+from fixtures.checkpoints import hf_forward_logits, hf_greedy, mlx_teacher_forced
+from tensorfold.engine.request import SamplingParams
+
+# Measured: max |ours - HF| / max |HF| was 1.1e-5 to 1.8e-5 in float32 over 80 positions (HF's
+# prompt path uses the chunked GDN form, ours the per-token recurrence). In float64 the gap stays
+# 1.4e-5: transformers builds its rotary angles in float32 even in a float64 model, so it is no
+# float64 arbiter; the check is that our float64 mode agrees at that level.
+FP32_REL_BOUND = 5e-5
+FP64_REL_BOUND = 5e-5
+HF_FIXTURES = ["hf_tiny", "hf_tiny_nested", "hf_tiny_b", "hf_tiny_c"]
+
+
+@pytest.mark.parametrize("name", HF_FIXTURES)
+def test_logits_match_transformers_fp32(name, request):
+    path = request.getfixturevalue(name)
+    ids = sample_prompt(3, 80, 300)
+    ours = position_logits(make_engine(path), ids)
+    ref = hf_forward_logits(path, ids)
+    rel = float((ours - ref).abs().max() / ref.abs().max())
+    assert rel < FP32_REL_BOUND, rel
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_logits_match_transformers_fp64(hf_tiny_b):
+    ids = sample_prompt(4, 48, 300)
+    ours = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
+    ref = hf_forward_logits(hf_tiny_b, ids, dtype=torch.float64)
+    rel = float((ours - ref.double()).abs().max() / ref.abs().max())
+    assert rel < FP64_REL_BOUND, rel
+
+
+@pytest.mark.parametrize("name", ["hf_tiny", "hf_tiny_b"])
+def test_64_greedy_tokens_equal_transformers(name, request):
+    path = request.getfixturevalue(name)
+    ids = sample_prompt(5, 20, 300)
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    assert generate(make_engine(path), ids, params) == hf_greedy(path, ids, 64)
+
+
+def bf16_spacing(x: float) -> float:
+    return 2.0 ** (math.floor(math.log2(max(abs(x), 1e-30))) - 7)
+
+
+def near_tie(a1, a2, la1, la2, b1, b2, lb1, lb2) -> bool:
+    """Both engines' top two are the same two tokens, each margin within one bf16 spacing."""
+    return ({a1, a2} == {b1, b2} and la1 - la2 <= bf16_spacing(la1) and lb1 - lb2 <= bf16_spacing(lb1))
+
+
+def judge(history, ours: torch.Tensor, f64: torch.Tensor) -> list[dict]:
+    """Positions where top-1 differs, each with both top twos and float64's ranking."""
+    diffs = []
+    for step in history:
+        row = ours[step["pos"] - 1].float()
+        top = torch.topk(row, 2)
+        o1, o2 = int(top.indices[0]), int(top.indices[1])
+        if o1 == step["top1"]:
+            continue
+        arb = torch.topk(f64[step["pos"] - 1], 2).indices.tolist()
+        diffs.append({"pos": step["pos"], "mlx": (step["top1"], step["top2"]), "ours": (o1, o2), "float64": arb,
+                      "tie": near_tie(step["top1"], step["top2"], step["top1_logit"], step["top2_logit"],
+                                      o1, o2, float(top.values[0]), float(top.values[1]))})
+    return diffs
+
+
+@pytest.mark.parametrize("name", ["mlx_q4", "mlx_q8_g32", "mlx_mixed"])
+def test_teacher_forced_against_mlx_lm(name, request):
+    path = request.getfixturevalue(name)
+    prompt = sample_prompt(6, 24, 300)
+    history = mlx_teacher_forced(path, prompt, 48)
+    forced = prompt + [s["token"] for s in history]
+    ours = position_logits(make_engine(path, dtype=torch.bfloat16), forced)
+    f64 = position_logits(make_engine(path, dtype=torch.float64), forced)
+    diffs = judge(history, ours, f64)
+    agree = len(history) - len(diffs)
+    assert agree >= 0.9 * len(history), diffs
+    for d in diffs:
+        assert d["tie"], f"not a near tie: {d}"
+        assert set(d["float64"]) == set(d["ours"]), f"float64 ranks other contenders: {d}"

@@ -1,0 +1,78 @@
+"""MLX affine packing: hand-computed words for every bit width, including values that straddle
+32-bit words, and agreement with mlx's own dequantize."""
+import pytest
+import torch
+
+from tensorfold.ops.quant import SUPPORTED_BITS, dequantize, pack, quantize, unpack
+
+
+def _hand_pack(values: list[int], bits: int) -> list[int]:
+    """The row as one LSB-first bitstream, cut into little-endian 32-bit words (by hand)."""
+    stream = 0
+    for i, v in enumerate(values):
+        stream |= v << (i * bits)
+    n_words = len(values) * bits // 32
+    return [(stream >> (32 * w)) & 0xFFFFFFFF for w in range(n_words)]
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_unpack_matches_hand_packed_stream(bits):
+    g = torch.Generator().manual_seed(bits)
+    values = torch.randint(0, 1 << bits, (2, 64), generator=g)
+    words = torch.tensor([_hand_pack(row.tolist(), bits) for row in values], dtype=torch.int64)
+    packed = words.to(torch.int64).apply_(lambda w: w - (1 << 32) if w >= 1 << 31 else w).to(torch.int32)
+    assert torch.equal(unpack(packed, bits).long(), values)
+    assert torch.equal(pack(values.to(torch.uint8), bits).view(torch.int32), packed)
+
+
+def test_three_bit_value_straddles_words():
+    # Value 10 (bits 30..32 of the stream) takes its low 2 bits from word 0 and its top bit from word 1.
+    values = [0] * 32
+    values[10] = 0b101
+    words = _hand_pack(values, 3)
+    assert words[0] == 0b01 << 30 and words[1] == 0b1
+    packed = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32)
+    assert unpack(packed, 3)[0].tolist() == values
+
+
+def test_five_and_six_bit_values_straddle_words():
+    for bits, idx in ((5, 6), (6, 5)):   # 5-bit value 6 spans bits 30..34, 6-bit value 5 spans 30..35
+        values = [0] * 32
+        values[idx] = (1 << bits) - 1
+        words = _hand_pack(values, bits)
+        assert words[0] >> 30 == 0b11 and words[1] & ((1 << (bits - 2)) - 1) == (1 << (bits - 2)) - 1
+        packed = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32)
+        assert unpack(packed, bits)[0].tolist() == values
+
+
+def test_dequantize_negative_scales_by_hand():
+    q = torch.tensor([[0, 1, 2, 3] * 8])          # 32 two-bit values, one group of 32
+    packed = pack(q.to(torch.uint8), 2)
+    scales = torch.tensor([[-0.5]], dtype=torch.bfloat16)
+    biases = torch.tensor([[1.0]], dtype=torch.bfloat16)
+    w = dequantize(packed, scales, biases, 2, 32, torch.float32)
+    assert w[0, :4].tolist() == [1.0, 0.5, 0.0, -0.5]
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+@pytest.mark.parametrize("group_size", (32, 64, 128))
+def test_dequantize_matches_mlx(bits, group_size):
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    g = torch.Generator().manual_seed(bits * 1000 + group_size)
+    w = torch.randn(8, 256, generator=g)
+    wq, scales, biases = mx.quantize(mx.array(w.numpy()), group_size=group_size, bits=bits)
+    ref = np.array(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits))
+    ours = dequantize(torch.from_numpy(np.array(wq).view(np.int32)), torch.from_numpy(np.array(scales)),
+                      torch.from_numpy(np.array(biases)), bits, group_size, torch.float32)
+    assert torch.equal(ours, torch.from_numpy(ref))
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_quantize_roundtrip_error_is_within_half_a_step(bits):
+    w = torch.randn(4, 128, generator=torch.Generator().manual_seed(0))
+    packed, scales, biases = quantize(w, bits, 64)
+    back = dequantize(packed, scales, biases, bits, 64, torch.float32)
+    step = scales.float().repeat_interleave(64, dim=1)
+    assert ((back - w).abs() <= step * 0.5 + 1e-6).all()
