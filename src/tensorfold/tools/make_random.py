@@ -1,2 +1,146 @@
-def add_parser(sub):
-    pass
+"""`tensorfold make-random OUT --shape 9b`: a loadable checkpoint of a released shape with random
+weights, for benchmarks without downloads. Timings do not depend on weight values.
+
+bf16 files use the Hugging Face layout; quantized ones (--quantize 4 or mixed) the MLX layout with
+affine-packed weights (random words, small signed scales) and a `quantization` block."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .shapes import SHAPES, text_config
+
+SHARD_BYTES = 4 << 30
+MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")   # 6-bit in the mixed recipe
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("make-random", help="write a random checkpoint of a released shape")
+    p.add_argument("out")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="9b")
+    p.add_argument("--quantize", choices=["4", "mixed"], default=None)
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where to draw the numbers (cuda is faster)")
+    p.set_defaults(func=_command)
+
+
+def _command(args) -> int:
+    path = make_random(args.out, args.shape, args.quantize, args.group_size, args.seed, args.device)
+    print(path)
+    return 0
+
+
+def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(local name, shape, kind) of every text tensor; kind: linear, norm (zero-centred), or raw."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    d, hq, hkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hv, dk, dv = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    key_dim, value_dim = cfg["linear_num_key_heads"] * dk, hv * dv
+    conv = 2 * key_dim + value_dim
+    out = [("embed_tokens", (cfg["vocab_size"], h), "linear"), ("norm.weight", (h,), "norm")]
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head", (cfg["vocab_size"], h), "linear"))
+    for n, kind in enumerate(cfg["layer_types"]):
+        p = f"layers.{n}."
+        out += [(p + "input_layernorm.weight", (h,), "norm"), (p + "post_attention_layernorm.weight", (h,), "norm"),
+                (p + "mlp.gate_proj", (i, h), "linear"), (p + "mlp.up_proj", (i, h), "linear"),
+                (p + "mlp.down_proj", (h, i), "linear")]
+        if kind == "full_attention":
+            a = p + "self_attn."
+            out += [(a + "q_proj", (2 * hq * d, h), "linear"), (a + "k_proj", (hkv * d, h), "linear"),
+                    (a + "v_proj", (hkv * d, h), "linear"), (a + "o_proj", (h, hq * d), "linear"),
+                    (a + "q_norm.weight", (d,), "norm"), (a + "k_norm.weight", (d,), "norm")]
+        else:
+            g = p + "linear_attn."
+            out += [(g + "in_proj_qkv", (conv, h), "linear"), (g + "in_proj_z", (value_dim, h), "linear"),
+                    (g + "in_proj_b", (hv, h), "linear"), (g + "in_proj_a", (hv, h), "linear"),
+                    (g + "out_proj", (h, value_dim), "linear"), (g + "conv1d.weight", (conv, 4), "conv"),
+                    (g + "A_log", (hv,), "a_log"), (g + "dt_bias", (hv,), "raw"),
+                    (g + "norm.weight", (dv,), "gnorm")]
+    return out
+
+
+class _Writer:
+    """Collects tensors into shards of about SHARD_BYTES and writes the index."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.shard, self.size, self.files, self.weight_map = out, {}, 0, [], {}
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self.shard[name] = t.contiguous().cpu()
+        self.size += t.numel() * t.element_size()
+        if self.size >= SHARD_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.shard:
+            name = f"model-{len(self.files) + 1:05d}.safetensors"
+            save_file(self.shard, self.out / name, metadata={"format": "pt"})
+            self.files.append(name)
+            self.weight_map.update({k: name for k in self.shard})
+            self.shard, self.size = {}, 0
+
+    def close(self) -> None:
+        self.flush()
+        (self.out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": self.weight_map}, indent=1))
+
+
+def make_random(out: str | Path, shape: str, quantize: str | None = None, group_size: int = 64,
+                seed: int = 0, device: str = "cpu") -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = text_config(shape)
+    g = torch.Generator(device=device).manual_seed(seed)
+    mlx = quantize is not None
+    prefix, head = ("language_model.model.", "language_model.lm_head") if mlx else ("model.", "lm_head")
+    writer = _Writer(out)
+    quant: dict = {"group_size": group_size, "bits": 4, "mode": "affine"} if mlx else {}
+    for local, dims, kind in tqdm(_tensors(cfg), desc=f"random {shape}", unit="tensor"):
+        stem = head if local == "lm_head" else prefix + local
+        if kind == "linear" and mlx:
+            bits = 6 if quantize == "mixed" and any(s in local for s in MIXED_HIGH) else 4
+            if bits != 4:
+                quant[stem] = {"group_size": group_size, "bits": bits, "mode": "affine"}
+            for suffix, t in _packed(dims, bits, group_size, g, device).items():
+                writer.add(f"{stem}.{suffix}", t)
+        else:
+            writer.add(stem if kind != "linear" else stem + ".weight", _dense(dims, kind, mlx, g, device))
+    writer.close()
+    config = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+              "text_config": dict(cfg, model_type="qwen3_5_text"),
+              "tie_word_embeddings": cfg["tie_word_embeddings"], "eos_token_id": 248046}
+    if mlx:
+        config["quantization"] = config["quantization_config"] = quant
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def _dense(dims, kind, mlx, g, device) -> torch.Tensor:
+    if kind == "conv":   # HF [C, 1, K]; MLX [C, K, 1]
+        t = torch.randn(dims, generator=g, device=device) * 0.3
+        return (t[:, :, None] if mlx else t[:, None, :]).to(torch.bfloat16)
+    if kind == "a_log":
+        return torch.rand(dims, generator=g, device=device).mul(2.0).sub(1.0).float()
+    if kind in ("norm", "gnorm"):
+        t = torch.randn(dims, generator=g, device=device) * 0.05
+        shifted = kind == "gnorm" or mlx              # MLX stores 1 + w; the gated norm is plain
+        return (t + 1.0 if shifted else t).to(torch.bfloat16 if kind == "norm" or mlx else torch.float32)
+    std = dims[-1] ** -0.5 if kind == "linear" else 0.5
+    return (torch.randn(dims, generator=g, device=device) * std).to(torch.bfloat16)
+
+
+def _packed(dims, bits, group_size, g, device) -> dict[str, torch.Tensor]:
+    n, k = dims
+    words = torch.randint(-(1 << 31), (1 << 31) - 1, (n, k * bits // 32), generator=g, device=device,
+                          dtype=torch.int64).to(torch.int32).view(torch.uint32)
+    step = (2.0 * k ** -0.5) / ((1 << bits) - 1)
+    sign = torch.where(torch.rand((n, k // group_size), generator=g, device=device) < 0.5, -1.0, 1.0)
+    scales = (sign * step).to(torch.bfloat16)
+    biases = (-scales.float() * ((1 << bits) - 1) / 2).to(torch.bfloat16)
+    return {"weight": words, "scales": scales, "biases": biases}
