@@ -17,6 +17,7 @@ class KVPool:
         self.k = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self._free = list(range(num_pages - 1, -1, -1))
+        self._refs = [0] * num_pages    # lanes and prompt-cache entries holding each page
 
     @property
     def free_pages(self) -> int:
@@ -28,10 +29,33 @@ class KVPool:
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise MemoryError(f"KV pool exhausted: {n} pages asked, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            self._refs[p] = 1
+        return pages
+
+    def share(self, pages: list[int]) -> list[int]:
+        """Another holder of these pages (read-only for it): they stay until every holder releases."""
+        for p in pages:
+            self._refs[p] += 1
+        return list(pages)
 
     def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        for p in reversed(pages):
+            self._refs[p] -= 1
+            if self._refs[p] == 0:
+                self._free.append(p)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        rows_src = slice(src * self.page_size, (src + 1) * self.page_size)
+        rows_dst = slice(dst * self.page_size, (dst + 1) * self.page_size)
+        for t in self.k + self.v:
+            t[rows_dst] = t[rows_src]
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page across every attention layer, K and V."""
+        return sum(t[: self.page_size].numel() * t.element_size() for t in self.k + self.v)
 
     def rows(self, pages: list[int], length: int) -> torch.Tensor:
         """Cache rows of positions 0..length-1 of a lane with this page table."""

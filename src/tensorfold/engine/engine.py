@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import KVPool, ModelCaches, StatePool
-from ..errors import ContextOverflow, InvalidRequest
+from ..cache.prefix_cache import PrefixCache
+from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
@@ -28,21 +29,28 @@ PAGE_SIZE = 16
 @dataclass(frozen=True)
 class EngineConfig(SchedulerConfig):
     page_size: int = PAGE_SIZE
+    prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
+    threads: int | None = None           # CPU threads (None: by model size)
 
 
 class Engine:
     def __init__(self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         cfg = model.config
+        page_bytes = (2 * len(cfg.full_layers) * config.page_size * cfg.num_kv_heads * cfg.head_dim
+                      * torch.empty((), dtype=model.dtype).element_size())
+        # Lanes reserve whole contexts; the prompt cache's pages come on top, within its budget.
         pages = config.parallel * -(-config.context // config.page_size)
+        pages += config.prompt_cache_bytes // max(1, page_bytes)
         kv = KVPool(len(cfg.full_layers), pages, config.page_size, cfg.num_kv_heads, cfg.head_dim,
                     model.dtype, model.device)
         states = StatePool(len(cfg.linear_layers), config.parallel, cfg.conv_kernel, cfg.conv_dim,
                            cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                            model.dtype, model.device)
         self.caches = ModelCaches(kv, states)
-        self.runner = ModelRunner(model, self.caches)
-        self.scheduler = Scheduler(config, kv, states)
+        self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
+        self.runner = ModelRunner(model, self.caches, config.threads)
+        self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
@@ -65,7 +73,6 @@ class Engine:
         req.logits_by_position = {}
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
-                from ..errors import QueueFull
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
             self._requests[req.request_id] = req
             self._inbox.append(req)
@@ -125,6 +132,8 @@ class Engine:
             for j in range(rows):
                 req.logits_by_position[start + j] = logits[j].clone()
         last = logits[-1] if logits is not None else None
+        if req.num_computed in req.cache_cuts:
+            self._remember(req)
         if req.on_cut is not None and req.num_computed in req.cuts:
             req.on_cut(req, req.num_computed, last)
         if req.num_computed < req.num_tokens:
@@ -166,7 +175,14 @@ class Engine:
         req.text += text
         return text, hit
 
+    def _remember(self, req: Request) -> None:
+        """Snapshot the lane into the prompt cache at its current cut."""
+        self.prefix_cache.insert(req.all_ids[: req.num_computed], req.pages,
+                                 self.caches.states.snapshot(req.slot))
+
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
+        if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
+            self._remember(req)              # the end of the reply: the next chat turn resumes here
         if req.on_finish is not None and req.status == Status.RUNNING:
             req.on_finish(req, logits)
         req.finish_reason = reason

@@ -82,6 +82,8 @@ class Request:
     text: str = ""
     emitted_text_len: int = 0
     last_logits: object = None
+    cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
+    cache_cuts: frozenset = frozenset()
 
     @property
     def all_ids(self) -> list[int]:

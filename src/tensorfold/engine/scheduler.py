@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..cache import KVPool, StatePool
+from ..cache.prefix_cache import PrefixCache
 from ..errors import QueueFull
 from .request import Request, Status
 
@@ -19,6 +20,7 @@ class SchedulerConfig:
     chunk: int = 128
     token_budget: int | None = None      # rows per pass; default chunk + parallel
     max_queue: int = 64
+    cache_every: int = 1024              # prompt-cache cut every this many prompt rows (page multiple)
 
     @property
     def budget(self) -> int:
@@ -32,8 +34,9 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVPool, states: StatePool) -> None:
-        self.config, self.kv, self.states = config, kv, states
+    def __init__(self, config: SchedulerConfig, kv: KVPool, states: StatePool,
+                 cache: PrefixCache | None = None) -> None:
+        self.config, self.kv, self.states, self.cache = config, kv, states, cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -43,17 +46,43 @@ class Scheduler:
         self.waiting.append(req)
 
     def admit(self) -> None:
-        while self.waiting and len(self.running) < self.config.parallel:
+        while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
-            pages = self.kv.pages_for(req.capacity)
-            if pages > self.kv.free_pages or self.states.free_slots == 0:
+            entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
+            held = self.kv.share(entry.pages) if entry else []   # pinned before any eviction
+            need = self.kv.pages_for(req.capacity) - len(held) + (1 if entry and entry.cut % self.kv.page_size else 0)
+            if self.cache is not None and need > self.kv.free_pages:
+                self.cache.make_room(pages=need)
+            if need > self.kv.free_pages:
+                self.kv.release(held)
                 return
             self.waiting.popleft()
-            req.pages = self.kv.allocate(pages)
-            req.slot = self.states.allocate()
-            req.kv_rows = self.kv.rows(req.pages, req.capacity)
-            req.status = Status.RUNNING
-            self.running.append(req)
+            self._start(req, entry, held, need)
+
+    def _start(self, req: Request, entry, held: list[int], need: int) -> None:
+        whole = entry.cut // self.kv.page_size if entry else 0
+        fresh = self.kv.allocate(need)
+        if entry and len(held) > whole:          # the partial last page: copy, never write a shared one
+            self.kv.copy_page(held[whole], fresh[0])
+            self.kv.release(held[whole:])
+        req.pages = held[:whole] + fresh
+        req.slot = self.states.allocate()
+        if entry:
+            self.states.restore(req.slot, entry.snapshot)
+            req.num_computed = req.cached_tokens = entry.cut
+        req.kv_rows = self.kv.rows(req.pages, req.capacity)
+        req.cache_cuts = self._cache_cuts(req) if self.cache is not None and self.cache.enabled else frozenset()
+        req.cuts = tuple(sorted(set(req.cuts) | req.cache_cuts))
+        req.status = Status.RUNNING
+        self.running.append(req)
+
+    def _cache_cuts(self, req: Request) -> frozenset[int]:
+        """Where a lane snapshots into the prompt cache: every `cache_every` rows, the last page
+        boundary before the prompt's end (so the same prompt resumes a few tokens short), the end."""
+        n, start, page = len(req.prompt_ids), req.num_computed, self.kv.page_size
+        cuts = set(range(self.config.cache_every, n, self.config.cache_every))
+        cuts |= {(n - 1) // page * page, n}
+        return frozenset(c for c in cuts if start < c <= n)
 
     def schedule(self) -> list[Work]:
         budget = self.config.budget

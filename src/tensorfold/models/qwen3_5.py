@@ -58,16 +58,14 @@ class Qwen35Model:
 
     @property
     def weight_bytes(self) -> int:
-        seen, total = set(), 0
+        """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
+        seen: dict[int, int] = {id(self.embed.weight): Linear(self.embed.weight, self.dtype).nbytes}
         for lin in self._linears():
-            if id(lin.weight) not in seen:
-                seen.add(id(lin.weight))
-                total += lin.nbytes
-        return total
+            seen.setdefault(id(lin.weight), lin.nbytes)
+        return sum(seen.values())
 
     def _linears(self):
         yield self.lm_head
-        yield Linear(self.embed.weight, self.dtype) if id(self.embed.weight) != id(self.lm_head.weight) else self.lm_head
         for layer in self.layers:
             for obj in (layer.mixer, layer.mlp):
                 yield from (v for v in vars(obj).values() if isinstance(v, Linear))

@@ -10,11 +10,18 @@ from ..models.qwen3_5 import Qwen35Model
 from .batch import ForwardBatch, Segment
 
 
-def limit_cpu_threads() -> None:
+SMALL_MODEL_BYTES = 512 << 20
+
+
+def set_cpu_threads(weight_bytes: int, requested: int | None = None) -> int:
     """A power-of-two thread count: torch splits a large elementwise op into per-thread ranges,
-    and only then do those ranges stay multiples of the vector width (no scalar tails)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1 << (n.bit_length() - 1))
+    and only then do those ranges stay multiples of the vector width (no scalar tails). Small
+    models get one thread: their products take microseconds, and a thread barrier costs more
+    (milliseconds when another process holds a core)."""
+    n = requested or (1 if weight_bytes < SMALL_MODEL_BYTES else torch.get_num_threads())
+    n = 1 << (max(1, n).bit_length() - 1)
+    torch.set_num_threads(n)
+    return n
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -22,11 +29,11 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen35Model, caches: ModelCaches) -> None:
+    def __init__(self, model: Qwen35Model, caches: ModelCaches, threads: int | None = None) -> None:
         self.model, self.caches = model, caches
         self.device = model.device
         if self.device.type == "cpu":
-            limit_cpu_threads()
+            self.threads = set_cpu_threads(model.weight_bytes, threads)
 
     def execute(self, work, keep_all: set[int] = frozenset()) -> dict[int, torch.Tensor]:
         """work: [(request, rows)]. Returns {index in work: logits [r, V]} for the rows that need them:

@@ -113,16 +113,23 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancels whatever is still running, lets one pass release it, then ends the thread."""
+    def cancel_all(self) -> int:
+        """Cancels every request in flight; each ends with finish_reason "cancelled"."""
         with self._lock:
             pending = list(self._routes)
         for rid in pending:
             self.engine.cancel(rid)
+        return len(pending)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancels whatever is still running, lets one pass release it, then ends the thread."""
+        cancelled = self.cancel_all()
         self._stop.set()
         self.engine.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        log.info("engine stopped after %d passes (%d requests cancelled at stop)", self.stats.passes,
+                 cancelled)
 
     # -- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:

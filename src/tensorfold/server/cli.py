@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
 import time
 
 log = logging.getLogger("tensorfold.server")
 MIB = 1 << 20
+SHUTDOWN_BACKSTOP_S = 5.0      # after the grace, cancelled requests get this long to end their streams
 
 
 def add_parser(sub) -> None:
@@ -65,6 +68,22 @@ def _build(args: argparse.Namespace):
     return app, name
 
 
+def _graceful_server(config, bridge, grace: float):
+    """A uvicorn server that, `grace` seconds into a shutdown, cancels what is still running,
+    so every stream ends with a last chunk (finish_reason "cancelled") and [DONE]."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            timer = asyncio.get_running_loop().call_later(grace, bridge.cancel_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return GracefulServer(config)
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -73,8 +92,15 @@ def serve(args: argparse.Namespace) -> int:
     log.info("serving %r: parallel %d, context %d, chunk %d, queue %d", name, args.parallel,
              args.context, args.chunk, args.max_queue)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
-                            timeout_graceful_shutdown=args.shutdown_grace)
-    uvicorn.Server(config).run()
+                            timeout_graceful_shutdown=args.shutdown_grace + SHUTDOWN_BACKSTOP_S)
+    # uvicorn re-raises SIGINT/SIGTERM to the previous handler once it has shut down gracefully;
+    # a no-op one there lets a signalled server end like any other: exit code 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _graceful_server(config, app.state.server.engine, args.shutdown_grace).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     log.info("stopped")
     return 0
 

@@ -232,6 +232,9 @@ async def collect(reply: Reply, request: Request) -> Response:
         reply.close(status)
     if status != 200:
         return Response(status_code=status)
+    if any(c.finish_reason == "cancelled" for c in reply.choices.values()):
+        raise APIError(503, "the request was cancelled: the server is shutting down",
+                       code="cancelled", type="server_error")
     return JSONResponse(reply.fmt.response(list(reply.choices.values()), reply.usage()).model_dump())
 
 
