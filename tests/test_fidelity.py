@@ -60,7 +60,8 @@ def near_tie(a1, a2, la1, la2, b1, b2, lb1, lb2) -> bool:
 
 
 def judge(history, ours: torch.Tensor, f64: torch.Tensor) -> list[dict]:
-    """Positions where top-1 differs, each with both top twos and float64's ranking."""
+    """Positions where top-1 differs, each with both top twos and the float64 reading: its top two,
+    its margin, and how far our logits of the two contenders are from float64 (our rounding)."""
     diffs = []
     for step in history:
         row = ours[step["pos"] - 1].float()
@@ -68,24 +69,47 @@ def judge(history, ours: torch.Tensor, f64: torch.Tensor) -> list[dict]:
         o1, o2 = int(top.indices[0]), int(top.indices[1])
         if o1 == step["top1"]:
             continue
-        arb = torch.topk(f64[step["pos"] - 1], 2).indices.tolist()
-        diffs.append({"pos": step["pos"], "mlx": (step["top1"], step["top2"]), "ours": (o1, o2), "float64": arb,
+        exact = f64[step["pos"] - 1]
+        arb = torch.topk(exact, 2)
+        rounding = float((row.double() - exact)[[o1, o2]].abs().sum())
+        diffs.append({"pos": step["pos"], "mlx": (step["top1"], step["top2"]), "ours": (o1, o2),
+                      "float64": arb.indices.tolist(), "float64_margin": float(arb.values[0] - arb.values[1]),
+                      "our_rounding": rounding,
                       "tie": near_tie(step["top1"], step["top2"], step["top1_logit"], step["top2_logit"],
                                       o1, o2, float(top.values[0]), float(top.values[1]))})
     return diffs
 
 
-@pytest.mark.parametrize("name", ["mlx_q4", "mlx_q8_g32", "mlx_mixed"])
-def test_teacher_forced_against_mlx_lm(name, request):
-    path = request.getfixturevalue(name)
+MLX_FIXTURES = ["mlx_q4", "mlx_q8_g32", "mlx_mixed"]
+
+
+def _forced(path, activations, dtype):
     prompt = sample_prompt(6, 24, 300)
-    history = mlx_teacher_forced(path, prompt, 48)
+    history = mlx_teacher_forced(path, prompt, 48, activations=activations)
     forced = prompt + [s["token"] for s in history]
-    ours = position_logits(make_engine(path, dtype=torch.bfloat16), forced)
+    ours = position_logits(make_engine(path, dtype=dtype), forced)
     f64 = position_logits(make_engine(path, dtype=torch.float64), forced)
-    diffs = judge(history, ours, f64)
-    agree = len(history) - len(diffs)
-    assert agree >= 0.9 * len(history), diffs
+    return history, judge(history, ours, f64)
+
+
+@pytest.mark.parametrize("name", MLX_FIXTURES)
+def test_teacher_forced_against_mlx_lm_float32(name, request):
+    """mlx_lm reading the same file with float32 activations: every difference a near tie."""
+    history, diffs = _forced(request.getfixturevalue(name), "float32", torch.float32)
+    assert all(d["tie"] for d in diffs), diffs
+    assert len(diffs) <= len(history) // 10
+
+
+@pytest.mark.parametrize("name", MLX_FIXTURES)
+def test_teacher_forced_against_mlx_lm_bf16_with_float64_arbiter(name, request):
+    """mlx_lm as it runs by default: bf16 on the CPU, whose quantized products are a few percent off
+    (its logits moved up to 1.26 from float64 here, ours 0.38). A difference beyond the tie policy
+    must be settled by float64: it sides with us, or it has the same two contenders with a margin
+    our own measured bf16 rounding of those two logits can flip."""
+    history, diffs = _forced(request.getfixturevalue(name), "bfloat16", torch.bfloat16)
     for d in diffs:
-        assert d["tie"], f"not a near tie: {d}"
-        assert set(d["float64"]) == set(d["ours"]), f"float64 ranks other contenders: {d}"
+        if d["tie"] or d["float64"][0] == d["ours"][0]:
+            continue
+        assert set(d["float64"]) == set(d["ours"]) and d["float64"][0] == d["mlx"][0], d
+        assert d["float64_margin"] <= d["our_rounding"], d
+    assert len(diffs) <= len(history) // 4, diffs

@@ -1,0 +1,97 @@
+"""Session-wide tiny checkpoints, built once per test session from code (no network).
+
+Fixture -> what it is:
+  tokenizer_dir   toy byte-level BPE + Qwen3.5 control tokens + chat template
+  hf_tiny         SPEC_A (tied), flat Qwen3_5ForCausalLM, single model.safetensors
+  hf_tiny_nested  SPEC_A, VL layout (model.language_model.* + model.visual.* + mtp.*);
+                  text weights bit-identical to hf_tiny
+  hf_tiny_b       SPEC_B (untied, 8 layers), flat, sharded (index.json + several shards)
+  hf_tiny_c       SPEC_C (untied), flat, A_log / linear_attn.norm stored as BF16 (Qwen3.6 style)
+  mlx_q4          mlx_lm 4-bit g64 of hf_tiny_b
+  mlx_q8_g32      mlx_lm 8-bit g32 of hf_tiny (tied: quantized embedding doubles as the head)
+  mlx_mixed       mlx_lm 4-bit g64 of hf_tiny_c with per-module bits (MIXED_RECIPE)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Tests import the builders as `from fixtures.checkpoints import ...`.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fixtures.checkpoints import (  # noqa: E402
+    HF_VARIANTS,
+    MLX_VARIANTS,
+    build_hf_checkpoint,
+    build_mlx_checkpoint,
+    build_tokenizer,
+)
+
+
+def _require_mlx() -> None:
+    try:
+        import mlx.core  # noqa: F401
+        import mlx_lm  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken native wheel
+        pytest.skip(f"mlx / mlx_lm not importable ({exc!r}); MLX fixtures need mlx[cpu] + mlx-lm")
+
+
+def _hf(name: str, root: Path, tokenizer_dir: Path) -> Path:
+    spec, kwargs = HF_VARIANTS[name]
+    return build_hf_checkpoint(root / name, spec, tokenizer_dir=tokenizer_dir, **kwargs)
+
+
+def _mlx(name: str, root: Path, source_dir: Path) -> Path:
+    _require_mlx()
+    _source, kwargs = MLX_VARIANTS[name]
+    return build_mlx_checkpoint(source_dir, root / name, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(checkpoint_root: Path) -> Path:
+    out = checkpoint_root / "tokenizer"
+    build_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    return _hf("hf_tiny", checkpoint_root, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_nested(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    return _hf("hf_tiny_nested", checkpoint_root, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_b(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    return _hf("hf_tiny_b", checkpoint_root, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_c(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    return _hf("hf_tiny_c", checkpoint_root, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def mlx_q4(checkpoint_root: Path, hf_tiny_b: Path) -> Path:
+    return _mlx("mlx_q4", checkpoint_root, hf_tiny_b)
+
+
+@pytest.fixture(scope="session")
+def mlx_q8_g32(checkpoint_root: Path, hf_tiny: Path) -> Path:
+    return _mlx("mlx_q8_g32", checkpoint_root, hf_tiny)
+
+
+@pytest.fixture(scope="session")
+def mlx_mixed(checkpoint_root: Path, hf_tiny_c: Path) -> Path:
+    return _mlx("mlx_mixed", checkpoint_root, hf_tiny_c)

@@ -1,0 +1,229 @@
+"""Refusals: each bad request gets its status and an OpenAI error body naming the parameter, and
+the server keeps serving everyone else, byte for byte. Also API keys, a full queue, shutdown."""
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from server_harness import make_engine, sse_events, start_server, wait_for
+from tensorfold.engine.engine import Engine
+
+MSG = [{"role": "user", "content": "hi"}]
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+PROBE = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+         "return_token_ids": True}
+
+CASES = [  # (id, path, body, status, param, code)
+    ("malformed-json", CMPL, '{"prompt": "x",', 400, None, "invalid_json"),
+    ("not-an-object", CMPL, "[1, 2]", 400, None, "invalid_json"),
+    ("no-body", CMPL, "", 400, None, "invalid_json"),
+    ("prompt-wrong-type", CMPL, {"prompt": 5}, 422, "prompt", "invalid_type"),
+    ("bools-as-ids", CMPL, {"prompt": [True, False]}, 422, "prompt", "invalid_type"),
+    ("max-tokens-wrong-type", CMPL, {"prompt": "x", "max_tokens": "many"}, 422, "max_tokens", "invalid_type"),
+    ("temperature-wrong-type", CHAT, {"messages": MSG, "temperature": "hot"}, 422, "temperature",
+     "invalid_type"),
+    ("message-without-role", CHAT, {"messages": [{"content": "hi"}]}, 422, "messages[0]", "invalid_type"),
+    ("messages-missing", CHAT, {"model": "tiny"}, 422, "messages", "invalid_type"),
+    ("unknown-model", CMPL, {"model": "gpt-4o", "prompt": "x"}, 404, "model", "model_not_found"),
+    ("unknown-model-chat", CHAT, {"model": "gpt-4o", "messages": MSG}, 404, "model", "model_not_found"),
+    ("max-tokens-zero", CMPL, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ("max-completion-tokens-negative", CHAT, {"messages": MSG, "max_completion_tokens": -1}, 400,
+     "max_completion_tokens", "invalid_value"),
+    ("past-context", CMPL, {"prompt": "x", "max_tokens": 512}, 413, "max_tokens", "context_length_exceeded"),
+    ("prompt-past-context", CMPL, {"prompt": [65] * 600}, 413, "prompt", "context_length_exceeded"),
+    ("chat-past-context", CHAT, {"messages": [{"role": "user", "content": "a " * 600}]}, 413, "messages",
+     "context_length_exceeded"),
+    ("empty-prompt", CMPL, {"prompt": ""}, 400, "prompt", "invalid_value"),
+    ("empty-id-prompt", CMPL, {"prompt": []}, 400, "prompt", "invalid_value"),
+    ("empty-in-batch", CMPL, {"prompt": ["x", ""]}, 400, "prompt", "invalid_value"),
+    ("empty-messages", CHAT, {"messages": []}, 400, "messages", "invalid_value"),
+    ("id-past-vocab", CMPL, {"prompt": [1, 576]}, 400, "prompt", "invalid_value"),
+    ("negative-id", CMPL, {"prompt": [[3], [-1]]}, 400, "prompt", "invalid_value"),
+    ("temperature-negative", CMPL, {"prompt": "x", "temperature": -0.5}, 400, "temperature", "invalid_value"),
+    ("top-p-zero", CMPL, {"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_value"),
+    ("min-p-above-one", CHAT, {"messages": MSG, "min_p": 1.5}, 400, "min_p", "invalid_value"),
+    ("n-zero", CMPL, {"prompt": "x", "n": 0}, 400, "n", "invalid_value"),
+    ("logprobs-too-many", CMPL, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
+    ("top-logprobs-too-many", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs", "invalid_value"),
+    ("top-logprobs-alone", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    ("presence-penalty", CMPL, {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty",
+     "unsupported"),
+    ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"5": 10}}, 400, "logit_bias", "unsupported"),
+    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools", "unsupported"),
+    ("echo-with-logprobs", CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported"),
+    ("image-part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content", "unsupported"),
+    ("reserved-template-kwarg", CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenize": True}}, 400,
+     "chat_template_kwargs", "invalid_value"),
+    ("detokenize-past-vocab", "/detokenize", {"tokens": [1, 600]}, 400, "tokens", "invalid_value"),
+    ("tokenize-unknown-model", "/tokenize", {"model": "x", "prompt": "hi"}, 404, "model", "model_not_found"),
+]
+
+
+@pytest.fixture(scope="module")
+def live(hf_tiny):
+    server = start_server(make_engine(hf_tiny))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def probe_ids(live):
+    with live.client() as http:
+        return http.post(CMPL, json=PROBE).json()["choices"][0]["token_ids"]
+
+
+def post(http: httpx.Client, path: str, body) -> httpx.Response:
+    if isinstance(body, str):
+        return http.post(path, content=body, headers={"content-type": "application/json"})
+    return http.post(path, json=body)
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None, code: str) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["code"] == code
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_refusal_names_the_parameter(live, probe_ids, case):
+    _, path, body, status, param, code = case
+    with live.client() as http:
+        err = assert_error(post(http, path, body), status, param, code)
+        assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+        after = http.post(CMPL, json=PROBE)
+    assert after.status_code == 200 and after.json()["choices"][0]["token_ids"] == probe_ids
+
+
+def test_refusals_leave_a_running_stream_untouched(live):
+    body = {**PROBE, "max_tokens": 120, "stream": True}
+    with live.client() as http:
+        want = http.post(CMPL, json={**body, "stream": False}).json()["choices"][0]["token_ids"]
+        got: list[int] = []
+        with http.stream("POST", CMPL, json=body) as stream:
+            events = sse_events(stream)
+            got += next(events)["choices"][0]["token_ids"]
+            with live.client() as other:
+                for _, path, bad, status, *_ in CASES:
+                    assert post(other, path, bad).status_code == status
+            for event in events:
+                if event is not None:
+                    got += event["choices"][0]["token_ids"]
+    assert got == want
+    text = live.metrics()
+    assert 'tensorfold_requests_total{outcome="invalid"}' in text
+
+
+def test_api_key(hf_tiny):
+    server = start_server(make_engine(hf_tiny), api_key="sekret")
+    try:
+        with server.client() as http:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+                r = http.post(CMPL, json=PROBE, headers=headers)
+                assert_error(r, 401, None, "invalid_api_key")
+            assert_error(http.post(CMPL, content="{oops", headers={}), 401, None, "invalid_api_key")
+            assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+            assert http.get("/v1/models").status_code == 401
+        import openai
+        with pytest.raises(openai.AuthenticationError) as caught:
+            server.openai(api_key="wrong").models.list()
+        assert caught.value.status_code == 401
+        out = server.openai(api_key="sekret").completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert len(out.choices) == 1
+    finally:
+        server.stop()
+
+
+class GatedEngine(Engine):
+    """Passes wait for the test to open the gate, so a queue can be filled without racing."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def step(self):
+        self.gate.wait(60)
+        return super().step()
+
+
+def test_full_queue_gets_429_with_retry_after(hf_tiny):
+    engine = make_engine(hf_tiny, engine_cls=GatedEngine, parallel=1, max_queue=1)
+    server = start_server(engine)
+    try:
+        results: queue.Queue = queue.Queue()
+        first = threading.Thread(target=lambda: results.put(httpx.post(f"{server.url}{CMPL}", json=PROBE,
+                                                                       timeout=60)))
+        first.start()
+        wait_for(engine.has_work, "the first request to be queued")
+        with server.client() as http:
+            r = http.post(CMPL, json=PROBE)
+            assert_error(r, 429, None, "queue_full")
+            assert r.headers["Retry-After"] == "1"
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            engine.gate.set()
+            first.join(60)
+            assert results.get_nowait().status_code == 200
+            assert http.post(CMPL, json=PROBE).status_code == 200
+            assert 'tensorfold_requests_total{outcome="queue_full"} 1.0' in http.get("/metrics").text
+    finally:
+        engine.gate.set()
+        server.stop()
+
+
+def _spawn(checkpoint, *flags: str) -> tuple[subprocess.Popen, str, queue.Queue]:
+    code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "serve", str(checkpoint), "--port", "0", "--parallel", "2",
+           "--context", "512", "--prompt-cache-gib", "0.01", *flags]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    log = []
+    while True:
+        line = lines.get(timeout=120)
+        log.append(line)
+        if "Uvicorn running on" in line:
+            url = line.split("Uvicorn running on ")[1].split()[0]
+            return proc, url, lines
+
+
+def _rest(lines: queue.Queue) -> str:
+    out = []
+    while not lines.empty():
+        out.append(lines.get_nowait())
+    return "".join(out)
+
+
+@pytest.mark.parametrize("sig,grace,finishes", [(signal.SIGTERM, "30", True), (signal.SIGINT, "0", False)],
+                         ids=["sigterm-finishes", "sigint-cancels"])
+def test_shutdown_finishes_or_cancels(hf_tiny, sig, grace, finishes):
+    proc, url, lines = _spawn(hf_tiny, "--shutdown-grace", grace)
+    try:
+        body = {**PROBE, "max_tokens": 300, "stream": True}
+        got, reasons, done = [], [], False
+        with httpx.stream("POST", f"{url}{CMPL}", json=body, timeout=60) as stream:
+            events = sse_events(stream)
+            got += next(events)["choices"][0]["token_ids"]
+            proc.send_signal(sig)
+            for event in events:
+                done = done or event is None
+                if event is not None:
+                    got += event["choices"][0]["token_ids"]
+                    reasons.append(event["choices"][0]["finish_reason"])
+        assert proc.wait(60) == 0
+        assert done and reasons[-1] == ("length" if finishes else "cancelled")
+        assert (len(got) == 300) == finishes
+        log = _rest(lines)
+        assert "engine stopped" in log and "INFO stopped" in log and "Traceback" not in log
+    finally:
+        proc.kill()
