@@ -1,6 +1,7 @@
 """A live TensorFold server on 127.0.0.1 for tests: uvicorn in a thread, on a free port."""
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -80,7 +81,8 @@ def metric(text: str, name: str, **labels: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def solo(engine: Engine, prompt_ids: list[int], params: SamplingParams, stream: int = 0) -> list[int]:
+def solo(engine: Engine, prompt_ids: list[int], params: SamplingParams,
+         stream: int = 0) -> list[int]:
     """The reference: the request alone on an offline engine (no server, nothing beside it)."""
     assert not engine.has_work()
     req = engine.add_request(prompt_ids, params, stream=stream)
@@ -90,7 +92,6 @@ def solo(engine: Engine, prompt_ids: list[int], params: SamplingParams, stream: 
 
 def sse_events(response: httpx.Response):
     """The JSON payloads of an SSE response, up to [DONE] (which is yielded as None)."""
-    import json
     for line in response.iter_lines():
         if line.startswith("data: "):
             data = line[len("data: "):]

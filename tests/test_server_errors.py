@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -25,46 +26,59 @@ CASES = [  # (id, path, body, status, param, code)
     ("no-body", CMPL, "", 400, None, "invalid_json"),
     ("prompt-wrong-type", CMPL, {"prompt": 5}, 422, "prompt", "invalid_type"),
     ("bools-as-ids", CMPL, {"prompt": [True, False]}, 422, "prompt", "invalid_type"),
-    ("max-tokens-wrong-type", CMPL, {"prompt": "x", "max_tokens": "many"}, 422, "max_tokens", "invalid_type"),
+    ("max-tokens-wrong-type", CMPL, {"prompt": "x", "max_tokens": "many"}, 422, "max_tokens",
+     "invalid_type"),
     ("temperature-wrong-type", CHAT, {"messages": MSG, "temperature": "hot"}, 422, "temperature",
      "invalid_type"),
-    ("message-without-role", CHAT, {"messages": [{"content": "hi"}]}, 422, "messages[0]", "invalid_type"),
+    ("message-without-role", CHAT, {"messages": [{"content": "hi"}]}, 422, "messages[0]",
+     "invalid_type"),
     ("messages-missing", CHAT, {"model": "tiny"}, 422, "messages", "invalid_type"),
     ("unknown-model", CMPL, {"model": "gpt-4o", "prompt": "x"}, 404, "model", "model_not_found"),
-    ("unknown-model-chat", CHAT, {"model": "gpt-4o", "messages": MSG}, 404, "model", "model_not_found"),
+    ("unknown-model-chat", CHAT, {"model": "gpt-4o", "messages": MSG}, 404, "model",
+     "model_not_found"),
     ("max-tokens-zero", CMPL, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ("max-completion-tokens-negative", CHAT, {"messages": MSG, "max_completion_tokens": -1}, 400,
      "max_completion_tokens", "invalid_value"),
-    ("past-context", CMPL, {"prompt": "x", "max_tokens": 512}, 413, "max_tokens", "context_length_exceeded"),
-    ("prompt-past-context", CMPL, {"prompt": [65] * 600}, 413, "prompt", "context_length_exceeded"),
-    ("chat-past-context", CHAT, {"messages": [{"role": "user", "content": "a " * 600}]}, 413, "messages",
+    ("past-context", CMPL, {"prompt": "x", "max_tokens": 512}, 413, "max_tokens",
      "context_length_exceeded"),
+    ("stream-past-context", CMPL, {"prompt": "x", "max_tokens": 512, "stream": True}, 413,
+     "max_tokens", "context_length_exceeded"),
+    ("chat-reply-past-context", CHAT, {"messages": MSG, "max_completion_tokens": 600}, 413,
+     "max_completion_tokens", "context_length_exceeded"),
+    ("prompt-past-context", CMPL, {"prompt": [65] * 600}, 413, "prompt", "context_length_exceeded"),
+    ("chat-past-context", CHAT, {"messages": [{"role": "user", "content": "a " * 600}]}, 413,
+     "messages", "context_length_exceeded"),
     ("empty-prompt", CMPL, {"prompt": ""}, 400, "prompt", "invalid_value"),
     ("empty-id-prompt", CMPL, {"prompt": []}, 400, "prompt", "invalid_value"),
     ("empty-in-batch", CMPL, {"prompt": ["x", ""]}, 400, "prompt", "invalid_value"),
     ("empty-messages", CHAT, {"messages": []}, 400, "messages", "invalid_value"),
     ("id-past-vocab", CMPL, {"prompt": [1, 576]}, 400, "prompt", "invalid_value"),
     ("negative-id", CMPL, {"prompt": [[3], [-1]]}, 400, "prompt", "invalid_value"),
-    ("temperature-negative", CMPL, {"prompt": "x", "temperature": -0.5}, 400, "temperature", "invalid_value"),
+    ("temperature-negative", CMPL, {"prompt": "x", "temperature": -0.5}, 400, "temperature",
+     "invalid_value"),
     ("top-p-zero", CMPL, {"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_value"),
     ("min-p-above-one", CHAT, {"messages": MSG, "min_p": 1.5}, 400, "min_p", "invalid_value"),
     ("n-zero", CMPL, {"prompt": "x", "n": 0}, 400, "n", "invalid_value"),
     ("logprobs-too-many", CMPL, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     ("top-logprobs-too-many", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400,
      "top_logprobs", "invalid_value"),
-    ("top-logprobs-alone", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    ("top-logprobs-alone", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs",
+     "invalid_value"),
     ("presence-penalty", CMPL, {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty",
      "unsupported"),
-    ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"5": 10}}, 400, "logit_bias", "unsupported"),
-    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-     "tools", "unsupported"),
-    ("echo-with-logprobs", CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported"),
+    ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"5": 10}}, 400, "logit_bias",
+     "unsupported"),
+    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     400, "tools", "unsupported"),
+    ("echo-with-logprobs", CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo",
+     "unsupported"),
     ("image-part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content", "unsupported"),
-    ("reserved-template-kwarg", CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenize": True}}, 400,
-     "chat_template_kwargs", "invalid_value"),
+    ("reserved-template-kwarg", CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenize": 1}},
+     400, "chat_template_kwargs", "invalid_value"),
     ("detokenize-past-vocab", "/detokenize", {"tokens": [1, 600]}, 400, "tokens", "invalid_value"),
-    ("tokenize-unknown-model", "/tokenize", {"model": "x", "prompt": "hi"}, 404, "model", "model_not_found"),
+    ("tokenize-unknown-model", "/tokenize", {"model": "x", "prompt": "hi"}, 404, "model",
+     "model_not_found"),
 ]
 
 
@@ -107,7 +121,7 @@ def test_refusal_names_the_parameter(live, probe_ids, case):
 
 
 def test_refusals_leave_a_running_stream_untouched(live):
-    body = {**PROBE, "max_tokens": 120, "stream": True}
+    body = {**PROBE, "max_tokens": 400, "stream": True}
     with live.client() as http:
         want = http.post(CMPL, json={**body, "stream": False}).json()["choices"][0]["token_ids"]
         got: list[int] = []
@@ -133,13 +147,15 @@ def test_api_key(hf_tiny):
                 r = http.post(CMPL, json=PROBE, headers=headers)
                 assert_error(r, 401, None, "invalid_api_key")
             assert_error(http.post(CMPL, content="{oops", headers={}), 401, None, "invalid_api_key")
-            assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+            assert http.get("/health").status_code == 200
+            assert http.get("/metrics").status_code == 200
             assert http.get("/v1/models").status_code == 401
         import openai
         with pytest.raises(openai.AuthenticationError) as caught:
             server.openai(api_key="wrong").models.list()
         assert caught.value.status_code == 401
-        out = server.openai(api_key="sekret").completions.create(model="tiny", prompt="hi", max_tokens=2)
+        out = server.openai(api_key="sekret").completions.create(model="tiny", prompt="hi",
+                                                                max_tokens=2)
         assert len(out.choices) == 1
     finally:
         server.stop()
@@ -162,8 +178,11 @@ def test_full_queue_gets_429_with_retry_after(hf_tiny):
     server = start_server(engine)
     try:
         results: queue.Queue = queue.Queue()
-        first = threading.Thread(target=lambda: results.put(httpx.post(f"{server.url}{CMPL}", json=PROBE,
-                                                                       timeout=60)))
+
+        def first_request() -> None:
+            results.put(httpx.post(f"{server.url}{CMPL}", json=PROBE, timeout=60))
+
+        first = threading.Thread(target=first_request)
         first.start()
         wait_for(engine.has_work, "the first request to be queued")
         with server.client() as http:
@@ -175,55 +194,67 @@ def test_full_queue_gets_429_with_retry_after(hf_tiny):
             first.join(60)
             assert results.get_nowait().status_code == 200
             assert http.post(CMPL, json=PROBE).status_code == 200
-            assert 'tensorfold_requests_total{outcome="queue_full"} 1.0' in http.get("/metrics").text
+            text = http.get("/metrics").text
+            assert 'tensorfold_requests_total{outcome="queue_full"} 1.0' in text
     finally:
         engine.gate.set()
         server.stop()
 
 
-def _spawn(checkpoint, *flags: str) -> tuple[subprocess.Popen, str, queue.Queue]:
+@dataclass
+class Spawned:
+    """`tensorfold serve` in a subprocess, its stderr collected by a reader thread."""
+
+    proc: subprocess.Popen
+    url: str
+    reader: threading.Thread
+    lines: list[str]
+
+    def log(self) -> str:
+        self.reader.join(30)          # stderr is at EOF once the process has exited
+        return "".join(self.lines)
+
+
+def _spawn(checkpoint, *flags: str) -> Spawned:
     code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
     cmd = [sys.executable, "-c", code, "serve", str(checkpoint), "--port", "0", "--parallel", "2",
            "--context", "512", "--prompt-cache-gib", "0.01", *flags]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-    log = []
-    while True:
-        line = lines.get(timeout=120)
-        log.append(line)
-        if "Uvicorn running on" in line:
-            url = line.split("Uvicorn running on ")[1].split()[0]
-            return proc, url, lines
+    lines: list[str] = []
+    started: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if "Uvicorn running on " in line:
+                started.put(line.split("Uvicorn running on ")[1].split()[0])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return Spawned(proc, started.get(timeout=120), reader, lines)
 
 
-def _rest(lines: queue.Queue) -> str:
-    out = []
-    while not lines.empty():
-        out.append(lines.get_nowait())
-    return "".join(out)
-
-
-@pytest.mark.parametrize("sig,grace,finishes", [(signal.SIGTERM, "30", True), (signal.SIGINT, "0", False)],
+@pytest.mark.parametrize("sig,grace,finishes",
+                         [(signal.SIGTERM, "30", True), (signal.SIGINT, "0", False)],
                          ids=["sigterm-finishes", "sigint-cancels"])
 def test_shutdown_finishes_or_cancels(hf_tiny, sig, grace, finishes):
-    proc, url, lines = _spawn(hf_tiny, "--shutdown-grace", grace)
+    server = _spawn(hf_tiny, "--shutdown-grace", grace)
     try:
         body = {**PROBE, "max_tokens": 300, "stream": True}
         got, reasons, done = [], [], False
-        with httpx.stream("POST", f"{url}{CMPL}", json=body, timeout=60) as stream:
+        with httpx.stream("POST", f"{server.url}{CMPL}", json=body, timeout=60) as stream:
             events = sse_events(stream)
             got += next(events)["choices"][0]["token_ids"]
-            proc.send_signal(sig)
+            server.proc.send_signal(sig)
             for event in events:
                 done = done or event is None
                 if event is not None:
                     got += event["choices"][0]["token_ids"]
                     reasons.append(event["choices"][0]["finish_reason"])
-        assert proc.wait(60) == 0
+        assert server.proc.wait(60) == 0
         assert done and reasons[-1] == ("length" if finishes else "cancelled")
         assert (len(got) == 300) == finishes
-        log = _rest(lines)
+        log = server.log()
         assert "engine stopped" in log and "INFO stopped" in log and "Traceback" not in log
     finally:
-        proc.kill()
+        server.proc.kill()

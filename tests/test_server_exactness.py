@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import urlparse
 
 import pytest
@@ -16,6 +17,7 @@ from tensorfold.engine.request import SamplingParams
 
 STORY = ("Once upon a time, in a land of rivers and hills, a small fox kept a ledger of every "
          "bird that crossed the valley. ")
+CANCELLED = {"outcome": "cancelled"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Case:
 
 @pytest.fixture(scope="module")
 def reference(hf_tiny):
-    return make_engine(hf_tiny)
+    return make_engine(hf_tiny)            # chunk 16 here, 8 on the server: chunking is free
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,9 @@ def live(hf_tiny):
 
 def completion(live, prompt, max_tokens: int, **sampling) -> Case:
     ids = prompt if isinstance(prompt, list) else live.tokenizer.encode(prompt)
-    body = {"prompt": prompt, "max_tokens": max_tokens, **sampling}
-    return Case("/v1/completions", body, ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                                             **sampling))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
+    return Case("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **sampling}, ids,
+                params)
 
 
 def chat(live, text: str, max_tokens: int, **sampling) -> Case:
@@ -53,8 +55,8 @@ def chat(live, text: str, max_tokens: int, **sampling) -> Case:
     ids = live.tokenizer.chat(messages, enable_thinking=False)
     body = {"messages": messages, "max_tokens": max_tokens,
             "chat_template_kwargs": {"enable_thinking": False}, **sampling}
-    return Case("/v1/chat/completions", body, ids, SamplingParams(max_tokens=max_tokens,
-                                                                  ignore_eos=True, **sampling))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
+    return Case("/v1/chat/completions", body, ids, params)
 
 
 def stream_ids(live, case: Case, on_token: threading.Event | None = None) -> list[int]:
@@ -69,48 +71,54 @@ def stream_ids(live, case: Case, on_token: threading.Event | None = None) -> lis
     return ids
 
 
-def concurrently(live, cases: list[Case], started: list[threading.Event] | None = None) -> list[list[int]]:
-    results: list[list[int] | BaseException] = [[] for _ in cases]
-    barrier = threading.Barrier(len(cases))
+def in_threads(calls: list[Callable[[], list[int]]]) -> Callable[[], list[list[int]]]:
+    """Starts every call at once; the returned join() gives their results (or re-raises)."""
+    results: list = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
 
     def run(i: int) -> None:
         try:
             barrier.wait(30)
-            results[i] = stream_ids(live, cases[i], started[i] if started else None)
-        except BaseException as exc:   # re-raised on the test thread
+            results[i] = calls[i]()
+        except BaseException as exc:       # handed to the test thread by join()
             results[i] = exc
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
-    return _joined(threads, results)
 
+    def join() -> list[list[int]]:
+        for t in threads:
+            t.join(120)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
 
-def _joined(threads, results):
-    for t in threads:
-        t.join(120)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
+    return join
 
 
 def test_four_concurrent_streams_equal_alone_and_serial(live, reference):
     cases = [
         completion(live, STORY, 40, temperature=0.0),
-        completion(live, live.tokenizer.encode(STORY * 3)[:150], 32, temperature=0.8, top_p=0.9, seed=1),
+        completion(live, live.tokenizer.encode(STORY * 3)[:150], 32, temperature=0.8, top_p=0.9,
+                   seed=1),
         chat(live, "Tell me about the fox.", 24, temperature=1.0, top_k=20, seed=2),
         completion(live, STORY * 2, 48, temperature=0.7, min_p=0.05, seed=3),
     ]
     alone = [token_sha(solo(reference, c.prompt_ids, c.params)) for c in cases]
-    passes = metric(live.metrics(), "tensorfold_engine_passes")
+
+    def passes() -> float:
+        return metric(live.metrics(), "tensorfold_engine_passes")
+
+    start = passes()
     serial = [token_sha(stream_ids(live, c)) for c in cases]
-    serial_passes = metric(live.metrics(), "tensorfold_engine_passes") - passes
-    together = [token_sha(ids) for ids in concurrently(live, cases)]
-    shared_passes = metric(live.metrics(), "tensorfold_engine_passes") - passes - serial_passes
+    middle = passes()
+    together = [token_sha(ids) for ids in in_threads([
+        lambda c=c: stream_ids(live, c) for c in cases])()]
     assert serial == alone
     assert together == alone
-    assert shared_passes < serial_passes          # the four really shared passes
+    assert passes() - middle < middle - start      # the four really shared passes
 
 
 @pytest.fixture(scope="module")
@@ -120,31 +128,26 @@ def probes(live, reference):
     return cases, [token_sha(solo(reference, c.prompt_ids, c.params)) for c in cases]
 
 
-def with_probes(live, probes, drop) -> None:
+def with_probes(live, probes, drop: Callable[[], None]) -> None:
     """Runs `drop` while two probes are decoding; their tokens must equal the references and
     every lane must be free afterwards."""
     cases, want = probes
     started = [threading.Event(), threading.Event()]
-    results: list = [None, None]
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, stream_ids(live, cases[i], started[i])))
-               for i in range(2)]
-    for t in threads:
-        t.start()
+    join = in_threads([lambda i=i: stream_ids(live, cases[i], started[i]) for i in range(2)])
     for e in started:
         assert e.wait(60), "a probe never started"
-    cancelled = metric(live.metrics(), "tensorfold_requests_total", outcome="cancelled")
+    cancelled = metric(live.metrics(), "tensorfold_requests_total", **CANCELLED)
     drop()
-    wait_for(lambda: metric(live.metrics(), "tensorfold_requests_total", outcome="cancelled") == cancelled + 1,
-             "the dropped request to be cancelled")
-    wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") <= 2, "the dropped lane to be freed")
-    for t in threads:
-        t.join(120)
-    assert [token_sha(r) for r in results] == want
+    wait_for(lambda: metric(live.metrics(), "tensorfold_requests_total", **CANCELLED)
+             == cancelled + 1, "the dropped request to be cancelled")
+    wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") <= 2,
+             "the dropped lane to be freed")
+    assert [token_sha(ids) for ids in join()] == want
     wait_for(lambda: _idle(live.metrics()), "every lane to be free")
 
 
 def _idle(text: str) -> bool:
-    return metric(text, "tensorfold_lanes_busy") == 0 and metric(text, "tensorfold_queue_depth") == 0
+    return metric(text, "tensorfold_lanes_busy") == metric(text, "tensorfold_queue_depth") == 0
 
 
 def test_drop_mid_decode(live, probes):
@@ -179,11 +182,12 @@ def test_drop_while_waiting_for_a_whole_answer(live, probes):
     def drop() -> None:
         url = urlparse(live.url)
         body = json.dumps({"prompt": STORY, "max_tokens": 400, "ignore_eos": True}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
-            sock.sendall(head + body)
-            wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") == 3, "the request to run")
+            sock.sendall(head.encode() + body)
+            wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") == 3,
+                     "the request to run")
 
     with_probes(live, probes, drop)
 
@@ -201,12 +205,11 @@ def test_prompt_cache_resumes_exactly(hf_tiny, reference):
                 out = http.post("/v1/completions", json=body).json()
                 runs.append((out["choices"][0]["token_ids"],
                              out["usage"]["prompt_tokens_details"]["cached_tokens"]))
+            assert http.get("/memory").json()["prompt_cache_bytes"] > 0
         params = SamplingParams(max_tokens=24, temperature=0.8, seed=4, ignore_eos=True)
         fresh = [solo(reference, p, params) for p in (ids, longer)]
         assert [r[0] for r in runs] == [fresh[0], fresh[0], fresh[1]]
         assert runs[0][1] == 0 and 0 < runs[1][1] < len(ids) and runs[2][1] >= runs[1][1]
         assert metric(server.metrics(), "tensorfold_prompt_cache_hits_total") == 2
-        with server.client() as http:
-            assert http.get("/memory").json()["prompt_cache_bytes"] > 0
     finally:
         server.stop()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: `tensorfold serve`, or api.create_app(engine, ...)."""

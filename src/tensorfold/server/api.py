@@ -4,9 +4,7 @@ from __future__ import annotations
 import hmac
 import os
 import resource
-import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import torch
 from fastapi import FastAPI, Request
@@ -18,30 +16,14 @@ from ..engine.engine import Engine
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .errors import APIError, install_handlers
-from .formats import ChatFormat, CompletionFormat, TokenTexts
+from .formats import TokenTexts
 from .metrics import Metrics
 from .prompts import encode_chat, encode_prompts
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard,
                        ModelList, TokenizeRequest)
-from .serving import (Job, SamplingDefaults, check_common, check_model, lanes_for, respond,
-                      sampling_params)
+from .serving import SamplingDefaults, ServerState, chat, check_model, complete
 
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
-
-
-@dataclass
-class ServerState:
-    engine: AsyncEngine
-    tokenizer: Tokenizer | None
-    model_name: str
-    metrics: Metrics
-    defaults: SamplingDefaults
-    texts: TokenTexts
-    prompt_cache_bytes: int = 0          # reserved for the prompt cache; none exists yet
-
-    @property
-    def context(self) -> int:
-        return self.engine.engine.config.context
 
 
 class APIKeyCheck:
@@ -63,12 +45,12 @@ class APIKeyCheck:
 
 
 def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: str,
-               api_key: str | None = None, defaults: SamplingDefaults | None = None,
-               prompt_cache_bytes: int = 0) -> FastAPI:
+               api_key: str | None = None, defaults: SamplingDefaults | None = None) -> FastAPI:
+    """The server for one engine; its engine thread runs from startup to shutdown."""
     bridge = AsyncEngine(engine)
     metrics = Metrics(lambda: bridge.stats, engine.config.parallel)
-    state = ServerState(bridge, tokenizer, served_model_name, metrics, defaults or SamplingDefaults(),
-                        TokenTexts(tokenizer), prompt_cache_bytes)
+    state = ServerState(bridge, tokenizer, served_model_name, metrics,
+                        defaults or SamplingDefaults(), TokenTexts(tokenizer))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -90,41 +72,11 @@ def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: s
 def _generation_routes(app: FastAPI, s: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        check_common(body, s.model_name)
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported",
-                           "echo", code="unsupported")
-        prompts = encode_prompts(body.prompt, s.tokenizer)
-        renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
-        params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
-        lanes = lanes_for(prompts, params, body.n)
-        prefixes = {lane.index: _decode(s, lane.prompt_ids) for lane in lanes} if body.echo else {}
-        job = Job(f"cmpl-{uuid.uuid4().hex}", lanes, sum(map(len, prompts)), body.stream,
-                  body.include_usage, prefixes)
-        fmt = CompletionFormat(job.request_id, s.model_name, s.texts, body.logprobs is not None,
-                               body.return_token_ids)
-        return await respond(s.engine, s.metrics, job, fmt, request, renames)
+        return await complete(s, body, request)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
-        check_common(body, s.model_name)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", code="invalid_value")
-        ids = encode_chat(body.messages, s.tokenizer, body.chat_template_kwargs, body.add_generation_prompt)
-        limit_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        limit = getattr(body, limit_name)
-        renames = {"logprobs": "top_logprobs", "prompt": "messages",
-                   "max_tokens": limit_name if limit is not None else "messages"}
-        params = sampling_params(body, s.defaults, limit,
-                                 (body.top_logprobs or 0) if body.logprobs else None, renames)
-        job = Job(f"chatcmpl-{uuid.uuid4().hex}", lanes_for([ids], params, body.n), len(ids),
-                  body.stream, body.include_usage, {})
-        fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
-        return await respond(s.engine, s.metrics, job, fmt, request, renames)
-
-
-def _decode(s: ServerState, ids: list[int]) -> str:
-    return s.tokenizer.decode(ids) if s.tokenizer is not None else ""
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await chat(s, body, request)
 
 
 def _info_routes(app: FastAPI, s: ServerState) -> None:
@@ -144,7 +96,7 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
 
     @app.get("/memory")
     async def memory() -> dict:
-        return _memory(s)
+        return _memory(s.engine.engine)
 
 
 def _rss_bytes() -> int:
@@ -155,13 +107,16 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _memory(s: ServerState) -> dict:
-    engine = s.engine.engine
+def _memory(engine: Engine) -> dict:
+    """Bytes by owner. The KV pool includes the pages the prompt cache may hold."""
     device = engine.model.device
+    cache = engine.prefix_cache
     out = {"device": str(device), "weights_bytes": engine.model.weight_bytes,
-           "kv_pool_bytes": engine.caches.kv.nbytes, "state_pool_bytes": engine.caches.states.nbytes,
-           "prompt_cache_bytes": 0, "prompt_cache_limit_bytes": s.prompt_cache_bytes,
-           "process_rss_bytes": _rss_bytes(), "device_allocated_bytes": None, "device_peak_bytes": None}
+           "kv_pool_bytes": engine.caches.kv.nbytes,
+           "state_pool_bytes": engine.caches.states.nbytes,
+           "prompt_cache_bytes": cache.nbytes, "prompt_cache_budget_bytes": cache.budget_bytes,
+           "prompt_cache_entries": len(cache), "process_rss_bytes": _rss_bytes(),
+           "device_allocated_bytes": None, "device_peak_bytes": None}
     if device.type == "cuda":
         out["device_allocated_bytes"] = torch.cuda.memory_allocated(device)
         out["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -173,7 +128,8 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> dict:
         check_model(body.model, s.model_name)
         if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "send exactly one of prompt and messages", "prompt", code="invalid_value")
+            raise APIError(400, "send exactly one of prompt and messages", "prompt",
+                           code="invalid_value")
         if body.messages is not None:
             ids = encode_chat(body.messages, s.tokenizer, body.chat_template_kwargs,
                               body.add_generation_prompt)
@@ -187,8 +143,8 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
         vocab = s.engine.engine.model.config.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "tokens",
-                           code="invalid_value")
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                           "tokens", code="invalid_value")
         if s.tokenizer is None:
             raise APIError(400, "this checkpoint has no tokenizer", "tokens", code="no_tokenizer")
         return {"prompt": s.tokenizer.decode(body.tokens)}

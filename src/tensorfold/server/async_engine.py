@@ -38,7 +38,7 @@ class EngineStats:
 
 
 class EngineFailed(RuntimeError):
-    pass
+    """A pass raised: the requests in flight fail with it; the engine thread goes on."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class AsyncEngine:
 
     # -- event loop side ----------------------------------------------------------------------
     def submit(self, request_id: str, lanes: list[Lane]) -> Generation:
-        """Admits every lane or none: a refusal (InvalidRequest, QueueFull...) withdraws the rest."""
+        """Admits every lane or none: a refusal (InvalidRequest, QueueFull...) withdraws all."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         requests: list[Request] = []
         try:
@@ -128,8 +128,8 @@ class AsyncEngine:
         self.engine.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        log.info("engine stopped after %d passes (%d requests cancelled at stop)", self.stats.passes,
-                 cancelled)
+        log.info("engine stopped after %d passes (%d requests cancelled at stop)",
+                 self.stats.passes, cancelled)
 
     # -- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -1,4 +1,4 @@
-"""`tensorfold serve`: load a checkpoint, start the engine thread, serve the OpenAI API on uvicorn."""
+"""`tensorfold serve`: load a checkpoint, start the engine thread, serve the OpenAI API."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import time
 
 log = logging.getLogger("tensorfold.server")
 MIB = 1 << 20
-SHUTDOWN_BACKSTOP_S = 5.0      # after the grace, cancelled requests get this long to end their streams
+SHUTDOWN_BACKSTOP_S = 5.0      # after the grace: how long cancelled streams get to end
 
 
 def add_parser(sub) -> None:
@@ -20,11 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
-    p.add_argument("--context", type=int, default=65536, help="prompt + generation limit per request")
+    p.add_argument("--context", type=int, default=65536,
+                   help="prompt + generation limit per request")
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
-    p.add_argument("--prompt-cache-gib", type=float, default=0.0,
-                   help="memory for the prompt cache (reserved: no prompt cache yet)")
+    p.add_argument("--prompt-cache-gib", type=float, default=1.0,
+                   help="memory for the prompt cache, on top of the lanes' (0 turns it off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
     p.add_argument("--served-model-name", default=None,
@@ -56,15 +57,15 @@ def _build(args: argparse.Namespace):
         log.warning("--context %d is past the model's max_position_embeddings (%d)", args.context,
                     model.config.max_position_embeddings)
     config = EngineConfig(parallel=args.parallel, context=args.context, chunk=args.chunk,
-                          max_queue=args.max_queue)
+                          max_queue=args.max_queue,
+                          prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
     engine = Engine(model, tokenizer, config)
     defaults = SamplingDefaults.from_checkpoint(path)
     log.info("loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
              "sampling defaults %s", time.monotonic() - start, model.weight_bytes / MIB,
              engine.caches.kv.nbytes / MIB, engine.caches.states.nbytes / MIB, defaults)
     name = args.served_model_name or path.name
-    app = create_app(engine, tokenizer, name, api_key=args.api_key, defaults=defaults,
-                     prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
+    app = create_app(engine, tokenizer, name, api_key=args.api_key, defaults=defaults)
     return app, name
 
 

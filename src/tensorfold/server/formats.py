@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from ..tokenizer import Tokenizer
 from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                        ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
-                       CompletionLogprobs, CompletionResponse, Delta, TokenLogprob, TopLogprob,
-                       Usage)
+                       CompletionLogprobs, CompletionResponse, Delta, PromptTokensDetails,
+                       TokenLogprob, TopLogprob, Usage)
 
 # One sampled token's logprob and the top alternatives, as the engine reports it.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
@@ -22,7 +22,8 @@ LOGPROB_FLOOR = -9999.0     # -inf is not JSON
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: printable stand-in character -> raw byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), 256)]
     chars, extra = list(keep), 0
     for b in range(256):
         if b not in keep:
@@ -33,7 +34,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class TokenTexts:
-    """A token's text and raw bytes, for logprobs (a partial UTF-8 token has text '\ufffd')."""
+    """A token's text and raw bytes, for logprobs (a partial UTF-8 token's text is U+FFFD)."""
 
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
@@ -73,9 +74,11 @@ class ChoiceState:
     last_token_time: float | None = None
 
 
-def usage(choices: list[ChoiceState], prompt_tokens: int) -> Usage:
+def usage(choices: list[ChoiceState], prompt_tokens: int, cached: int) -> Usage:
     done = sum(len(c.token_ids) for c in choices)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=done,
+                 total_tokens=prompt_tokens + done,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 class CompletionFormat:
@@ -90,7 +93,9 @@ class CompletionFormat:
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
         self._offsets[choice.index] = len(choice.prefix)
-        return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix)) if choice.prefix else None
+        if not choice.prefix:
+            return None
+        return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix))
 
     def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
               finish: str | None) -> BaseModel:
@@ -100,23 +105,28 @@ class CompletionFormat:
             logprobs = self._logprobs(ids, lps, start)
             self._offsets[choice.index] = start + sum(len(t) for t in logprobs.tokens)
         return self._chunk(CompletionChoice(index=choice.index, text=text, finish_reason=finish,
-                                            logprobs=logprobs, token_ids=ids if self.want_ids else None))
+                                            logprobs=logprobs,
+                                            token_ids=ids if self.want_ids else None))
 
     def usage_chunk(self, u: Usage) -> BaseModel:
-        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[], usage=u)
+        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[],
+                               usage=u)
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [CompletionChoice(index=c.index, text=c.prefix + c.text, finish_reason=c.finish_reason,
-                                logprobs=(self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
-                                          if self.want_logprobs else None),
-                                token_ids=c.token_ids if self.want_ids else None) for c in choices]
-        return CompletionResponse(id=self.id, model=self.model, created=self.created, choices=out,
-                                  usage=u)
+        out = [CompletionChoice(
+            index=c.index, text=c.prefix + c.text, finish_reason=c.finish_reason,
+            logprobs=(self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
+                      if self.want_logprobs else None),
+            token_ids=c.token_ids if self.want_ids else None) for c in choices]
+        return CompletionResponse(id=self.id, model=self.model, created=self.created,
+                                  choices=out, usage=u)
 
     def _chunk(self, choice: CompletionChoice) -> BaseModel:
-        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
+        return CompletionChunk(id=self.id, model=self.model, created=self.created,
+                               choices=[choice])
 
-    def _logprobs(self, ids: list[int], lps: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
+    def _logprobs(self, ids: list[int], lps: list[TokenLogprobs],
+                  offset: int) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for token_id, (logprob, top) in zip(ids, lps):
             text = self.texts.get(token_id)[0]
@@ -141,7 +151,8 @@ class ChatFormat:
         self.created = int(time.time())
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
-        return self._chunk(ChatChunkChoice(index=choice.index, delta=Delta(role="assistant", content="")))
+        opening = Delta(role="assistant", content="")
+        return self._chunk(ChatChunkChoice(index=choice.index, delta=opening))
 
     def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
               finish: str | None) -> BaseModel:
@@ -155,15 +166,16 @@ class ChatFormat:
                                    usage=u)
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
-                          finish_reason=c.finish_reason,
-                          logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
-                          token_ids=c.token_ids if self.want_ids else None) for c in choices]
-        return ChatCompletionResponse(id=self.id, model=self.model, created=self.created, choices=out,
-                                      usage=u)
+        out = [ChatChoice(
+            index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
+            logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
+            token_ids=c.token_ids if self.want_ids else None) for c in choices]
+        return ChatCompletionResponse(id=self.id, model=self.model, created=self.created,
+                                      choices=out, usage=u)
 
     def _chunk(self, choice: ChatChunkChoice) -> BaseModel:
-        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
+        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created,
+                                   choices=[choice])
 
     def _entry(self, token_id: int, logprob: float) -> TopLogprob:
         text, raw = self.texts.get(token_id)
@@ -173,5 +185,6 @@ class ChatFormat:
         content = []
         for token_id, (logprob, top) in zip(ids, lps):
             head = self._entry(token_id, logprob)
-            content.append(TokenLogprob(**head.model_dump(), top_logprobs=[self._entry(t, v) for t, v in top]))
+            alternatives = [self._entry(t, v) for t, v in top]
+            content.append(TokenLogprob(**head.model_dump(), top_logprobs=alternatives))
         return ChatLogprobs(content=content)

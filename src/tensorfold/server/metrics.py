@@ -9,31 +9,35 @@ from .async_engine import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+OUTCOMES_DOC = ("Choices served, by finish reason (stop, length, cancelled), and requests refused "
+                "(invalid, unauthorized, queue_full, error)")
 
 
 class Metrics:
     def __init__(self, stats: Callable[[], EngineStats], lanes: int) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("tensorfold_requests", "Choices served by finish reason (stop, length, "
-                                "cancelled, error) and requests refused (invalid, unauthorized, "
-                                "queue_full)", ["outcome"], registry=r)
-        self.prompt_tokens = Counter("tensorfold_prompt_tokens", "Prompt tokens admitted", registry=r)
-        self.generated_tokens = Counter("tensorfold_generation_tokens", "Tokens generated", registry=r)
-        self.cache_hits = Counter("tensorfold_prompt_cache_hits", "Requests that resumed from the "
-                                  "prompt cache", registry=r)
-        self.cached_tokens = Counter("tensorfold_prompt_cache_tokens", "Prompt tokens served from "
-                                     "the prompt cache", registry=r)
+        self.requests = Counter("tensorfold_requests", OUTCOMES_DOC, ["outcome"], registry=r)
+        self.prompt_tokens = Counter("tensorfold_prompt_tokens", "Prompt tokens admitted",
+                                     registry=r)
+        self.generated_tokens = Counter("tensorfold_generation_tokens", "Tokens generated",
+                                        registry=r)
+        self.cache_hits = Counter("tensorfold_prompt_cache_hits",
+                                  "Choices that resumed from the prompt cache", registry=r)
+        self.cached_tokens = Counter("tensorfold_prompt_cache_tokens",
+                                     "Prompt tokens resumed from the prompt cache", registry=r)
         self.ttft = Histogram("tensorfold_time_to_first_token_seconds", "Arrival to first token",
                               buckets=TTFT_BUCKETS, registry=r)
-        self.token_latency = Histogram("tensorfold_time_per_output_token_seconds", "Time between "
-                                       "successive tokens of one choice", buckets=TOKEN_BUCKETS,
-                                       registry=r)
-        self._gauge("tensorfold_queue_depth", "Requests waiting for a lane", lambda: stats().waiting)
+        self.token_latency = Histogram("tensorfold_time_per_output_token_seconds",
+                                       "Time between successive tokens of one choice",
+                                       buckets=TOKEN_BUCKETS, registry=r)
+        self._gauge("tensorfold_queue_depth", "Requests waiting for a lane",
+                    lambda: stats().waiting)
         self._gauge("tensorfold_lanes_busy", "Lanes holding a request", lambda: stats().busy_lanes)
         self._gauge("tensorfold_lanes_prompt", "Busy lanes still reading their prompt",
                     lambda: stats().prompt_lanes)
         self._gauge("tensorfold_lanes_total", "Lanes (--parallel)", lambda: lanes)
-        self._gauge("tensorfold_engine_passes", "Forward passes run so far", lambda: stats().passes)
+        self._gauge("tensorfold_engine_passes", "Forward passes run so far",
+                    lambda: stats().passes)
 
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
@@ -41,8 +45,9 @@ class Metrics:
     def refused(self, outcome: str) -> None:
         self.requests.labels(outcome=outcome).inc()
 
-    def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int, cached: int) -> None:
-        """One choice ended; its prompt counts once per choice, as the engine computed it."""
+    def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int,
+                 cached: int) -> None:
+        """One choice ended; each choice is its own lane, so its prompt counts once per choice."""
         self.requests.labels(outcome=outcome).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generated_tokens.inc(completion_tokens)

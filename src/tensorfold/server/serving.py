@@ -1,28 +1,24 @@
-"""From a parsed request to the engine and back: lanes in, a response or an SSE stream out."""
+"""The two generation endpoints: checks, prompt ids, sampling parameters, lanes, then the reply."""
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
+import uuid
 from dataclasses import dataclass, fields
-from functools import partial
 from pathlib import Path
-from typing import AsyncIterator
 
-import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
-from ..engine.request import Request as EngineRequest
-from ..engine.request import SamplingParams, TokenEvent
+from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
-from .async_engine import AsyncEngine, EngineFailed, Generation, Lane
+from ..tokenizer import Tokenizer
+from .async_engine import AsyncEngine, Lane
 from .errors import APIError, from_engine
-from .formats import ChatFormat, ChoiceState, CompletionFormat, usage
+from .formats import ChatFormat, CompletionFormat, TokenTexts
 from .metrics import Metrics
-from .protocol import ErrorInfo, ErrorResponse, GenerationRequest
+from .prompts import encode_chat, encode_prompts
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
 
 log = logging.getLogger("tensorfold.server")
 MAX_N = 128
@@ -30,7 +26,7 @@ MAX_N = 128
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    """Used where a request leaves a field out: the checkpoint's generation_config, as vLLM does."""
+    """Where a request leaves a field out: the checkpoint's generation_config (as vLLM does)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -44,20 +40,75 @@ class SamplingDefaults:
         return cls(**{k.name: raw[k.name] for k in fields(cls) if raw.get(k.name) is not None})
 
 
+@dataclass
+class ServerState:
+    """What every route needs: the engine bridge, the tokenizer, the name it answers to."""
+
+    engine: AsyncEngine
+    tokenizer: Tokenizer | None
+    model_name: str
+    metrics: Metrics
+    defaults: SamplingDefaults
+    texts: TokenTexts
+
+    @property
+    def context(self) -> int:
+        return self.engine.engine.config.context
+
+
 @dataclass(frozen=True)
 class Job:
-    """A request ready for the engine: its lanes, how to answer, and the names the client used."""
+    """A request ready for the engine: its lanes and how to answer."""
 
     request_id: str
     lanes: list[Lane]
-    prompt_tokens: int                   # each distinct prompt once, as usage counts it
     stream: bool
     include_usage: bool
     prefixes: dict[int, str]             # echoed prompt text by choice index
+    renames: dict[str, str]              # engine parameter names -> the names the client used
+
+
+async def complete(s: ServerState, body: CompletionRequest, request: Request):
+    check_common(body, s.model_name)
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported",
+                       "echo", code="unsupported")
+    prompts = encode_prompts(body.prompt, s.tokenizer)
+    renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
+    params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
+    lanes = lanes_for(prompts, params, body.n)
+    prefixes = {}
+    if body.echo and s.tokenizer is not None:
+        prefixes = {lane.index: s.tokenizer.decode(lane.prompt_ids) for lane in lanes}
+    job = Job(f"cmpl-{uuid.uuid4().hex}", lanes, body.stream, body.include_usage, prefixes,
+              renames)
+    fmt = CompletionFormat(job.request_id, s.model_name, s.texts, body.logprobs is not None,
+                           body.return_token_ids)
+    return await respond(s, job, fmt, request)
+
+
+async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
+    check_common(body, s.model_name)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs",
+                       code="invalid_value")
+    ids = encode_chat(body.messages, s.tokenizer, body.chat_template_kwargs,
+                      body.add_generation_prompt)
+    limit_name = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    limit = getattr(body, limit_name)
+    renames = {"logprobs": "top_logprobs", "prompt": "messages",
+               "max_tokens": limit_name if limit is not None else "messages"}
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(body, s.defaults, limit, top, renames)
+    job = Job(f"chatcmpl-{uuid.uuid4().hex}", lanes_for([ids], params, body.n), body.stream,
+              body.include_usage, {}, renames)
+    fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
+    return await respond(s, job, fmt, request)
 
 
 def sampling_params(req: GenerationRequest, defaults: SamplingDefaults, max_tokens: int | None,
                     logprobs: int | None, renames: dict[str, str]) -> SamplingParams:
+    """The engine's parameters; a bad value is a 400 naming the field as the client spelt it."""
     def pick(name: str):
         value = getattr(req, name)
         return getattr(defaults, name) if value is None else value
@@ -81,7 +132,8 @@ def check_common(req: GenerationRequest, served: str) -> None:
     """Refusals that do not need the engine: wrong model, n out of range, unsupported fields."""
     check_model(req.model, served)
     if not 1 <= req.n <= MAX_N:
-        raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n", code="invalid_value")
+        raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n",
+                       code="invalid_value")
     bad = req.unsupported()
     if bad is not None:
         raise APIError(400, f"{bad} is not supported by this server", bad, code="unsupported")
@@ -91,158 +143,18 @@ def check_common(req: GenerationRequest, served: str) -> None:
 
 def lanes_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Lane]:
     """Choice i of prompt p has index p * n + i and stream i, whatever else is in the batch."""
-    return [Lane(p * n + i, ids, params, stream=i) for p, ids in enumerate(prompts) for i in range(n)]
+    return [Lane(p * n + i, ids, params, stream=i)
+            for p, ids in enumerate(prompts) for i in range(n)]
 
 
-def submit(engine: AsyncEngine, job: Job, renames: dict[str, str]) -> Generation:
+async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat,
+                  request: Request):
+    """Admits the job's lanes (or refuses with the engine's reason), then answers."""
     try:
-        return engine.submit(job.request_id, job.lanes)
+        gen = s.engine.submit(job.request_id, job.lanes)
     except (RequestError, QueueFull) as exc:
-        raise from_engine(exc, renames) from exc
-
-
-class EventStream(StreamingResponse):
-    """SSE that always watches for the client leaving, so a silent stream (mid-prompt) notices."""
-
-    media_type = "text/event-stream"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
-            async def run_then_stop(func) -> None:
-                await func()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(run_then_stop, partial(self.stream_response, send))
-            await run_then_stop(partial(self.listen_for_disconnect, receive))
-
-
-class Reply:
-    """Drives one Generation to its end, keeping per-choice state, metrics and the log line."""
-
-    def __init__(self, job: Job, gen: Generation, fmt: CompletionFormat | ChatFormat,
-                 metrics: Metrics) -> None:
-        self.job, self.gen, self.fmt, self.metrics = job, gen, fmt, metrics
-        self.choices = {lane.index: ChoiceState(lane.index, len(lane.prompt_ids),
-                                                job.prefixes.get(lane.index, ""))
-                        for lane in job.lanes}
-        self.requests: dict[int, EngineRequest] = {lane.index: r for lane, r in zip(job.lanes, gen.requests)}
-
-    def add(self, index: int, event: TokenEvent) -> ChoiceState:
-        c, now = self.choices[index], time.monotonic()
-        if event.token_ids:
-            if c.last_token_time is not None:
-                self.metrics.token_latency.observe(now - c.last_token_time)
-            c.last_token_time = now
-        c.token_ids += event.token_ids
-        c.logprobs += event.logprobs
-        c.text += event.text
-        if event.finished:
-            self._finished(c, event.finish_reason or "stop")
-        return c
-
-    def _finished(self, c: ChoiceState, reason: str) -> None:
-        c.finish_reason = reason
-        req = self.requests[c.index]
-        if req.first_token_time is not None:
-            self.metrics.ttft.observe(req.first_token_time - req.arrival)
-        self.metrics.finished(reason, c.prompt_tokens, len(c.token_ids), cached=0)
-
-    def close(self, status: int = 200) -> None:
-        """Cancels lanes still running (the client left) and writes the request's log line."""
-        self.gen.cancel()
-        for c in self.choices.values():
-            if c.finish_reason is None:
-                self._finished(c, "cancelled")
-        self._log(status)
-
-    def _log(self, status: int) -> None:
-        reqs = list(self.requests.values())
-        done = sum(len(c.token_ids) for c in self.choices.values())
-        firsts = [r.first_token_time for r in reqs if r.first_token_time is not None]
-        ttft = f"{min(firsts) - min(r.arrival for r in reqs):.3f}s" if firsts else "-"
-        span = time.monotonic() - min(firsts) if firsts else 0.0
-        rate = f"{done / span:.1f}" if span > 0 else "-"
-        reasons = ",".join(sorted({c.finish_reason or "-" for c in self.choices.values()}))
-        log.info("%s %d prompt=%d completion=%d cached=0 ttft=%s tok/s=%s finish=%s", self.job.request_id,
-                 status, self.job.prompt_tokens, done, ttft, rate, reasons)
-
-    def usage(self):
-        return usage(list(self.choices.values()), self.job.prompt_tokens)
-
-    def chunk_for(self, c: ChoiceState, event: TokenEvent) -> str | None:
-        if not (event.text or event.finished or (event.token_ids and (self.fmt.want_logprobs
-                                                                      or self.fmt.want_ids))):
-            return None
-        body = self.fmt.delta(c, event.text, event.token_ids, event.logprobs,
-                              event.finish_reason if event.finished else None)
-        return sse(body.model_dump_json())
-
-
-def sse(data: str) -> str:
-    return f"data: {data}\n\n"
-
-
-async def stream_events(reply: Reply) -> AsyncIterator[str]:
-    status = 499                  # until the stream ends normally: the client left
-    try:
-        for c in reply.choices.values():
-            opening = reply.fmt.opening(c)
-            if opening is not None:
-                yield sse(opening.model_dump_json())
-        async for index, event in reply.gen.events():
-            chunk = reply.chunk_for(reply.add(index, event), event)
-            if chunk is not None:
-                yield chunk
-        if reply.job.include_usage:
-            yield sse(reply.fmt.usage_chunk(reply.usage()).model_dump_json())
-        status = 200
-    except EngineFailed as exc:
-        status = 500
-        yield sse(ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error")).model_dump_json())
-    finally:
-        reply.close(status)
-    yield "data: [DONE]\n\n"
-
-
-async def _until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def collect(reply: Reply, request: Request) -> Response:
-    """Waits for every choice, or cancels them all the moment the client disconnects."""
-    async def drain() -> None:
-        async for index, event in reply.gen.events():
-            reply.add(index, event)
-
-    work = asyncio.ensure_future(drain())
-    watch = asyncio.ensure_future(_until_disconnect(request.receive))
-    status = 499                  # unless the work ends first: the client left (or we are stopping)
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            work.result()
-            status = 200
-    except EngineFailed as exc:
-        status = 500
-        raise APIError(500, str(exc), type="server_error") from exc
-    finally:
-        work.cancel()
-        watch.cancel()
-        reply.close(status)
-    if status != 200:
-        return Response(status_code=status)
-    if any(c.finish_reason == "cancelled" for c in reply.choices.values()):
-        raise APIError(503, "the request was cancelled: the server is shutting down",
-                       code="cancelled", type="server_error")
-    return JSONResponse(reply.fmt.response(list(reply.choices.values()), reply.usage()).model_dump())
-
-
-async def respond(engine: AsyncEngine, metrics: Metrics, job: Job, fmt, request: Request,
-                  renames: dict[str, str]):
-    gen = submit(engine, job, renames)
-    reply = Reply(job, gen, fmt, metrics)
+        raise from_engine(exc, job.renames) from exc
+    reply = Reply(job.request_id, job.lanes, gen, fmt, s.metrics, job.prefixes)
     if job.stream:
-        return EventStream(stream_events(reply), headers={"Cache-Control": "no-cache",
-                                                          "X-Accel-Buffering": "no"})
+        return EventStream(stream_events(reply, job.include_usage), headers=SSE_HEADERS)
     return await collect(reply, request)
