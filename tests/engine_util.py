@@ -11,8 +11,8 @@ from tensorfold.tokenizer import Tokenizer
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
-def make_engine(path, dtype=torch.float32, **config) -> Engine:
-    model = load_model(path, dtype=dtype)
+def make_engine(path, dtype=torch.float32, device="cpu", **config) -> Engine:
+    model = load_model(path, dtype=dtype, device=device)
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
     return Engine(model, tok, EngineConfig(**{"parallel": 4, "context": 1024, "chunk": 128, **config}))
 

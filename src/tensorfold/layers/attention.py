@@ -32,6 +32,10 @@ class GatedAttention:
         rows = batch.num_rows
         k_cache[batch.kv_write] = k[:rows].to(k_cache.dtype)
         v_cache[batch.kv_write] = v[:rows].to(v_cache.dtype)
+        if batch.gpu is not None:
+            from ..ops.triton.attention import paged_attention as gpu_attention
+            out = gpu_attention(q, k_cache, v_cache, batch.gpu.attention, self.scale)
+            return self.o_proj(out.reshape(n, -1) * torch.sigmoid(gate))
         out = torch.zeros_like(q)
         for seg in batch.segments:
             out[seg.rows] = paged_attention(q[seg.rows], k_cache, v_cache, seg.kv_slots,

@@ -48,6 +48,8 @@ class GatedDeltaNet:
         beta = torch.sigmoid(self.in_proj_b(x))                  # [N, Hv], model dtype as in HF
         acc = rec_state.dtype
         g = -self.A_log.to(acc).exp() * F.softplus(self.in_proj_a(x).to(acc) + self.dt_bias.to(acc))
+        if batch.gpu is not None:
+            return self._gpu(x, batch, mixed, z, beta, g, conv_state, rec_state)
         decay = g.exp()                                          # over all padded rows at once
         core = x.new_zeros((n, s.num_v_heads, s.v_head_dim))
         for seg in batch.segments:
@@ -57,6 +59,22 @@ class GatedDeltaNet:
             out = gated_delta_rule(rec_state[seg.slot], q, k, v, decay[rows], beta[rows].to(acc))
             core[rows] = out.to(x.dtype)
         y = self.norm(core, z).reshape(n, s.value_dim)
+        return self.out_proj(y)
+
+    def _gpu(self, x, batch, mixed, z, beta, g, conv_state, rec_state) -> torch.Tensor:
+        from ..ops.triton.gdn import gated_delta_lanes
+        s, rows = self.shape, batch.num_rows
+        conv = torch.empty_like(mixed[:rows])
+        for seg in batch.segments:
+            conv[seg.rows], conv_state[seg.slot] = causal_conv_silu(mixed[seg.rows], conv_state[seg.slot],
+                                                                    self.conv_weight)
+        q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        core = gated_delta_lanes(q.reshape(rows, s.num_k_heads, s.k_head_dim),
+                                 k.reshape(rows, s.num_k_heads, s.k_head_dim),
+                                 v.reshape(rows, s.num_v_heads, s.v_head_dim), g[:rows], beta[:rows],
+                                 rec_state, batch.gpu.slots, batch.gpu.cu_seqlens)
+        core = torch.cat([core, core.new_zeros((x.shape[0] - rows, *core.shape[1:]))])
+        y = self.norm(core, z).reshape(x.shape[0], s.value_dim)
         return self.out_proj(y)
 
     def _split_heads(self, conv: torch.Tensor, acc: torch.dtype):

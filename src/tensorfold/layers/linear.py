@@ -37,7 +37,8 @@ class QuantizedWeight:
                           self.bits, self.group_size, dtype)
 
     def take(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(self.packed[ids], self.scales[ids], self.biases[ids], self.bits, self.group_size, dtype)
+        words = self.packed.view(torch.int32)       # CUDA cannot index uint32 tensors
+        return dequantize(words[ids], self.scales[ids], self.biases[ids], self.bits, self.group_size, dtype)
 
     @property
     def nbytes(self) -> int:
@@ -60,8 +61,11 @@ class Linear:
         n, k = weight.shape
         self.out_features, self.in_features = n, k
         self.chunk = n if isinstance(weight, torch.Tensor) else max(1, min(n, DEQUANT_CHUNK_ELEMENTS // k))
+        self.plan = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return self._gpu(x)
         if isinstance(self.weight, torch.Tensor):
             return matmul_rows(x, self.weight)
         out = x.new_empty((x.shape[0], self.out_features))
@@ -69,6 +73,17 @@ class Linear:
             stop = min(start + self.chunk, self.out_features)
             out[:, start:stop] = matmul_rows(x, self.weight.rows(start, stop, self.dtype))
         return out
+
+    def _gpu(self, x: torch.Tensor) -> torch.Tensor:
+        from ..ops.triton.linear import LinearPlan, affine_matmul, dense_matmul
+        w = self.weight
+        if self.plan is None:
+            self.plan = LinearPlan.for_weight(self.out_features, self.in_features,
+                                              None if isinstance(w, torch.Tensor) else w.group_size)
+        x = x.contiguous()
+        if isinstance(w, torch.Tensor):
+            return dense_matmul(x, w, self.plan)
+        return affine_matmul(x, w.packed, w.scales, w.biases, w.bits, w.group_size, self.plan)
 
     @property
     def nbytes(self) -> int:

@@ -28,7 +28,25 @@ class ForwardBatch:
     kv_write: torch.Tensor    # [N] KV cache row each row's K/V is written to
     segments: tuple[Segment, ...]
     logit_rows: torch.Tensor  # [R] rows whose next-token logits are wanted
+    gpu: object = None        # GPUMeta on CUDA: attention tiles, lane slots, cu_seqlens
 
     @property
     def num_rows(self) -> int:
         return int(self.token_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class GPUMeta:
+    attention: object         # ops.triton.attention.AttentionTiles
+    slots: torch.Tensor       # [lanes] GDN state slot of each segment
+    cu_seqlens: torch.Tensor  # [lanes + 1] row boundaries of the segments
+
+    @staticmethod
+    def build(segments, device) -> "GPUMeta":
+        from ..ops.triton.attention import AttentionTiles
+        bounds = [0]
+        for seg in segments:
+            bounds.append(bounds[-1] + seg.length)
+        return GPUMeta(AttentionTiles.build(segments, device),
+                       torch.tensor([s.slot for s in segments], dtype=torch.long, device=device),
+                       torch.tensor(bounds, dtype=torch.long, device=device))

@@ -7,7 +7,7 @@ import torch
 
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
-from .batch import ForwardBatch, Segment
+from .batch import ForwardBatch, GPUMeta, Segment
 
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -60,6 +60,7 @@ class ModelRunner:
             kv_write=torch.cat([s.kv_slots[s.start:] for s in segments]),
             segments=tuple(segments),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
+            gpu=GPUMeta.build(segments, dev) if dev.type == "cuda" else None,
         )
         with torch.inference_mode():
             logits = self.model.forward(batch, self.caches)

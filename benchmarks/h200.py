@@ -1,0 +1,139 @@
+"""One run on the GPU machine: the card's ceilings, random 9B-shape checkpoints (4-bit g64 and bf16),
+decode at 1/4/16/64 lanes, prompts of 2k-64k tokens, time to first token and peak memory, each as a
+ratio of the card's limit. Prints a table last.
+
+    PYTHONPATH=src python3 benchmarks/h200.py --out /tmp/bench [--sizes 2048,8192,32768,65536]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.request import SamplingParams
+from tensorfold.models.loader import load_model
+from tensorfold.tools.make_random import make_random
+
+VOCAB = 248320
+
+
+def ceilings() -> dict:
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    copy = 2 * x.numel() * 10 / (time.perf_counter() - t)
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    flops = 2 * 8192 ** 3 * 20 / (time.perf_counter() - t)
+    return {"copy_bytes_per_s": copy, "bf16_flops": flops}
+
+
+def _engine(model, parallel: int, context: int, chunk: int) -> Engine:
+    return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
+                                            token_budget=max(chunk, parallel) + parallel, max_queue=4096))
+
+
+def decode(model, lanes: int, tokens: int = 64) -> float:
+    """Aggregate generated tokens per second once every lane is decoding."""
+    eng = _engine(model, lanes, 512, 128)
+    g = torch.Generator().manual_seed(lanes)
+    reqs = [eng.add_request(torch.randint(0, VOCAB, (32,), generator=g).tolist(),
+                            SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+            for _ in range(lanes)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    for _ in range(4):
+        eng.step()
+    torch.cuda.synchronize()
+    start, before = time.perf_counter(), sum(len(r.output_ids) for r in reqs)
+    eng.run_until_done()
+    torch.cuda.synchronize()
+    return (sum(len(r.output_ids) for r in reqs) - before) / (time.perf_counter() - start)
+
+
+def prefill(model, n: int, chunk: int = 4096) -> float:
+    """Seconds from submission to the first token of an n-token prompt (one lane)."""
+    eng = _engine(model, 1, n + 8, chunk)
+    ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    warm = eng.add_request(ids[:256], SamplingParams(max_tokens=1, temperature=0.0))
+    eng.run_until_done()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    req = eng.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0))
+    eng.run_until_done()
+    torch.cuda.synchronize()
+    assert warm.output_ids and req.output_ids
+    return time.perf_counter() - t
+
+
+def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dict) -> list[dict]:
+    torch.cuda.reset_peak_memory_stats()
+    model = load_model(path, dtype=torch.bfloat16, device="cuda")
+    weight_bytes = model.weight_bytes
+    params_flops = 2 * 8.95e9                      # ~2 FLOP per parameter per token (9B shape)
+    rows = []
+    for n in lanes:
+        rate = decode(model, n)
+        bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
+        rows.append({"model": name, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
+    for n in sizes:
+        secs = prefill(model, n)
+        rows.append({"model": name, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
+                     "limit": limits["bf16_flops"] / params_flops})
+    rows.append({"model": name, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
+                 "weights_GiB": weight_bytes / 2**30})
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="/tmp/bench")
+    p.add_argument("--sizes", default="2048,8192,32768,65536")
+    p.add_argument("--lanes", default="1,4,16,64")
+    p.add_argument("--models", default="4bit,bf16")
+    args = p.parse_args()
+    out = Path(args.out)
+    limits = ceilings()
+    print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",
+          flush=True)
+    rows = []
+    sizes = [int(s) for s in args.sizes.split(",")]
+    lanes = [int(s) for s in args.lanes.split(",")]
+    for name in args.models.split(","):
+        t = time.perf_counter()
+        path = make_random(out / name, "9b", "4" if name == "4bit" else None, device="cuda")
+        print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
+        rows += bench(name, path, sizes, lanes, limits)
+        for r in rows[-(len(sizes) + len(lanes) + 1):]:
+            print(json.dumps(r), flush=True)
+    print("\n| model | figure | measured | limit | ratio |\n| --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "tok_s" in r:
+            extra = f" (TTFT {r['ttft_s']:.2f} s)" if "ttft_s" in r else ""
+            print(f"| {r['model']} | {r['what']} | {r['tok_s']:,.0f} tok/s{extra} | {r['limit']:,.0f} | "
+                  f"{r['tok_s'] / r['limit']:.2f} |")
+        else:
+            print(f"| {r['model']} | {r['what']} | {r['value']:.1f} | weights {r['weights_GiB']:.1f} GiB | |")
+
+
+if __name__ == "__main__":
+    main()

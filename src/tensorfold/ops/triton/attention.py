@@ -1,0 +1,105 @@
+"""Paged causal attention on the GPU with a fixed KV split (design/EXACTNESS.md point 2).
+
+One program owns a tile of BLOCK_M consecutive query rows of one lane and one query head, and
+walks the lane's keys in splits of BLOCK_N positions, in order. Each split is reduced on its own
+(its max, its sum, its weighted values) and merged into the running result; a split past a row's
+position merges as an exact no-op. Prompt and decode rows use this one kernel and configuration,
+so a row's reduction tree never depends on its company or its chunk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16
+BLOCK_N = 64   # the KV split
+WARPS = 4
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Per tile: first row in the pass, valid rows, position of the first row, slot-table base."""
+
+    row0: torch.Tensor
+    rows: torch.Tensor
+    pos0: torch.Tensor
+    slot_base: torch.Tensor
+    slots: torch.Tensor     # every lane's cache rows, concatenated (position p of a lane at base + p)
+
+    @staticmethod
+    def build(segments, device) -> "AttentionTiles":
+        row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0
+        for seg in segments:
+            for start in range(0, seg.length, BLOCK_M):
+                row0.append(seg.row0 + start)
+                rows.append(min(BLOCK_M, seg.length - start))
+                pos0.append(seg.start + start)
+                base.append(offset)
+            tables.append(seg.kv_slots)
+            offset += seg.kv_slots.shape[0]
+        as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+        return AttentionTiles(as_t(row0), as_t(rows), as_t(pos0), as_t(base),
+                              torch.cat(tables).to(device=device, dtype=torch.int32))
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, slots_ptr,
+                      scale, stride_q, stride_kv, HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    tile, h = tl.program_id(0), tl.program_id(1)
+    kvh = h // GROUP
+    row0, nrows = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile)
+    pos0, base = tl.load(pos0_ptr + tile), tl.load(base_ptr + tile)
+    o_m, o_d = tl.arange(0, BLOCK_M), tl.arange(0, D)
+    valid = o_m < nrows
+    rows = (row0 + o_m).to(tl.int64)
+    pos = pos0 + o_m
+    q = tl.load(q_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], mask=valid[:, None], other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    last = pos0 + nrows - 1
+    start = 0
+    while start <= last:
+        kpos = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + base + kpos, mask=kpos <= last, other=0).to(tl.int64)
+        k = tl.load(k_ptr + slot[:, None] * stride_kv + kvh * D + o_d[None, :])
+        v = tl.load(v_ptr + slot[:, None] * stride_kv + kvh * D + o_d[None, :])
+        s = tl.dot(q, tl.trans(k)) * scale
+        if CAUSAL:
+            s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
+        else:                                       # a planted fault for the kernel checks only
+            s = tl.where(kpos[None, :] <= last, s, float("-inf"))
+        m_b = tl.max(s, axis=1)
+        m_b_safe = tl.where(m_b == float("-inf"), 0.0, m_b)
+        p = tl.exp(s - m_b_safe[:, None])
+        l_b = tl.sum(p, axis=1)
+        o_b = tl.dot(p.to(v.dtype), v)
+        m_new = tl.maximum(m_i, m_b)
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m_i - m_new_safe)
+        b = tl.exp(m_b - m_new_safe)
+        l_i = l_i * a + l_b * b
+        acc = acc * a[:, None] + o_b * b[:, None]
+        m_i = m_new
+        start += BLOCK_N
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=valid[:, None])
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: AttentionTiles,
+                    scale: float, causal: bool = True) -> torch.Tensor:
+    """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D]."""
+    n, hq, d = q.shape
+    group = hq // k_cache.shape[1]
+    q = q.contiguous()
+    out = torch.zeros_like(q)
+    grid = (tiles.row0.shape[0], hq)
+    _attention_kernel[grid](q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.slot_base,
+                            tiles.slots, scale, q.stride(0), k_cache.stride(0), HQ=hq, GROUP=group, D=d,
+                            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal, num_warps=WARPS)
+    return out

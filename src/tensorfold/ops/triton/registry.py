@@ -1,0 +1,242 @@
+"""The GPU kernel registry: every kernel with its plain-torch reference, the shapes it serves, its
+rule, and planted faulty variants that the checks must catch.
+
+    python -m tensorfold.ops.triton.registry [--small]
+
+Rules: "ref" = relative error against the reference in fp32/fp64 under a bound; "rows" = a row's
+bytes equal alone and among 2, 7, 64 or 4,000 other rows at any position; "chunks" = bytes equal
+however a sequence is cut into calls; "decode" = a decode row equals the same row in a prompt pass.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import attention as ref_attention
+from .. import gated_delta as ref_gdn
+from .. import norm as ref_norm
+from ..quant import dequantize, quantize
+from . import attention, gdn, linear, norm
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    reference: str
+    shapes: str
+    rule: str
+    check: Callable[..., list[str]]     # check(impl, small) -> failures
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], make: Callable[[int], torch.Tensor],
+                    counts=(2, 7, 64, 4000)) -> list[str]:
+    row = make(1)
+    alone = fn(row)[0]
+    bad = []
+    for m in counts:
+        x = make(m)
+        for pos in sorted({0, m // 2, m - 1}):
+            x[pos] = row[0]
+            if not torch.equal(fn(x)[pos], alone):
+                bad.append(f"row at {pos} of {m} differs from the row alone")
+    return bad
+
+
+def check_dense(impl, small: bool) -> list[str]:
+    n, k = (96, 128) if small else (4096, 4096)
+    dev, dt = "cuda", torch.bfloat16
+    w = torch.randn(n, k, device=dev).to(dt)
+    plan = linear.LinearPlan.for_weight(n, k)
+    x = torch.randn(40, k, device=dev).to(dt)
+    out = torch.full((40, n), float("nan"), device=dev, dtype=dt)   # poisoned: every element must be written
+    y = impl(x, w, plan, out)
+    bad = [] if _rel(y.float(), x.float() @ w.float().t()) < 1e-2 else ["dense product off the reference"]
+    counts = (2, 7, 64) if small else (2, 7, 64, 4000)
+    return bad + _rows_invariant(lambda t: impl(t, w, plan, None), lambda m: torch.randn(m, k, device=dev).to(dt), counts)
+
+
+def check_affine(impl, small: bool) -> list[str]:
+    n, k = (64, 256) if small else (1024, 2048)
+    bad = []
+    for bits in (2, 3, 4, 5, 6, 8):
+        for gs in (32, 64, 128):
+            packed, scales, biases = quantize(torch.randn(n, k), bits, gs)
+            packed, scales, biases = packed.cuda(), scales.to("cuda", torch.bfloat16), biases.to("cuda", torch.bfloat16)
+            plan = linear.LinearPlan.for_weight(n, k, gs)
+            run = lambda t: impl(t, packed, scales, biases, bits, gs, plan)  # noqa: E731
+            x = torch.randn(24, k, device="cuda").to(torch.bfloat16)
+            ref = x.float() @ dequantize(packed, scales, biases, bits, gs, torch.bfloat16).float().t()
+            if _rel(run(x).float(), ref) > 1e-2:
+                bad.append(f"{bits}-bit g{gs} product off the reference")
+            make = lambda m: torch.randn(m, k, device="cuda").to(torch.bfloat16)  # noqa: E731
+            bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64))]
+    return bad
+
+
+def _attention_case(small: bool):
+    from ...runner.batch import Segment
+    hq, hkv, d = (4, 2, 64) if small else (16, 4, 256)
+    length = 150 if small else 700
+    rows = 512 * 2
+    kc = torch.randn(rows, hkv, d, device="cuda").to(torch.bfloat16)
+    vc = torch.randn(rows, hkv, d, device="cuda").to(torch.bfloat16)
+    slots = torch.randperm(rows, device="cuda")[:length]
+    q = torch.randn(length, hq, d, device="cuda").to(torch.bfloat16)
+    return q, kc, vc, slots, Segment, d
+
+
+def check_attention(impl, small: bool) -> list[str]:
+    q, kc, vc, slots, Segment, d = _attention_case(small)
+    n = q.shape[0]
+    whole = attention.AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda")
+    out = impl(q, kc, vc, whole, d ** -0.5)
+    ref = ref_attention.paged_attention(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(),
+                                        torch.arange(n), d ** -0.5)
+    bad = [] if _rel(out.float().cpu(), ref) < 2e-2 else ["attention off the fp32 reference"]
+    for t in (0, 37, n // 2, n - 1):   # the row alone as a decode row, after its keys are written
+        tiles = attention.AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
+        if not torch.equal(impl(q[t:t + 1], kc, vc, tiles, d ** -0.5)[0], out[t]):
+            bad.append(f"decode row {t} differs from the same row in the prompt pass")
+    return bad
+
+
+def check_norms(impl_pair, small: bool) -> list[str]:
+    rms, gated = impl_pair
+    w = 1024 if small else 4096
+    weight = torch.randn(w, device="cuda") * 0.1
+    x = torch.randn(33, w, device="cuda").to(torch.bfloat16)
+    z = torch.randn(33, w, device="cuda").to(torch.bfloat16)
+    bad = []
+    if _rel(rms(x, weight, 1e-6, 1.0).float(), ref_norm.rms_norm(x.float(), weight, 1e-6, 1.0)) > 1e-2:
+        bad.append("rms_norm off the reference")
+    if _rel(gated(x, z, weight, 1e-6).float(), ref_norm.gated_rms_norm(x.float(), z.float(), weight, 1e-6)) > 1e-2:
+        bad.append("gated_rms_norm off the reference")
+    make = lambda m: torch.randn(m, w, device="cuda").to(torch.bfloat16)  # noqa: E731
+    bad += _rows_invariant(lambda t: rms(t, weight, 1e-6, 1.0), make, (2, 7, 64))
+    return bad
+
+
+def _gdn_inputs(t: int, small: bool):
+    hk, hv, dk = (2, 4, 64) if small else (16, 32, 128)
+    mk = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+    q, k, v = mk(t, hk, dk), mk(t, hk, dk), mk(t, hv, dk)
+    g = -torch.rand(t, hv, device="cuda") * 0.5
+    beta = torch.rand(t, hv, device="cuda").to(torch.bfloat16)
+    return q, k, v, g, beta, hv, dk
+
+
+def check_gdn(impl, small: bool) -> list[str]:
+    t = 256 if small else 512
+    q, k, v, g, beta, hv, dk = _gdn_inputs(t, small)
+    states = torch.zeros(3, hv, dk, dk, device="cuda")
+    whole = impl(q, k, v, g, beta, states, torch.tensor([1], device="cuda"), torch.tensor([0, t], device="cuda"))
+    state_whole = states[1].clone()
+    # The CPU reference: l2-normed q/k, q scaled, the per-token recurrence in fp32.
+    qf, kf = (ref_norm.l2_norm(x.float().cpu()).repeat_interleave(hv // x.shape[1], 1) for x in (q, k))
+    ref_state = torch.zeros(hv, dk, dk)
+    ref = ref_gdn.gated_delta_rule(ref_state, qf / dk ** 0.5, kf, v.float().cpu(), g.exp().cpu(), beta.float().cpu())
+    bad = [] if _rel(whole.float().cpu(), ref) < 1e-2 else ["recurrence off the fp32 reference"]
+    states.zero_()
+    parts = []
+    for s in range(0, t, 37):
+        e = min(t, s + 37)
+        parts.append(impl(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states, torch.tensor([1], device="cuda"),
+                          torch.tensor([0, e - s], device="cuda")))
+    if not (torch.equal(torch.cat(parts), whole) and torch.equal(states[1], state_whole)):
+        bad.append("chunks of 37 differ from one call")
+    return bad
+
+
+def _fla_chunked(q, k, v, g, beta, states, slots, cu):
+    """Planted: fla's chunked (WY) kernel in place of the recurrence."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    o, final = chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
+                                      scale=q.shape[-1] ** -0.5, initial_state=states[slots],
+                                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    states[slots] = final
+    return o[0]
+
+
+def _split_k(x, w, plan, out=None):
+    """Planted: small batches reduce K in two halves added afterwards (cuBLAS's small-M habit)."""
+    if x.shape[0] > 16:
+        return linear.dense_matmul(x, w, plan, out)
+    h = w.shape[1] // 2
+    lo = linear.dense_matmul(x[:, :h].contiguous(), w[:, :h], plan).float()
+    hi = linear.dense_matmul(x[:, h:].contiguous(), w[:, h:], plan).float()
+    return (lo + hi).to(x.dtype)
+
+
+def _stale_row(q, kc, vc, tiles, scale, causal=True):
+    """Planted: a decode row that reads its own position before its K/V row is written."""
+    if tiles.rows.shape[0] == 1 and int(tiles.rows[0]) == 1:
+        row = int(tiles.slots[int(tiles.pos0[0])])
+        saved = kc[row].clone()
+        kc[row] = 0
+        out = attention.paged_attention(q, kc, vc, tiles, scale)
+        kc[row] = saved
+        return out
+    return attention.paged_attention(q, kc, vc, tiles, scale)
+
+
+KERNELS = [
+    Kernel("linear.dense", "x.float() @ w.float().T", "bf16 [M, K] x [N, K], K % 64 == 0", "ref 1e-2, rows", check_dense),
+    Kernel("linear.affine", "x @ ops.quant.dequantize(...).T", "2/3/4/5/6/8 bits, groups 32/64/128",
+           "ref 1e-2, rows", check_affine),
+    Kernel("attention.paged", "ops.attention.paged_attention (fp32)", "head dim 64-256, any GQA group",
+           "ref 2e-2, decode", check_attention),
+    Kernel("norm.rms+gated", "ops.norm (fp32)", "any width", "ref 1e-2, rows", check_norms),
+    Kernel("gdn.fla_recurrent", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv <= 128", "ref 1e-2, chunks",
+           check_gdn),
+]
+IMPLS = {"linear.dense": linear.dense_matmul, "linear.affine": linear.affine_matmul,
+         "attention.paged": attention.paged_attention, "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
+         "gdn.fla_recurrent": gdn.gated_delta_lanes}
+CONTROLS = [  # (kernel, what is planted, faulty implementation)
+    ("linear.dense", "a row off by one", lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0)),
+    ("linear.dense", "a reduction in another order (split K)", _split_k),
+    ("attention.paged", "a missing mask", lambda *a: attention.paged_attention(*a, causal=False)),
+    ("attention.paged", "a stale cache row", _stale_row),
+    ("gdn.fla_recurrent", "the chunked WY form", _fla_chunked),
+]
+
+
+def run_all(small: bool = False) -> tuple[list[str], bool]:
+    lines, ok = [], True
+    by_name = {k.name: k for k in KERNELS}
+    for k in KERNELS:
+        torch.manual_seed(0)
+        bad = k.check(IMPLS[k.name], small)
+        ok &= not bad
+        lines.append(f"{k.name:<18} {'pass' if not bad else 'FAIL'}  rule: {k.rule}; ref: {k.reference}"
+                     + ("".join(f"\n    {b}" for b in bad[:5])))
+    red = 0
+    for name, what, impl in CONTROLS:
+        torch.manual_seed(0)
+        bad = by_name[name].check(impl if name != "norm.rms+gated" else impl, small)
+        red += bool(bad)
+        lines.append(f"control {name:<18} {what:<40} {'red as planted' if bad else 'MISSED'}")
+    ok &= red == len(CONTROLS)
+    passed = sum(1 for line in lines if line.split()[1:2] == ["pass"])
+    lines.append(f"SUMMARY {len(KERNELS)} kernels: {passed} pass, {len(KERNELS) - passed} fail; "
+                 f"{len(CONTROLS)} controls: {red} red as planted, {len(CONTROLS) - red} missed")
+    return lines, ok
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="check every GPU kernel against its reference and its rules")
+    p.add_argument("--small", action="store_true")
+    lines, ok = run_all(p.parse_args().small)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
