@@ -108,11 +108,25 @@ class Engine:
             return events
         keep = {i for i, w in enumerate(work) if w.request.keep_logits}
         logits = self.runner.execute([(w.request, w.rows) for w in work], keep)
-        for i, w in enumerate(work):
-            event = self._advance(w.request, w.rows, logits.get(i))
-            if event is not None:
-                events.append(event)
+        ready = [(w.request, logits[i][-1]) for i, w in enumerate(work) if self._advance(w.request, w.rows, logits.get(i))]
+        for (req, row), token in zip(ready, self._choose([r for r in ready])):
+            events.append(self._emit(req, row, token))
         return events
+
+    def _choose(self, ready) -> list[int]:
+        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync)."""
+        greedy = [i for i, (req, _) in enumerate(ready) if req.params.temperature <= 0.0]
+        tokens: list[int] = [0] * len(ready)
+        if greedy:
+            picks = torch.stack([ready[i][1] for i in greedy]).argmax(-1).tolist()
+            for i, t in zip(greedy, picks):
+                tokens[i] = t
+        for i, (req, row) in enumerate(ready):
+            if req.params.temperature > 0.0:
+                p = req.params
+                tokens[i] = sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p,
+                                       uniform(req.seed, req.num_tokens, req.stream))
+        return tokens
 
     def _take_inbox(self) -> list[TokenEvent]:
         with self._lock:
@@ -125,7 +139,8 @@ class Engine:
                 events.append(self._finish(req, "cancelled", None))
         return events
 
-    def _advance(self, req: Request, rows: int, logits: torch.Tensor | None) -> TokenEvent | None:
+    def _advance(self, req: Request, rows: int, logits: torch.Tensor | None) -> bool:
+        """Counts the rows computed; True when the lane now produces its next token."""
         start = req.num_computed
         req.num_computed += rows
         if req.keep_logits and logits is not None:
@@ -136,14 +151,10 @@ class Engine:
             self._remember(req)
         if req.on_cut is not None and req.num_computed in req.cuts:
             req.on_cut(req, req.num_computed, last)
-        if req.num_computed < req.num_tokens:
-            return None
-        return self._emit(req, last)
+        return req.num_computed == req.num_tokens
 
-    def _emit(self, req: Request, logits: torch.Tensor) -> TokenEvent:
+    def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
         p = req.params
-        u = uniform(req.seed, req.num_tokens, req.stream)
-        token = sample_row(logits, p.temperature, p.top_k, p.top_p, p.min_p, u)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         req.output_ids.append(token)

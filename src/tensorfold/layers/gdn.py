@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..ops.conv import causal_conv_silu
+from ..ops.conv import causal_conv_lanes, causal_conv_silu
 from ..ops.gated_delta import gated_delta_rule
 from ..ops.norm import l2_norm
 from ..runner.batch import ForwardBatch
@@ -63,11 +63,9 @@ class GatedDeltaNet:
 
     def _gpu(self, x, batch, mixed, z, beta, g, conv_state, rec_state) -> torch.Tensor:
         from ..ops.triton.gdn import gated_delta_lanes
-        s, rows = self.shape, batch.num_rows
-        conv = torch.empty_like(mixed[:rows])
-        for seg in batch.segments:
-            conv[seg.rows], conv_state[seg.slot] = causal_conv_silu(mixed[seg.rows], conv_state[seg.slot],
-                                                                    self.conv_weight)
+        s, rows, meta = self.shape, batch.num_rows, batch.gpu
+        conv = causal_conv_lanes(mixed[:rows], conv_state, self.conv_weight, meta.slots, meta.conv_taps,
+                                 meta.conv_keep)
         q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
         core = gated_delta_lanes(q.reshape(rows, s.num_k_heads, s.k_head_dim),
                                  k.reshape(rows, s.num_k_heads, s.k_head_dim),

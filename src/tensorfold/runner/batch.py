@@ -40,13 +40,21 @@ class GPUMeta:
     attention: object         # ops.triton.attention.AttentionTiles
     slots: torch.Tensor       # [lanes] GDN state slot of each segment
     cu_seqlens: torch.Tensor  # [lanes + 1] row boundaries of the segments
+    conv_taps: torch.Tensor   # [rows, K] rows of [lanes' conv states ; new rows] each output reads
+    conv_keep: torch.Tensor   # [lanes, K-1] the rows that become each lane's next conv state
 
     @staticmethod
-    def build(segments, device) -> "GPUMeta":
+    def build(segments, device, conv_kernel: int) -> "GPUMeta":
         from ..ops.triton.attention import AttentionTiles
-        bounds = [0]
-        for seg in segments:
+        bounds, taps, keep = [0], [], []
+        lanes, hist = len(segments), conv_kernel - 1
+
+        def source(i: int, seg: Segment, p: int) -> int:   # p-th row of lane i's [state ; new rows]
+            return i * hist + p if p < hist else lanes * hist + seg.row0 + p - hist
+        for i, seg in enumerate(segments):
             bounds.append(bounds[-1] + seg.length)
-        return GPUMeta(AttentionTiles.build(segments, device),
-                       torch.tensor([s.slot for s in segments], dtype=torch.long, device=device),
-                       torch.tensor(bounds, dtype=torch.long, device=device))
+            taps += [[source(i, seg, t + j) for j in range(conv_kernel)] for t in range(seg.length)]
+            keep.append([source(i, seg, seg.length + j) for j in range(hist)])
+        as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+        return GPUMeta(AttentionTiles.build(segments, device), as_t([s.slot for s in segments]), as_t(bounds),
+                       as_t(taps), as_t(keep))

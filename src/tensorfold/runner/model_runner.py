@@ -60,7 +60,7 @@ class ModelRunner:
             kv_write=torch.cat([s.kv_slots[s.start:] for s in segments]),
             segments=tuple(segments),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
-            gpu=GPUMeta.build(segments, dev) if dev.type == "cuda" else None,
+            gpu=GPUMeta.build(segments, dev, self.model.config.conv_kernel) if dev.type == "cuda" else None,
         )
         with torch.inference_mode():
             logits = self.model.forward(batch, self.caches)

@@ -65,12 +65,22 @@ def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K: tl.constexpr, str
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
-        bit = (k0 + o_k) * BITS                               # each value's place in the row's bitstream
-        word, shift = bit // 32, (bit % 32).to(tl.uint32)
-        p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
-        lo = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True)
-        val = lo >> shift[:, None]
-        if 32 % BITS != 0:                                    # 3, 5, 6 bits: a value may straddle words
+        if 32 % BITS == 0:
+            # Whole values per word: load the words row-major (coalesced), then unpack in registers.
+            PER: tl.constexpr = 32 // BITS
+            o_w = tl.arange(0, BLOCK_K // PER)
+            p_w = w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :]
+            words = tl.load(p_w, mask=o_n[:, None] < N, other=0).to(tl.uint32, bitcast=True)
+            shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
+            val = tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K))
+            val = tl.trans(val)
+        else:
+            bit = (k0 + o_k) * BITS                           # each value's place in the row's bitstream
+            word, shift = bit // 32, (bit % 32).to(tl.uint32)
+            p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
+            lo = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True)
+            val = lo >> shift[:, None]
+            # 3, 5, 6 bits: a value may straddle two words
             hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
             val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
         q = (val & ((1 << BITS) - 1)).to(tl.float32)
