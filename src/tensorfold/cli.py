@@ -1,4 +1,4 @@
-"""The `tensorfold` command: run (offline generation, seams), serve, make-random."""
+"""The `tensorfold` command: run (offline generation, seams), serve, make-random, bench, check."""
 from __future__ import annotations
 
 import argparse
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensorfold", description="Exact inference for Qwen3.5 models")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
-    for module in ("server.cli", "tools.make_random"):
+    for module in ("server.cli", "tools.make_random", "receipts.cli"):
         __import__(f"{__package__}.{module}", fromlist=["add_parser"]).add_parser(sub)
     return parser
 

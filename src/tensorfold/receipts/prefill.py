@@ -1,0 +1,119 @@
+"""`bench prefill`: cold prompt processing on exact token arrays, wall-clock medians.
+
+The arrays are one public-domain paragraph repeated and tokenized once by the server's own
+tokenizer; the array of size N is the first N ids. Between two measurements a short request
+whose first token differs from the arrays' runs, so no prompt resumes from the previous one;
+every record must then show cached_tokens 0 and prompt_tokens N.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cli import token_sha
+from .client import Endpoint, Reply, Tokens
+from .prompts import PARAGRAPH
+from .report import median, short, table, write_json
+
+SHORT_LEN = 8
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    endpoint: Endpoint
+    model: str
+    sizes: tuple[int, ...]
+    rounds: int = 3
+    warmup: int = 2048
+    as_text: bool = False        # send the arrays decoded as text (servers that take no ids)
+
+
+def build_arrays(tokens: Tokens, sizes: tuple[int, ...]) -> list[int]:
+    """Enough ids for the largest size: the paragraph repeated, tokenized in one call."""
+    per = max(1, len(tokens.encode(PARAGRAPH)))
+    ids = tokens.encode(PARAGRAPH * (max(sizes) // per + 2))
+    if len(ids) < max(sizes):
+        raise RuntimeError(f"the tokenizer gave {len(ids)} ids, fewer than {max(sizes)}")
+    return ids
+
+
+def short_prompt(ids: list[int], i: int) -> list[int]:
+    """The i-th separator: its first token differs from the arrays' first token and the last
+    separator's, so it shares no prefix with a measured prompt or with its predecessor."""
+    firsts = [t for t in dict.fromkeys(ids[:4096]) if t != ids[0]]
+    return [firsts[i % len(firsts)], *ids[1:SHORT_LEN]]
+
+
+def _body(cfg: PrefillConfig, prompt: list[int] | str) -> dict:
+    return {"model": cfg.model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "ignore_eos": True}
+
+
+def check_record(reply: Reply, size: int) -> dict:
+    """The record of one measurement, with what is wrong with it (an empty list: nothing)."""
+    usage = reply.body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    cached, prompt_tokens = details.get("cached_tokens"), usage.get("prompt_tokens")
+    problems = []
+    if reply.status != 200:
+        problems.append(f"HTTP {reply.status}: {str(reply.body)[:200]}")
+    if prompt_tokens != size:
+        problems.append(f"prompt_tokens {prompt_tokens}, not {size}")
+    if cached not in (0, None):
+        problems.append(f"cached_tokens {cached}, not 0")
+    return {"size": size, "seconds": reply.seconds, "tok_s": size / reply.seconds,
+            "status": reply.status, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
+            "problems": problems}
+
+
+class PrefillRun:
+    def __init__(self, cfg: PrefillConfig, tokens: Tokens) -> None:
+        self.cfg, self.tokens = cfg, tokens
+        self.ids = build_arrays(tokens, cfg.sizes + (min(cfg.warmup, max(cfg.sizes)),))
+        self.separators = 0
+
+    def prompt(self, size: int) -> list[int] | str:
+        ids = self.ids[:size]
+        return self.tokens.decode(ids) if self.cfg.as_text else ids
+
+    def measure(self, size: int) -> dict:
+        record = check_record(self.cfg.endpoint.post("/v1/completions",
+                                                     _body(self.cfg, self.prompt(size))), size)
+        sep = short_prompt(self.ids, self.separators)
+        self.separators += 1
+        self.cfg.endpoint.post("/v1/completions", _body(self.cfg, sep))
+        return record
+
+    def run(self) -> dict:
+        warm = self.measure(min(self.cfg.warmup, max(self.cfg.sizes)))
+        records = [{"round": r, **self.measure(n)}
+                   for r in range(self.cfg.rounds) for n in self.cfg.sizes]
+        arrays = {n: {"sha": token_sha(self.ids[:n]), "ids": self.ids[:n]} for n in self.cfg.sizes}
+        return {"tool": "bench prefill", "url": self.cfg.endpoint.url, "model": self.cfg.model,
+                "tokenizer": self.tokens.source, "as_text": self.cfg.as_text, "warmup": warm,
+                "records": records, "arrays": arrays}
+
+
+def prefill_table(result: dict) -> str:
+    rows = []
+    for size in dict.fromkeys(r["size"] for r in result["records"]):
+        group = [r for r in result["records"] if r["size"] == size]
+        secs = median([r["seconds"] for r in group])
+        rows.append([size, f"{size / secs:,.1f} ({secs:.2f})",
+                     ", ".join(f"{r['seconds']:.3f}" for r in group),
+                     ", ".join(str(r["cached_tokens"]) for r in group),
+                     "ok" if not any(r["problems"] for r in group) else "FAIL",
+                     short(result["arrays"][size]["sha"])])
+    return table(["tokens", "median tok/s (s)", "seconds by round", "cached", "checks",
+                  "array sha"], rows)
+
+
+def prefill_command(cfg: PrefillConfig, tokens: Tokens, output: str | None) -> int:
+    result = PrefillRun(cfg, tokens).run()
+    print(prefill_table(result))
+    bad = [r for r in [result["warmup"], *result["records"]] if r["problems"]]
+    for r in bad:
+        print(f"check failed at {r['size']} tokens: {'; '.join(r['problems'])}")
+    if all(r["cached_tokens"] is None for r in result["records"]):
+        print("note: the server reports no cached_tokens; only prompt_tokens was checked")
+    write_json(output, result)
+    return 1 if bad else 0
