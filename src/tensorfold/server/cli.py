@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.set_defaults(func=serve)
 
 
+DEMO_NAME = "tensorfold-demo"
+
+
 def _build(args: argparse.Namespace):
     from ..cli import default_checkpoint
     from ..engine.engine import Engine, EngineConfig
@@ -64,7 +67,7 @@ def _build(args: argparse.Namespace):
     log.info("loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
              "sampling defaults %s", time.monotonic() - start, model.weight_bytes / MIB,
              engine.caches.kv.nbytes / MIB, engine.caches.states.nbytes / MIB, defaults)
-    name = args.served_model_name or path.name
+    name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
     app = create_app(engine, tokenizer, name, api_key=args.api_key, defaults=defaults)
     return app, name
 

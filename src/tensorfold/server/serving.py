@@ -37,6 +37,8 @@ class SamplingDefaults:
     def from_checkpoint(cls, path: str | Path) -> SamplingDefaults:
         f = Path(path) / "generation_config.json"
         raw = json.loads(f.read_text()) if f.is_file() else {}
+        if raw.get("do_sample") is False:            # the checkpoint asks for greedy decoding
+            return cls(temperature=0.0)
         return cls(**{k.name: raw[k.name] for k in fields(cls) if raw.get(k.name) is not None})
 
 
