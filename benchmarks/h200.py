@@ -83,6 +83,28 @@ def prefill(model, n: int, chunk: int = 4096) -> float:
     return time.perf_counter() - t
 
 
+def resume(model, n: int) -> dict:
+    """Time to first token of an n-token prompt computed fresh, then sent again and resumed from the
+    prompt cache; the tokens must be equal, and the cache's bytes per cached token."""
+    eng = Engine(model, None, EngineConfig(parallel=1, context=n + 8, chunk=4096, prompt_cache_bytes=8 << 30,
+                                           cache_every=4096))
+    ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(7)).tolist()
+    times, reqs = [], []
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        reqs.append(eng.add_request(ids, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)))
+        while not reqs[-1].output_ids:
+            eng.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        eng.run_until_done()
+    assert reqs[0].output_ids == reqs[1].output_ids, "resumed != fresh"
+    cache = eng.prefix_cache
+    return {"fresh_ttft_s": times[0], "resumed_ttft_s": times[1], "cached_tokens": reqs[1].cached_tokens,
+            "cache_bytes": cache.nbytes, "entries": len(cache), "kv_bytes_per_token": cache.kv.page_bytes / 16}
+
+
 def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dict) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
     model = load_model(path, dtype=torch.bfloat16, device="cuda")
@@ -110,6 +132,7 @@ def main() -> None:
     p.add_argument("--sizes", default="2048,8192,32768,65536")
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
+    p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
     args = p.parse_args()
     out = Path(args.out)
     limits = ceilings()
@@ -125,6 +148,10 @@ def main() -> None:
         rows += bench(name, path, sizes, lanes, limits)
         for r in rows[-(len(sizes) + len(lanes) + 1):]:
             print(json.dumps(r), flush=True)
+        if args.resume and name == "bf16":
+            model = load_model(path, dtype=torch.bfloat16, device="cuda")
+            print("resume", json.dumps(resume(model, args.resume)), flush=True)
+            del model
     print("\n| model | figure | measured | limit | ratio |\n| --- | --- | --- | --- | --- |")
     for r in rows:
         if "tok_s" in r:
