@@ -11,6 +11,7 @@ import torch
 
 from .engine.engine import Engine, EngineConfig
 from .engine.request import SamplingParams
+from .errors import QueueFull
 from .models.loader import load_model
 from .tokenizer import Tokenizer
 
@@ -81,12 +82,20 @@ class LLM:
         pending = []
         for prompt, p in zip(prompts, params_list):
             text, ids = self._ids(prompt)
-            reqs = [self.engine.add_request(ids, p, stream=i) for i in range(n)]
+            reqs = [self._submit(ids, p, i) for i in range(n)]
             pending.append((text, ids, reqs))
         self.engine.run_until_done()
         return [RequestOutput(reqs[0].request_id, text, ids,
                               [CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason) for i, r in enumerate(reqs)])
                 for text, ids, reqs in pending]
+
+    def _submit(self, ids: list[int], params: SamplingParams, stream: int):
+        """Adds a request, stepping the engine while its queue is full."""
+        while True:
+            try:
+                return self.engine.add_request(ids, params, stream=stream)
+            except QueueFull:
+                self.engine.step()
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
              **template_kwargs) -> RequestOutput:
