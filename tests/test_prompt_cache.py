@@ -108,3 +108,30 @@ def test_cache_off_reports_nothing(hf_tiny_b):
     _run(eng, ids)
     req, _ = _run(eng, ids)
     assert req.cached_tokens == 0 and len(eng.prefix_cache) == 0
+
+
+def test_chat_second_turn_over_http_covers_the_first_turn_and_its_reply():
+    """With the demo model's template, a past turn re-renders exactly as it was generated."""
+    from server_harness import start_server
+    from tensorfold.demo import demo_checkpoint
+    from tensorfold.engine.engine import Engine, EngineConfig
+    from tensorfold.models.loader import load_model
+    from tensorfold.tokenizer import Tokenizer
+    path = demo_checkpoint()
+    engine = Engine(load_model(path), Tokenizer(path), EngineConfig(context=1024, prompt_cache_bytes=64 * MB))
+    server = start_server(engine, name="demo")
+    try:
+        client = server.openai()
+        for thinking in (False, True):
+            extra = {"chat_template_kwargs": {"enable_thinking": thinking}}
+            messages = [{"role": "user", "content": f"What is 17 × 2{int(thinking)}?"}]
+            first = client.chat.completions.create(model="demo", messages=messages, temperature=0,
+                                                   max_tokens=96, extra_body=extra)
+            messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "Reverse the word planet."}]
+            second = client.chat.completions.create(model="demo", messages=messages, temperature=0,
+                                                    max_tokens=8, extra_body=extra)
+            covered = first.usage.prompt_tokens + first.usage.completion_tokens - 1
+            assert second.usage.prompt_tokens_details.cached_tokens == covered
+    finally:
+        server.stop()

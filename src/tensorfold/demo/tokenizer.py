@@ -159,8 +159,14 @@ CHAT_TEMPLATE = r"""{%- set enable_thinking = enable_thinking if enable_thinking
         {%- set content = render_content(m.content) -%}
         {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
         {{- '<|im_start|>assistant\n' -}}
-        {%- if loop.index0 > ns.last_query and (reasoning or loop.last) -%}
+        {#- Past turns re-render exactly as they were generated, think block kept, so the next
+            turn's prompt extends the last one token for token and resumes from the prompt cache. -#}
+        {%- if reasoning -%}
             {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' -}}
+        {%- elif '</think>' in content -%}
+            {{- '<think>\n' -}}
+        {%- else -%}
+            {{- '<think>\n\n</think>\n\n' -}}
         {%- endif -%}
         {{- content -}}
         {%- for tc in (m.tool_calls or []) -%}
