@@ -14,8 +14,9 @@ def test_generate_more_prompts_than_the_queue_holds(hf_tiny):
 
 def test_n_choices_and_text_prompts(hf_tiny):
     llm = LLM(hf_tiny, context=512)
-    out = llm.generate("The capital of", SamplingParams(max_tokens=5, temperature=0.9, seed=3, ignore_eos=True), n=2)[0]
+    params = SamplingParams(max_tokens=5, temperature=0.9, seed=3, ignore_eos=True)
+    out = llm.generate("The capital of", params, n=2)[0]
     assert out.prompt == "The capital of" and len(out.outputs) == 2
     assert out.outputs[0].token_ids != out.outputs[1].token_ids      # each choice draws its own numbers
-    again = llm.generate("The capital of", SamplingParams(max_tokens=5, temperature=0.9, seed=3, ignore_eos=True), n=2)[0]
+    again = llm.generate("The capital of", params, n=2)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]

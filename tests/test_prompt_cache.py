@@ -1,6 +1,4 @@
 """resumed = fresh: a prompt resumed from the prompt cache gives the bytes of a fresh run."""
-import torch
-
 from engine_util import make_engine, sample_prompt
 from tensorfold.engine.request import SamplingParams
 
@@ -50,6 +48,7 @@ def test_three_turn_chat_resumes_after_each_reply(hf_tiny_b):
     eng = _cached_engine(hf_tiny_b)
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     history = sample_prompt(24, 300, 300)
+    previous_end = 0
     for turn in range(3):
         req, fp = _run(eng, history, params)
         fresh, fp_fresh = _fresh(hf_tiny_b, history, params)

@@ -86,7 +86,8 @@ class LLM:
             pending.append((text, ids, reqs))
         self.engine.run_until_done()
         return [RequestOutput(reqs[0].request_id, text, ids,
-                              [CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason) for i, r in enumerate(reqs)])
+                              [CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason)
+                               for i, r in enumerate(reqs)])
                 for text, ids, reqs in pending]
 
     def _submit(self, ids: list[int], params: SamplingParams, stream: int):

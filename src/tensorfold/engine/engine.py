@@ -108,8 +108,9 @@ class Engine:
             return events
         keep = {i for i, w in enumerate(work) if w.request.keep_logits}
         logits = self.runner.execute([(w.request, w.rows) for w in work], keep)
-        ready = [(w.request, logits[i][-1]) for i, w in enumerate(work) if self._advance(w.request, w.rows, logits.get(i))]
-        for (req, row), token in zip(ready, self._choose([r for r in ready])):
+        ready = [(w.request, logits[i][-1]) for i, w in enumerate(work)
+                 if self._advance(w.request, w.rows, logits.get(i))]
+        for (req, row), token in zip(ready, self._choose(ready)):
             events.append(self._emit(req, row, token))
         return events
 
