@@ -134,3 +134,26 @@ def test_chat_second_turn_over_http_covers_the_first_turn_and_its_reply():
             assert second.usage.prompt_tokens_details.cached_tokens == covered
     finally:
         server.stop()
+
+
+def test_metrics_and_memory_report_the_cache_within_a_small_budget(hf_tiny):
+    from server_harness import make_engine as server_engine
+    from server_harness import metric, start_server
+    budget = MB // 2
+    server = start_server(server_engine(hf_tiny, prompt_cache_bytes=budget), name="tiny")
+    try:
+        client = server.client()
+        for i in range(6):
+            ids = sample_prompt(80 + i, 120, 500)
+            for _ in range(2):
+                body = {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0}
+                assert client.post("/v1/completions", json=body).status_code == 200
+            memory = client.get("/memory").json()
+            assert memory["prompt_cache_bytes"] <= memory["prompt_cache_budget_bytes"] == budget
+        text = server.metrics()
+        assert metric(text, "tensorfold_prompt_cache_hits_total") >= 6
+        assert metric(text, "tensorfold_prompt_cache_misses") >= 6
+        assert metric(text, "tensorfold_prompt_cache_evictions") > 0
+        assert 0 < metric(text, "tensorfold_prompt_cache_bytes") <= budget
+    finally:
+        server.stop()

@@ -35,6 +35,10 @@ class EngineStats:
     prompt_lanes: int = 0
     waiting: int = 0
     passes: int = 0
+    cache_misses: int = 0        # prompt-cache lookups that found no prefix
+    cache_evictions: int = 0
+    cache_inserts: int = 0
+    cache_bytes: int = 0
 
 
 class EngineFailed(RuntimeError):
@@ -173,7 +177,10 @@ class AsyncEngine:
 
     def _record(self) -> None:
         running = list(self.engine.scheduler.running)
+        cache = self.engine.prefix_cache
         self.stats = EngineStats(busy_lanes=len(running),
                                  prompt_lanes=sum(r.in_prompt for r in running),
                                  waiting=len(self.engine.scheduler.waiting),
-                                 passes=self.stats.passes + 1)
+                                 passes=self.stats.passes + 1,
+                                 cache_misses=cache.stats.misses, cache_evictions=cache.stats.evictions,
+                                 cache_inserts=cache.stats.inserts, cache_bytes=cache.nbytes)

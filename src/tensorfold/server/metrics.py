@@ -38,6 +38,14 @@ class Metrics:
         self._gauge("tensorfold_lanes_total", "Lanes (--parallel)", lambda: lanes)
         self._gauge("tensorfold_engine_passes", "Forward passes run so far",
                     lambda: stats().passes)
+        self._gauge("tensorfold_prompt_cache_misses", "Prompt-cache lookups with no cached prefix",
+                    lambda: stats().cache_misses)
+        self._gauge("tensorfold_prompt_cache_evictions", "Prompt-cache entries evicted (LRU)",
+                    lambda: stats().cache_evictions)
+        self._gauge("tensorfold_prompt_cache_inserts", "Prompt-cache entries stored",
+                    lambda: stats().cache_inserts)
+        self._gauge("tensorfold_prompt_cache_bytes", "Bytes the prompt cache holds (within its budget)",
+                    lambda: stats().cache_bytes)
 
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
