@@ -130,3 +130,14 @@ def test_planted_fault_is_caught(hf_tiny_b, monkeypatch):
     decoded = torch.stack([req.logits_by_position[p] for p in range(len(ids), req.num_computed)])
     prefilled = position_logits(make_engine(hf_tiny_b), ids + req.output_ids[:-1])[len(ids):]
     assert not torch.equal(decoded, prefilled)
+
+
+def test_incremental_text_equals_decoding_the_whole_reply(hf_tiny):
+    from tensorfold.engine.text import Detokenizer
+    from tensorfold.tokenizer import Tokenizer
+    tok = Tokenizer(hf_tiny)
+    ids = tok.encode("naïve café — 17 × 23 = 391 ✓ 日本") + [502] + tok.encode(" done")
+    d = Detokenizer()
+    for n in range(1, len(ids) + 1):
+        d.add(tok, ids[:n], final=n == len(ids))
+    assert d.text == tok.decode(ids)

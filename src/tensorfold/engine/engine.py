@@ -182,7 +182,7 @@ class Engine:
     def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
         if self.tokenizer is None:
             return "", False
-        full = self.tokenizer.decode(req.output_ids)
+        full = req.detok.add(self.tokenizer, req.output_ids, final)
         text, req.emitted_text_len, hit = advance_text(full, req.emitted_text_len, req.params.stop, final)
         req.text += text
         return text, hit

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import InvalidRequest
+from .text import Detokenizer
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Request:
     finish_time: float | None = None
     text: str = ""
     emitted_text_len: int = 0
+    detok: Detokenizer = field(default_factory=lambda: Detokenizer())
     last_logits: object = None
     cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
     cache_cuts: frozenset = frozenset()

@@ -31,3 +31,22 @@ def advance_text(full: str, emitted: int, stops: tuple[str, ...], final: bool) -
     while safe > emitted and full[safe - 1] == "\ufffd":
         safe -= 1
     return full[emitted:safe], max(emitted, safe), False
+
+
+class Detokenizer:
+    """The reply's text, decoded a few tokens at a time instead of whole at every step.
+
+    Each step decodes only the tokens since the last complete piece of text (with the piece
+    before them for context), so a long reply costs the same per token as a short one."""
+
+    def __init__(self) -> None:
+        self.text, self.prefix_offset, self.read_offset = "", 0, 0
+
+    def add(self, tokenizer, ids: list[int], final: bool = False) -> str:
+        prefix = tokenizer.decode(ids[self.prefix_offset:self.read_offset])
+        window = tokenizer.decode(ids[self.prefix_offset:])
+        # An incomplete UTF-8 sequence decodes as U+FFFD: wait for its next byte unless done.
+        if len(window) > len(prefix) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        return self.text
