@@ -68,9 +68,7 @@ class Engine:
         max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, max_tokens, seed, stream,
-                      tuple(sorted(set(cuts))), on_cut, on_finish)
-        req.keep_logits = keep_logits
-        req.logits_by_position = {}
+                      tuple(sorted(set(cuts))), on_cut, on_finish, keep_logits=keep_logits)
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")

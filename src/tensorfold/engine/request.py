@@ -86,6 +86,9 @@ class Request:
     last_logits: object = None
     cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
     cache_cuts: frozenset = frozenset()
+    kv_rows: object = None                # [capacity] KV cache row of every position, at admission
+    keep_logits: bool = False             # keep the logits of every computed position (teacher forcing)
+    logits_by_position: dict = field(default_factory=dict)
 
     @property
     def all_ids(self) -> list[int]:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from ..cache import KVPool, StatePool
 from ..cache.prefix_cache import PrefixCache
-from ..errors import QueueFull
 from .request import Request, Status
 
 
@@ -39,11 +38,6 @@ class Scheduler:
         self.config, self.kv, self.states, self.cache = config, kv, states, cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-
-    def enqueue(self, req: Request) -> None:
-        if len(self.waiting) >= self.config.max_queue:
-            raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
-        self.waiting.append(req)
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
