@@ -21,6 +21,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
     p.add_argument("--context", type=int, default=None, help="prompt + generation limit per request")
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)")
 
 
 def _run_parser(sub) -> None:

@@ -64,8 +64,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return sum(len(v) for v in self.entries.values())
 
-    def lookup(self, tokens: list[int]) -> CacheEntry | None:
-        """The longest cached cut that is a prefix of `tokens` and leaves at least one to compute."""
+    def lookup(self, tokens: list[int], count: bool = True) -> CacheEntry | None:
+        """The longest cached cut that is a prefix of `tokens` and leaves at least one to compute.
+        `count` records the outcome in the stats (the caller admits the request)."""
         if not self.enabled:
             return None
         limit = len(tokens) - 1
@@ -77,11 +78,23 @@ class PrefixCache:
                     best = e
             if best is not None:
                 best.last_used = next(self._clock)
-                self.stats.hits += 1
-                self.stats.hit_tokens += best.cut
+                if count:
+                    self.stats.hits += 1
+                    self.stats.hit_tokens += best.cut
                 return best
-        self.stats.misses += 1
+        if count:
+            self.stats.misses += 1
         return None
+
+    def record(self, entry: CacheEntry | None) -> None:
+        """Counts an admitted request's lookup: a hit of entry.cut tokens, or a miss."""
+        if not self.enabled:
+            return
+        if entry is None:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
+            self.stats.hit_tokens += entry.cut
 
     def insert(self, tokens: list[int], pages: list[int], snapshot: StateSnapshot) -> bool:
         """Keeps the prefix `tokens` (cut = len(tokens)); pages are shared, not copied."""

@@ -42,14 +42,17 @@ class Scheduler:
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
-            entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
+            entry = self.cache.lookup(req.prompt_ids, count=False) if self.cache is not None else None
             held = self.kv.share(entry.pages) if entry else []   # pinned before any eviction
-            need = self.kv.pages_for(req.capacity) - len(held) + (1 if entry and entry.cut % self.kv.page_size else 0)
+            partial = 1 if entry and entry.cut % self.kv.page_size else 0
+            need = self.kv.pages_for(req.capacity) - len(held) + partial
             if self.cache is not None and need > self.kv.free_pages:
                 self.cache.make_room(pages=need)
             if need > self.kv.free_pages:
                 self.kv.release(held)
                 return
+            if self.cache is not None:
+                self.cache.record(entry)
             self.waiting.popleft()
             self._start(req, entry, held, need)
 

@@ -60,7 +60,8 @@ def run_command(args) -> int:
     params = _params(args)
 
     def engine(chunk: int) -> Engine:
-        return Engine(model, tok, EngineConfig(parallel=args.parallel, context=context, chunk=chunk))
+        return Engine(model, tok, EngineConfig(parallel=args.parallel, context=context, chunk=chunk,
+                                                threads=args.threads))
 
     seams = args.seams if args.compare_chunk else None
     req, prints = generate_once(engine(args.chunk), ids, params, seams)
