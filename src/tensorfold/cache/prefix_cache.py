@@ -64,9 +64,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return sum(len(v) for v in self.entries.values())
 
-    def lookup(self, tokens: list[int], count: bool = True) -> CacheEntry | None:
+    def lookup(self, tokens: list[int]) -> CacheEntry | None:
         """The longest cached cut that is a prefix of `tokens` and leaves at least one to compute.
-        `count` records the outcome in the stats (the caller admits the request)."""
+        Changes only the entry's recency; `record` counts the outcome once the request is admitted."""
         if not self.enabled:
             return None
         limit = len(tokens) - 1
@@ -78,12 +78,7 @@ class PrefixCache:
                     best = e
             if best is not None:
                 best.last_used = next(self._clock)
-                if count:
-                    self.stats.hits += 1
-                    self.stats.hit_tokens += best.cut
                 return best
-        if count:
-            self.stats.misses += 1
         return None
 
     def record(self, entry: CacheEntry | None) -> None:

@@ -42,7 +42,7 @@ class Scheduler:
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
-            entry = self.cache.lookup(req.prompt_ids, count=False) if self.cache is not None else None
+            entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
             held = self.kv.share(entry.pages) if entry else []   # pinned before any eviction
             partial = 1 if entry and entry.cut % self.kv.page_size else 0
             need = self.kv.pages_for(req.capacity) - len(held) + partial
