@@ -45,9 +45,13 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy, "bf16_flops": flops}
 
 
+GRAPHS = {"on": False}   # set from --cuda-graphs
+
+
 def _engine(model, parallel: int, context: int, chunk: int) -> Engine:
     return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
-                                            token_budget=max(chunk, parallel) + parallel, max_queue=4096))
+                                            token_budget=max(chunk, parallel) + parallel, max_queue=4096,
+                                            cuda_graphs=GRAPHS["on"]))
 
 
 def decode(model, lanes: int, tokens: int = 64) -> float:
@@ -133,7 +137,9 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay decode passes as CUDA graphs")
     args = p.parse_args()
+    GRAPHS["on"] = args.cuda_graphs
     out = Path(args.out)
     limits = ceilings()
     print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",

@@ -87,3 +87,18 @@ def test_teacher_forced_against_cpu_float64(hf_tiny_b):
     exact = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
     verdicts = [arbitrate(Top2.of(row_g), row_g, row_x)[0] for row_g, row_x in zip(gpu, exact)]
     assert UNEXPLAINED not in verdicts
+
+
+def test_cuda_graph_decode_equals_eager_9b(nine_b):
+    """Decode passes replayed as CUDA graphs give the eager passes' bytes (tokens and lane state)."""
+    prompts = [sample_prompt(600 + i, 30 + 17 * i, VOCAB) for i in range(4)]
+    runs = []
+    for graphs in (False, True):
+        eng = _engine(nine_b, parallel=4, cuda_graphs=graphs)
+        prints = {}
+        reqs = [eng.add_request(p, GREEDY, on_finish=lambda r, lg: prints.__setitem__(r.request_id,
+                                                                                      eng.fingerprint(r, lg)))
+                for p in prompts]
+        eng.run_until_done()
+        runs.append([(r.output_ids, prints[r.request_id]) for r in reqs])
+    assert runs[0] == runs[1]

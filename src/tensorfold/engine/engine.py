@@ -31,6 +31,7 @@ class EngineConfig(SchedulerConfig):
     page_size: int = PAGE_SIZE
     prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
     threads: int | None = None           # CPU threads (None: by model size)
+    cuda_graphs: bool = False            # replay decode passes as CUDA graphs (one per lane count)
 
 
 class Engine:
@@ -49,7 +50,7 @@ class Engine:
                            model.dtype, model.device)
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
-        self.runner = ModelRunner(model, self.caches, config.threads)
+        self.runner = ModelRunner(model, self.caches, config.threads, config.cuda_graphs, config.context)
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()

@@ -8,6 +8,7 @@ import torch
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from .batch import ForwardBatch, GPUMeta, Segment
+from .cuda_graph import DecodeGraph, is_decode_pass
 
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -29,16 +30,21 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen35Model, caches: ModelCaches, threads: int | None = None) -> None:
+    def __init__(self, model: Qwen35Model, caches: ModelCaches, threads: int | None = None,
+                 cuda_graphs: bool = False, context: int = 0) -> None:
         self.model, self.caches = model, caches
         self.device = model.device
         if self.device.type == "cpu":
             self.threads = set_cpu_threads(model.weight_bytes, threads)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.context, self.graphs = context, {}
 
     def execute(self, work, keep_all: set[int] = frozenset()) -> dict[int, torch.Tensor]:
         """work: [(request, rows)]. Returns {index in work: logits [r, V]} for the rows that need them:
         the last row of a segment that reaches the end of its tokens or a cut, or every row of a
         request in `keep_all` (by index)."""
+        if self.use_graphs and is_decode_pass(work, keep_all):
+            return self._replay([req for req, _ in work])
         ids, segments, logit_rows, owners = [], [], [], []
         row = 0
         for i, (req, n) in enumerate(work):
@@ -68,6 +74,13 @@ class ModelRunner:
         for r, owner in enumerate(owners):
             out.setdefault(owner, []).append(logits[r])
         return {i: torch.stack(rows) for i, rows in out.items()}
+
+    def _replay(self, reqs) -> dict[int, torch.Tensor]:
+        graph = self.graphs.get(len(reqs))
+        if graph is None:
+            graph = self.graphs[len(reqs)] = DecodeGraph(self.model, self.caches, len(reqs), self.context)
+        logits = graph.run(reqs).clone()          # the graph's output buffer is rewritten by the next replay
+        return {i: logits[i:i + 1] for i in range(len(reqs))}
 
     def fingerprint(self, req, logits: torch.Tensor | None) -> str:
         """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""

@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=65536,
                    help="prompt + generation limit per request")
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay decode passes as CUDA graphs (same kernels, one launch per pass)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
@@ -62,6 +64,7 @@ def _build(args: argparse.Namespace):
         log.warning("--context %d is past the model's max_position_embeddings (%d)", args.context,
                     model.config.max_position_embeddings)
     config = EngineConfig(parallel=args.parallel, context=args.context, chunk=args.chunk, threads=args.threads,
+                          cuda_graphs=args.cuda_graphs,
                           max_queue=args.max_queue,
                           prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
     engine = Engine(model, tokenizer, config)
