@@ -1,0 +1,55 @@
+"""The decode graph's static inputs, checked on the CPU against the eager pass's batch: the same
+tokens, positions, KV write rows, attention slot tables, state slots and conv gathers."""
+import torch
+
+from engine_util import make_engine, sample_prompt
+from tensorfold.engine.request import SamplingParams
+from tensorfold.runner.batch import GPUMeta, Segment
+from tensorfold.runner.cuda_graph import DecodeGraph, is_decode_pass
+
+
+class _Capture:
+    """Stands in for the model: records the batch it is given."""
+
+    def __init__(self, model):
+        self.device, self.config, self.batch = model.device, model.config, None
+
+    def forward(self, batch, caches):
+        self.batch = batch
+        return torch.zeros(batch.num_rows, 1)
+
+
+def test_static_inputs_match_the_eager_batch(hf_tiny_b):
+    eng = make_engine(hf_tiny_b, parallel=3, context=256)
+    reqs = [eng.add_request(sample_prompt(90 + i, 5 + 9 * i, 300), SamplingParams(max_tokens=8, temperature=0))
+            for i in range(3)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    work = [(r, 1) for r in reqs]
+    assert is_decode_pass(work, set())
+    fake = _Capture(eng.model)
+    graph = DecodeGraph(fake, eng.caches, 3, 256)
+    graph._load(reqs)
+    graph._forward()
+    b, meta = fake.batch, fake.batch.gpu
+    assert b.token_ids.tolist() == [r.all_ids[r.num_computed] for r in reqs]
+    assert b.positions.tolist() == [r.num_computed for r in reqs]
+    assert b.kv_write.tolist() == [int(r.kv_rows[r.num_computed]) for r in reqs]
+    segs = [Segment(r.slot, r.num_computed, i, 1, r.kv_rows[: r.num_computed + 1]) for i, r in enumerate(reqs)]
+    eager = GPUMeta.build(segs, "cpu", eng.model.config.conv_kernel)
+    assert torch.equal(meta.slots, eager.slots) and torch.equal(meta.cu_seqlens, eager.cu_seqlens)
+    assert torch.equal(meta.conv_taps, eager.conv_taps) and torch.equal(meta.conv_keep, eager.conv_keep)
+    tiles, ref = meta.attention, eager.attention
+    assert tiles.row0.tolist() == ref.row0.tolist() and tiles.pos0.tolist() == ref.pos0.tolist()
+    for i, r in enumerate(reqs):   # each tile reads its lane's rows for positions 0..pos
+        n = r.num_computed + 1
+        base, ref_base = int(tiles.slot_base[i]), int(ref.slot_base[i])
+        assert torch.equal(tiles.slots[base:base + n], ref.slots[ref_base:ref_base + n])
+
+
+def test_prompt_rows_and_kept_logits_are_not_graph_passes(hf_tiny_b):
+    eng = make_engine(hf_tiny_b)
+    req = eng.add_request(sample_prompt(1, 10, 300), SamplingParams(max_tokens=2))
+    assert not is_decode_pass([(req, 10)], set())
+    eng.step()
+    assert is_decode_pass([(req, 1)], set()) and not is_decode_pass([(req, 1)], {0})
