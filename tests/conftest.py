@@ -95,3 +95,12 @@ def mlx_q8_g32(checkpoint_root: Path, hf_tiny: Path) -> Path:
 @pytest.fixture(scope="session")
 def mlx_mixed(checkpoint_root: Path, hf_tiny_c: Path) -> Path:
     return _mlx("mlx_mixed", checkpoint_root, hf_tiny_c)
+
+
+@pytest.fixture(scope="module")
+def live(hf_tiny):
+    """A live server on 127.0.0.1 over the tiny checkpoint, one per test module."""
+    from server_harness import make_engine, start_server   # FastAPI is imported only when needed
+    server = start_server(make_engine(hf_tiny))
+    yield server
+    server.stop()

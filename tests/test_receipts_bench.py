@@ -16,13 +16,6 @@ MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def live(hf_tiny):
-    server = start_server(make_engine(hf_tiny))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def reference(hf_tiny):
     return make_engine(hf_tiny)
 

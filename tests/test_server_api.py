@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from server_harness import make_engine, metric, solo, start_server
+from server_harness import make_engine, metric, solo
 from tensorfold.engine.request import SamplingParams
 from tensorfold.server.protocol import IGNORED
 
@@ -18,13 +18,6 @@ IDS_OUT = {"ignore_eos": True, "return_token_ids": True}
 @pytest.fixture(scope="module")
 def reference(hf_tiny):
     return make_engine(hf_tiny)
-
-
-@pytest.fixture(scope="module")
-def live(hf_tiny):
-    server = start_server(make_engine(hf_tiny))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -83,13 +83,6 @@ CASES = [  # (id, path, body, status, param, code)
 
 
 @pytest.fixture(scope="module")
-def live(hf_tiny):
-    server = start_server(make_engine(hf_tiny))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def probe_ids(live):
     with live.client() as http:
         return http.post(CMPL, json=PROBE).json()["choices"][0]["token_ids"]
