@@ -70,3 +70,7 @@ def default_checkpoint(path: str | None) -> Path:
         return Path(path)
     from .demo import demo_checkpoint
     return demo_checkpoint()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
