@@ -6,6 +6,7 @@ affine-packed weights (random words, small signed scales) and a `quantization` b
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,13 +27,28 @@ def add_parser(sub) -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to draw the numbers (cuda is faster)")
+    p.add_argument("--tokenizer", default=None,
+                   help="copy this folder's tokenizer files in (e.g. the demo model's), for served runs")
     p.set_defaults(func=_command)
 
 
 def _command(args) -> int:
     path = make_random(args.out, args.shape, args.quantize, args.group_size, args.seed, args.device)
+    if args.tokenizer:
+        copy_tokenizer(Path(args.tokenizer), path)
     print(path)
     return 0
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """A tokenizer whose ids fit the vocabulary, so prompts can be sent as text (timings do not
+    depend on which ids they are)."""
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
 
 
 def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
