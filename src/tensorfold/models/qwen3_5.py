@@ -13,7 +13,7 @@ import torch
 from ..config import ModelConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.linear import Embedding, Linear
+from ..layers.linear import Embedding, Linear, QuantizedWeight
 from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
 from ..ops.linear import pad_rows
@@ -59,10 +59,9 @@ class Qwen35Model:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
-        seen: dict[int, int] = {id(self.embed.weight): Linear(self.embed.weight, self.dtype).nbytes}
-        for lin in self._linears():
-            seen.setdefault(id(lin.weight), lin.nbytes)
-        return sum(seen.values())
+        weights = {id(w): w for w in [self.embed.weight] + [lin.weight for lin in self._linears()]}
+        return sum(w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
+                   for w in weights.values())   # a tied head shares the embedding: counted once
 
     def _linears(self):
         yield self.lm_head
