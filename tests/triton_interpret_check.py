@@ -23,6 +23,21 @@ def main() -> None:
         s, b = s.half(), b.half()
         y = linear.affine_matmul(x, packed, s, b, bits, 64, linear.LinearPlan.for_weight(32, 128, 64))
         assert rel(y, x.float() @ dequantize(packed, s, b, bits, 64, torch.float16).float().t()) < 2e-3, bits
+    # K = 2048 is reduced in two segments: a few rows take the split form, many rows the whole
+    # form; a row's bits must not change between them.
+    wide = torch.randn(80, 2048).half()   # > SPLIT_MAX_ROWS
+    w2 = torch.randn(48, 2048).half()
+    plan = linear.LinearPlan.for_weight(48, 2048)
+    assert plan.segments(2048) == 2
+    many = linear.dense_matmul(wide, w2, plan)
+    assert rel(many, wide.float() @ w2.float().t()) < 2e-3
+    assert torch.equal(linear.dense_matmul(wide[7:8], w2, plan)[0], many[7])
+    packed, s, b = quantize(torch.randn(48, 2048), 4, 32)
+    s, b = s.half(), b.half()
+    plan = linear.LinearPlan.for_weight(48, 2048, 32)
+    many = linear.affine_matmul(wide, packed, s, b, 4, 32, plan)
+    assert rel(many, wide.float() @ dequantize(packed, s, b, 4, 32, torch.float16).float().t()) < 2e-3
+    assert torch.equal(linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan)[0], many[7])
     kc, vc = torch.randn(64, 2, 32).half(), torch.randn(64, 2, 32).half()
     slots = torch.randperm(64)[:20]
     q = torch.randn(20, 4, 32).half()
@@ -33,7 +48,47 @@ def main() -> None:
     h = torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1
     assert rel(norm.rms_norm(h, wt, 1e-6, 1.0), ref_norm.rms_norm(h.float(), wt, 1e-6, 1.0)) < 2e-3
+    fused_kernels()
+    fused_norms(q, kc, vc, tiles, ref)
     print("interpreted kernels match their references")
+
+
+def fused_norms(q, kc, vc, tiles, ref) -> None:
+    from tensorfold.ops.rope import apply_rope, rope_tables
+    gate = torch.randn(20, 8, 32).half()[:, ::2]               # a strided gate, as the layer passes it
+    gated = attention.paged_attention(q, kc, vc, tiles, 32 ** -0.5, gate=gate)
+    assert rel(gated, ref * torch.sigmoid(gate.float())) < 4e-3
+    h, d = torch.randn(6, 64).half(), torch.randn(6, 64).half()
+    wt = torch.randn(64) * 0.1
+    h2, y = norm.add_rms_norm(h, d, wt, 1e-6, 1.0)
+    assert torch.equal(h2, h + d) and rel(y, ref_norm.rms_norm((h + d).float(), wt, 1e-6, 1.0)) < 2e-3
+    x = torch.randn(6, 3, 64).half()[:, :, :32]                 # q: the first half of each head's channels
+    cos, sin = rope_tables(torch.arange(6) + 5, 8, 10000.0, torch.float16)
+    out = norm.norm_rope(x, wt[:32], 1e-6, 1.0, cos, sin)
+    want = apply_rope(ref_norm.rms_norm(x.float(), wt[:32], 1e-6, 1.0).half(), cos, sin)
+    assert rel(out, want) < 2e-3
+
+
+def fused_kernels() -> None:
+    from tensorfold.ops import conv as ref_conv
+    from tensorfold.ops import gates as ref_gates
+    from tensorfold.ops.triton import fused
+    from tensorfold.runner.batch import GPUMeta
+    weight, x = torch.randn(64, 4).half() * 0.3, torch.randn(9, 64).half()
+    segs = (Segment(2, 5, 0, 4, torch.arange(9)), Segment(0, 0, 4, 5, torch.arange(5)))
+    meta = GPUMeta.build(segs, "cpu", 4)
+    states = torch.randn(3, 3, 64).half()
+    ref_states = states.clone()
+    y = fused.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    assert rel(y, ref) < 2e-3 and torch.equal(states, ref_states)
+    a, b = torch.randn(5, 8).half(), torch.randn(5, 8).half()
+    a_log, dt = torch.randn(8), torch.randn(8).half()
+    g, beta = fused.gdn_gates(a, b, a_log, dt)
+    rg, rbeta = ref_gates.gdn_gates(a, b, a_log, dt, torch.float32)
+    assert rel(g, rg) < 1e-5 and rel(beta, rbeta) < 2e-3
+    gu = torch.randn(5, 96).half()
+    assert rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:])) < 2e-3
 
 
 if __name__ == "__main__":

@@ -4,13 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..ops.conv import causal_conv_lanes, causal_conv_silu
+from ..ops.conv import causal_conv_silu
+from ..ops.gates import gdn_gates
 from ..ops.gated_delta import gated_delta_rule
 from ..ops.norm import l2_norm
 from ..runner.batch import ForwardBatch
-from .linear import Linear
+from .linear import Linear, join
 from .norm import GatedRMSNorm
 
 
@@ -39,17 +39,17 @@ class GatedDeltaNet:
         self.conv_weight = conv_weight        # [conv_dim, K]
         self.A_log, self.dt_bias = A_log, dt_bias
         self.norm, self.out_proj = norm, out_proj
+        self.joined_in = join([in_proj_qkv, in_proj_z, in_proj_a, in_proj_b])   # on the GPU: one product
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, conv_state: torch.Tensor,
                  rec_state: torch.Tensor) -> torch.Tensor:
+        if batch.gpu is not None:
+            return self._gpu(x, batch, conv_state, rec_state)
         s, n = self.shape, x.shape[0]
         mixed = self.in_proj_qkv(x)                              # [N, 2*key_dim + value_dim]
         z = self.in_proj_z(x).view(n, s.num_v_heads, s.v_head_dim)
-        beta = torch.sigmoid(self.in_proj_b(x))                  # [N, Hv], model dtype as in HF
         acc = rec_state.dtype
-        g = -self.A_log.to(acc).exp() * F.softplus(self.in_proj_a(x).to(acc) + self.dt_bias.to(acc))
-        if batch.gpu is not None:
-            return self._gpu(x, batch, mixed, z, beta, g, conv_state, rec_state)
+        g, beta = gdn_gates(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias, acc)
         decay = g.exp()                                          # over all padded rows at once
         core = x.new_zeros((n, s.num_v_heads, s.v_head_dim))
         for seg in batch.segments:
@@ -61,18 +61,28 @@ class GatedDeltaNet:
         y = self.norm(core, z).reshape(n, s.value_dim)
         return self.out_proj(y)
 
-    def _gpu(self, x, batch, mixed, z, beta, g, conv_state, rec_state) -> torch.Tensor:
+    def _gpu(self, x, batch, conv_state, rec_state) -> torch.Tensor:
+        """One launch per step for every lane: fused conv with its state, fused gates, fla's recurrence."""
+        from ..ops.triton import fused
         from ..ops.triton.gdn import gated_delta_lanes
         s, rows, meta = self.shape, batch.num_rows, batch.gpu
-        conv = causal_conv_lanes(mixed[:rows], conv_state, self.conv_weight, meta.slots, meta.conv_taps,
-                                 meta.conv_keep)
+        n = x.shape[0]
+        if self.joined_in is not None:
+            mixed, z, a, b = self.joined_in(x)
+        else:
+            mixed, z, a, b = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
+        z = z.view(n, s.num_v_heads, s.v_head_dim)
+        g, beta = fused.gdn_gates(a[:rows], b[:rows], self.A_log, self.dt_bias)
+        conv = fused.conv_lanes(mixed[:rows], conv_state, self.conv_weight, meta.slots, meta.conv_taps,
+                                meta.conv_keep)
         q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
         core = gated_delta_lanes(q.reshape(rows, s.num_k_heads, s.k_head_dim),
                                  k.reshape(rows, s.num_k_heads, s.k_head_dim),
-                                 v.reshape(rows, s.num_v_heads, s.v_head_dim), g[:rows], beta[:rows],
-                                 rec_state, batch.gpu.slots, batch.gpu.cu_seqlens)
-        core = torch.cat([core, core.new_zeros((x.shape[0] - rows, *core.shape[1:]))])
-        y = self.norm(core, z).reshape(x.shape[0], s.value_dim)
+                                 v.reshape(rows, s.num_v_heads, s.v_head_dim), g, beta,
+                                 rec_state, meta.slots, meta.cu_seqlens)
+        if rows < n:
+            core = torch.cat([core, core.new_zeros((n - rows, *core.shape[1:]))])
+        y = self.norm(core, z).reshape(n, s.value_dim)
         return self.out_proj(y)
 
     def _split_heads(self, conv: torch.Tensor, acc: torch.dtype):

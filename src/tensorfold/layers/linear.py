@@ -41,6 +41,10 @@ class QuantizedWeight:
         return dequantize(words[ids], self.scales[ids], self.biases[ids], self.bits, self.group_size, dtype)
 
     @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.biases))
 
@@ -106,3 +110,47 @@ class Embedding:
     def as_linear(self) -> Linear:
         """The tied output head: the same table, used as a projection."""
         return Linear(self.weight, self.dtype)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Several projections of one input computed as one product; called, returns their outputs."""
+
+    linear: Linear
+    sizes: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.linear(x).split(self.sizes, dim=-1)
+
+
+def join(linears: list[Linear]) -> Joined | None:
+    """One product for several projections of the same input, on the GPU: their weights concatenated
+    along N (each projection's weight becomes a view of its rows, so nothing is held twice). A
+    column's bits do not change: the reduction plan depends on K alone. None when the weights
+    differ in format (a mixed-bit file) or live on the CPU, whose products stay separate."""
+    ws = [lin.weight for lin in linears]
+    first = ws[0]
+    if len({lin.in_features for lin in linears}) != 1 or first.device.type != "cuda":
+        return None
+    if all(isinstance(w, torch.Tensor) for w in ws):
+        whole = torch.cat(ws)
+        parts = [whole[a:b] for a, b in _bounds(ws)]
+    elif all(isinstance(w, QuantizedWeight) and (w.bits, w.group_size) == (first.bits, first.group_size)
+             for w in ws):
+        packed, scales, biases = (torch.cat([getattr(w, f) for w in ws]) for f in ("packed", "scales", "biases"))
+        whole = QuantizedWeight(packed, scales, biases, first.bits, first.group_size)
+        parts = [QuantizedWeight(packed[a:b], scales[a:b], biases[a:b], first.bits, first.group_size)
+                 for a, b in _bounds(ws)]
+    else:
+        return None
+    for lin, part in zip(linears, parts):
+        lin.weight = part
+    return Joined(Linear(whole, linears[0].dtype), tuple(lin.out_features for lin in linears))
+
+
+def _bounds(ws) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for w in ws:
+        out.append((start, start + w.shape[0]))
+        start += w.shape[0]
+    return out

@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .linear import Linear
+from ..ops.gates import silu_mul
+from .linear import Linear, join
 
 
 class MLP:
     def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear) -> None:
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.joined = join([gate_proj, up_proj])          # on the GPU: one product for gate and up
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if x.is_cuda:
+            from ..ops.triton.fused import silu_mul as fused_silu_mul
+            gate, up = self.joined(x) if self.joined is not None else (self.gate_proj(x), self.up_proj(x))
+            return self.down_proj(fused_silu_mul(gate, up))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))

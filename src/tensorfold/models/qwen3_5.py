@@ -41,6 +41,8 @@ class Qwen35Model:
 
         `caches` provides kv_layer(i) -> (k, v) and state_layer(i) -> (conv, recurrent).
         """
+        if batch.gpu is not None:
+            return self._forward_gpu(batch, caches)
         # Row-wise ops see a row count padded to the tile: a contiguous elementwise op then has no
         # scalar tail, so every element takes the same (vector) code path whatever the pass holds.
         ids, positions = pad_rows(batch.token_ids), pad_rows(batch.positions)
@@ -55,6 +57,24 @@ class Qwen35Model:
                 h = h + layer.mixer(x, batch, *caches.state_layer(layer.cache_index))
             h = h + layer.mlp(layer.post_norm(h))
         return self.lm_head(self.norm(h[batch.logit_rows]))
+
+    def _forward_gpu(self, batch: ForwardBatch, caches) -> torch.Tensor:
+        """The same layers with each residual add fused into the norm after it; no row padding (the
+        GPU kernels' bits never depend on the row count)."""
+        from ..ops.triton.norm import add_rms_norm
+        cfg = self.config
+        h = self.embed(batch.token_ids).to(self.dtype)
+        rope = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta, self.dtype)
+        x = self.layers[0].input_norm(h)
+        norms_after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, norms_after):
+            if isinstance(layer.mixer, GatedAttention):
+                delta = layer.mixer(x, batch, rope, *caches.kv_layer(layer.cache_index))
+            else:
+                delta = layer.mixer(x, batch, *caches.state_layer(layer.cache_index))
+            h, x = add_rms_norm(h, delta, layer.post_norm.weight, layer.post_norm.eps, layer.post_norm.offset)
+            h, x = add_rms_norm(h, layer.mlp(x), next_norm.weight, next_norm.eps, next_norm.offset)
+        return self.lm_head(x[batch.logit_rows])
 
     @property
     def weight_bytes(self) -> int:

@@ -47,8 +47,9 @@ class AttentionTiles:
 
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, slots_ptr,
-                      scale, stride_q, stride_kv, HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                      scale, stride_q, stride_kv, g_ptr, stride_g_row, stride_g_head,
+                      HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, GATED: tl.constexpr):
     tile, h = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
     row0, nrows = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile)
@@ -86,20 +87,27 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, 
         acc = acc * a[:, None] + o_b * b[:, None]
         m_i = m_new
         start += BLOCK_N
-    out = acc / l_i[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=valid[:, None])
+    out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
+    if GATED:   # the output gate: bf16(out) * bf16(sigmoid(gate)), each rounded as torch rounds them
+        g = tl.load(g_ptr + rows[:, None] * stride_g_row + h * stride_g_head + o_d[None, :], mask=valid[:, None],
+                    other=0.0).to(tl.float32)
+        sig = (1.0 / (1.0 + tl.exp(-g))).to(o_ptr.dtype.element_ty)
+        out = (out.to(tl.float32) * sig.to(tl.float32)).to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], out, mask=valid[:, None])
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: AttentionTiles,
-                    scale: float, causal: bool = True) -> torch.Tensor:
-    """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D]."""
+                    scale: float, causal: bool = True, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
+    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given."""
     n, hq, d = q.shape
     group = hq // k_cache.shape[1]
     q = q.contiguous()
-    out = torch.zeros_like(q)
+    out = torch.empty_like(q)                # every row belongs to a tile
+    g = gate if gate is not None else q
     grid = (tiles.row0.shape[0], hq)
     _attention_kernel[grid](q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.slot_base,
-                            tiles.slots, scale, q.stride(0), k_cache.stride(0), HQ=hq, GROUP=group, D=d,
-                            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal, num_warps=WARPS)
+                            tiles.slots, scale, q.stride(0), k_cache.stride(0), g, g.stride(0), g.stride(1),
+                            HQ=hq, GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal,
+                            GATED=gate is not None, num_warps=WARPS)
     return out

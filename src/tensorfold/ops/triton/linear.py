@@ -1,10 +1,17 @@
 """Row-invariant products on the GPU: y[M, N] = x[M, K] · W[N, K]ᵀ, bf16 in, fp32 accumulation.
 
-One program owns a tile of rows and output columns and walks K in order, BLOCK_K at a time, with
-one tl.dot per step. The K block is the weight's reduction plan, fixed from its (N, K) alone; the
-row and column tiles follow M (measured on the H200: they do not change a bit, a split of K would).
-Packed MLX affine weights are unpacked and dequantized in registers: w = scale · q + bias, rounded
-once to bf16, as the CPU reference does.
+Each weight's reduction plan comes from its (N, K) alone: K is cut into segments of `segment`
+columns; each segment is accumulated from zero, one tl.dot per K block in order, and the segments'
+sums are added in order (s0 + s1 + s2 ...). Two launch forms realise that one arithmetic:
+- whole: one program per (row tile, column tile) walks every segment, adding in registers (prompts);
+- split: one program per (row tile, column tile, segment) stores its fp32 sum, and a second kernel
+  adds the segments in order (a few rows: decode and verify), so a one-row product reads the
+  weight with as many programs as the card has room for.
+A segment's fp32 sum is the same value in both forms (stored exactly), and the additions are the
+same, so a row's bits never depend on which form ran or on its company. Row and column tiles and
+warps follow M: on the H200 they do not change a bit (reference/exactness-probe.md); the registry
+checks it. Packed MLX affine weights are dequantized in registers: w = scale · q + bias, rounded
+once to bf16.
 """
 from __future__ import annotations
 
@@ -14,107 +21,184 @@ import torch
 import triton
 import triton.language as tl
 
+SEGMENT = 1024           # K columns per segment when K is a larger multiple of it
+SPLIT_MAX_ROWS = 64      # at most this many rows use the split form
+
 
 @dataclass(frozen=True)
 class LinearPlan:
-    block_k: int
+    segment: int          # K columns summed from zero before joining the running sum
+    block_k: int          # K columns per tl.dot step
 
     @staticmethod
     def for_weight(n: int, k: int, group_size: int | None = None) -> "LinearPlan":
-        """The reduction plan from the matrix's shape alone (and its quantization group)."""
-        block = 64 if k % 128 else 128
-        if group_size is not None:
-            block = min(block, group_size)      # a K block never spans two scale groups
-        return LinearPlan(block_k=block)
+        """The reduction plan from the matrix's shape alone (the group size only bounds nothing here:
+        a K block may span scale groups)."""
+        if k % 16:
+            raise ValueError(f"GPU products need an input width divisible by 16, got K={k}")
+        segment = SEGMENT if k > SEGMENT and k % SEGMENT == 0 else k
+        block = next(b for b in (128, 64, 32, 16) if segment % b == 0)
+        return LinearPlan(segment=segment, block_k=block)
+
+    def segments(self, k: int) -> int:
+        return k // self.segment
 
 
-def _tiles(m: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps) by the number of rows: narrow column tiles when rows are few."""
+@dataclass(frozen=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+def tiles_for(m: int) -> Tiles:
+    """Launch shape by the number of rows (never part of the arithmetic)."""
     if m <= 16:
-        return 16, 32, 4
+        return Tiles(16, 32, 4, 4)
     if m <= 64:
-        return 64, 64, 4
-    return 128, 128, 8
+        return Tiles(64, 64, 4, 3)
+    return Tiles(128, 128, 8, 3)
 
 
 @triton.jit
-def _dense_kernel(x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_y,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w,
+                   SEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     o_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for i in range(SEG // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
-        b_w = tl.load(w_ptr + o_n[None, :] * stride_w + (k0 + o_k)[:, None], mask=o_n[None, :] < N, other=0.0)
-        acc = tl.dot(b_x, b_w, acc)
-    mask = (o_m[:, None] < M) & (o_n[None, :] < N)
-    tl.store(y_ptr + o_m[:, None] * stride_y + o_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+        b_w = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 + o_k)[None, :], mask=o_n[:, None] < N, other=0.0)
+        acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc
 
 
 @triton.jit
-def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s, stride_y,
-                   BITS: tl.constexpr, GROUP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w, stride_s,
+                    BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     o_k = tl.arange(0, BLOCK_K)
-    n_mask = o_n[None, :] < N
+    n_mask = o_n[:, None] < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for i in range(SEG // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
         if 32 % BITS == 0:
             # Whole values per word: load the words row-major (coalesced), then unpack in registers.
             PER: tl.constexpr = 32 // BITS
             o_w = tl.arange(0, BLOCK_K // PER)
-            p_w = w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :]
-            words = tl.load(p_w, mask=o_n[:, None] < N, other=0).to(tl.uint32, bitcast=True)
+            words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=n_mask,
+                            other=0).to(tl.uint32, bitcast=True)
             shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
             val = tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K))
-            val = tl.trans(val)
         else:
             bit = (k0 + o_k) * BITS                           # each value's place in the row's bitstream
             word, shift = bit // 32, (bit % 32).to(tl.uint32)
-            p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
-            lo = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True)
-            val = lo >> shift[:, None]
+            p_w = w_ptr + o_n[:, None] * stride_w + word[None, :]
+            val = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True) >> shift[None, :]
             # 3, 5, 6 bits: a value may straddle two words
-            hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
-            val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
+            hi = tl.load(p_w + 1, mask=n_mask & ((shift[None, :] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
+            val = val | tl.where(shift[None, :] > 0, hi << (32 - shift[None, :]), 0)
         q = (val & ((1 << BITS) - 1)).to(tl.float32)
-        g = (k0 // GROUP)
-        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)
-        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)
-        b_w = (q * scale[None, :] + bias[None, :]).to(x_ptr.dtype.element_ty)
-        acc = tl.dot(b_x, b_w, acc)
-    mask = (o_m[:, None] < M) & n_mask
-    tl.store(y_ptr + o_m[:, None] * stride_y + o_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+        if BLOCK_K <= GROUP:
+            g = k0 // GROUP
+            scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
+            bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
+        else:                                                 # a block spans groups: per-column scales
+            p_s = o_n[:, None] * stride_s + ((k0 + o_k) // GROUP)[None, :]
+            scale = tl.load(s_ptr + p_s, mask=n_mask, other=0.0).to(tl.float32)
+            bias = tl.load(b_ptr + p_s, mask=n_mask, other=0.0).to(tl.float32)
+        b_w = (q * scale + bias).to(x_ptr.dtype.element_ty)
+        acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc
 
 
-def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: LinearPlan, out: torch.Tensor | None = None) -> torch.Tensor:
+@triton.jit
+def _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT: tl.constexpr):
+    mask = (o_m[:, None] < M) & (o_n[None, :] < N)
+    if SPLIT:   # this segment's exact fp32 sum, added to the others by _sum_segments
+        tl.store(p_ptr + (pid_s * M + o_m)[:, None].to(tl.int64) * N + o_n[None, :], acc, mask=mask)
+    else:
+        tl.store(y_ptr + o_m[:, None] * stride_y + o_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_y,
+                  SEG: tl.constexpr, NSEG: tl.constexpr, SPLIT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:
+        acc = _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, pid_s * SEG, stride_x, stride_w, SEG,
+                             BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+        for s in range(1, NSEG):
+            acc += _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w, SEG,
+                                  BLOCK_M, BLOCK_N, BLOCK_K)
+    _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
+
+
+@triton.jit
+def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_s, stride_y,
+                   BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr, NSEG: tl.constexpr,
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:
+        acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, pid_s * SEG, stride_x, stride_w,
+                              stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s,
+                              BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+        for s in range(1, NSEG):
+            acc += _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w,
+                                   stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+    _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
+
+
+@triton.jit
+def _sum_segments(p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = o_n < N
+    acc = tl.load(p_ptr + m.to(tl.int64) * N + o_n, mask=mask, other=0.0)
+    for s in range(1, NSEG):            # in segment order, as the whole form adds them
+        acc += tl.load(p_ptr + (s * M + m).to(tl.int64) * N + o_n, mask=mask, other=0.0)
+    tl.store(y_ptr + m * stride_y + o_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(kernel, m: int, n: int, k: int, x: torch.Tensor, out: torch.Tensor | None, plan: LinearPlan,
+            tiles: Tiles | None, args: tuple, **consts) -> torch.Tensor:
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    t = tiles or tiles_for(m)
+    nseg = plan.segments(k)
+    split = nseg > 1 and m <= SPLIT_MAX_ROWS
+    partial = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device) if split else y
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), nseg if split else 1)
+    kernel[grid](x, *args[:-1], y, partial, m, n, x.stride(0), *args[-1], y.stride(0), **consts,
+                 SEG=plan.segment, NSEG=nseg, SPLIT=split, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                 BLOCK_K=plan.block_k, num_warps=t.warps, num_stages=t.stages)
+    if split:
+        _sum_segments[(m, triton.cdiv(n, 1024))](partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024)
+    return y
+
+
+def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: LinearPlan, out: torch.Tensor | None = None,
+                 tiles: Tiles | None = None) -> torch.Tensor:
     """x [M, K] bf16 · w [N, K]ᵀ -> [M, N] in x's dtype."""
     m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
-    bm, bn, warps = _tiles(m)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _dense_kernel[grid](x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=plan.block_k, num_warps=warps)
-    return y
+    return _launch(_dense_kernel, m, w.shape[0], k, x, out, plan, tiles, (w, (w.stride(0),)))
 
 
 def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
-                  bits: int, group_size: int, plan: LinearPlan, out: torch.Tensor | None = None) -> torch.Tensor:
+                  bits: int, group_size: int, plan: LinearPlan, out: torch.Tensor | None = None,
+                  tiles: Tiles | None = None) -> torch.Tensor:
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]."""
     m, k = x.shape
-    n = packed.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
-    bm, bn, warps = _tiles(m)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     words = packed.view(torch.int32)
-    _affine_kernel[grid](x, words, scales, biases, y, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
-                         y.stride(0), BITS=bits, GROUP=group_size, BLOCK_M=bm, BLOCK_N=bn,
-                         BLOCK_K=plan.block_k, num_warps=warps)
-    return y
+    return _launch(_affine_kernel, m, packed.shape[0], k, x, out, plan, tiles,
+                   (words, scales, biases, (words.stride(0), scales.stride(0))), BITS=bits, GROUP=group_size)

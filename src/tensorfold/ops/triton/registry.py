@@ -18,8 +18,10 @@ import torch
 from .. import attention as ref_attention
 from .. import gated_delta as ref_gdn
 from .. import norm as ref_norm
+from .. import conv as ref_conv
+from .. import gates as ref_gates
 from ..quant import dequantize, quantize
-from . import attention, gdn, linear, norm
+from . import attention, fused, gdn, linear, norm
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def check_affine(impl, small: bool) -> list[str]:
             if _rel(run(x).float(), ref) > 1e-2:
                 bad.append(f"{bits}-bit g{gs} product off the reference")
             make = lambda m: torch.randn(m, k, device="cuda").to(torch.bfloat16)  # noqa: E731
-            bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64))]
+            bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64, 300))]
     return bad
 
 
@@ -101,6 +103,10 @@ def check_attention(impl, small: bool) -> list[str]:
     ref = ref_attention.paged_attention(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(),
                                         torch.arange(n), d ** -0.5)
     bad = [] if _rel(out.float().cpu(), ref) < 2e-2 else ["attention off the fp32 reference"]
+    gate = torch.randn(n, q.shape[1], 2 * d, device="cuda").to(torch.bfloat16)[..., d:]
+    gated = impl(q, kc, vc, whole, d ** -0.5, gate=gate)
+    if _rel(gated.float(), (out * torch.sigmoid(gate)).float()) > 1e-2:
+        bad.append("the fused output gate is off out * sigmoid(gate)")
     for t in (0, 37, n // 2, n - 1):   # the row alone as a decode row, after its keys are written
         tiles = attention.AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
         if not torch.equal(impl(q[t:t + 1], kc, vc, tiles, d ** -0.5)[0], out[t]):
@@ -121,6 +127,25 @@ def check_norms(impl_pair, small: bool) -> list[str]:
         bad.append("gated_rms_norm off the reference")
     make = lambda m: torch.randn(m, w, device="cuda").to(torch.bfloat16)  # noqa: E731
     bad += _rows_invariant(lambda t: rms(t, weight, 1e-6, 1.0), make, (2, 7, 64))
+    h2, y = norm.add_rms_norm(x, z, weight, 1e-6, 1.0)
+    if not torch.equal(h2, x + z) or _rel(y.float(), ref_norm.rms_norm((x + z).float(), weight, 1e-6, 1.0)) > 1e-2:
+        bad.append("add_rms_norm off the reference")
+    return bad + _check_norm_rope()
+
+
+def _check_norm_rope() -> list[str]:
+    from ..rope import apply_rope, rope_tables
+    weight = torch.randn(256, device="cuda") * 0.1
+    pos = torch.arange(40, device="cuda") * 97
+    cos, sin = rope_tables(pos, 64, 1e7, torch.bfloat16)
+    qg = torch.randn(40, 16, 512, device="cuda").to(torch.bfloat16)
+    out = norm.norm_rope(qg[..., :256], weight, 1e-6, 1.0, cos, sin)
+    want = apply_rope(ref_norm.rms_norm(qg[..., :256].float(), weight, 1e-6, 1.0).to(torch.bfloat16), cos, sin)
+    bad = [] if _rel(out.float(), want.float()) < 1e-2 else ["norm_rope off the reference"]
+    for r in (0, 17, 39):
+        if not torch.equal(norm.norm_rope(qg[r:r + 1, :, :256], weight, 1e-6, 1.0, cos[r:r + 1], sin[r:r + 1]),
+                           out[r:r + 1]):
+            bad.append(f"norm_rope row {r} alone differs")
     return bad
 
 
@@ -155,6 +180,71 @@ def check_gdn(impl, small: bool) -> list[str]:
     return bad
 
 
+def _conv_case(small: bool):
+    c = 256 if small else 8192
+    weight = (torch.randn(c, 4, device="cuda") * 0.3).to(torch.bfloat16)
+    x = torch.randn(40, c, device="cuda").to(torch.bfloat16)
+    return weight, x, torch.zeros(3, 3, c, device="cuda", dtype=torch.bfloat16)
+
+
+def _conv_call(impl, x, states, weight, segments):
+    from ...runner.batch import GPUMeta
+    meta = GPUMeta.build(segments, "cuda", weight.shape[1])
+    return impl(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+
+
+def check_conv(impl, small: bool) -> list[str]:
+    from ...runner.batch import GPUMeta, Segment
+    weight, x, states = _conv_case(small)
+    ref_states = states.clone()
+    seg = lambda start, n, row0=0, slot=1: Segment(slot, start, row0, n, torch.arange(start + n))  # noqa: E731
+    whole = _conv_call(impl, x, states, weight, (seg(0, 40),))
+    meta = GPUMeta.build((seg(0, 40),), "cuda", weight.shape[1])
+    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    bad = [] if _rel(whole.float(), ref.float()) < 1e-2 else ["conv off the reference"]
+    if not torch.equal(states[1], ref_states[1]):
+        bad.append("conv state differs from the reference's")
+    end = states[1].clone()
+    states.zero_()
+    parts = []
+    for start in range(0, 40, 7):           # the same rows in chunks of 7, beside another lane
+        n = min(7, 40 - start)
+        other = x[:3]
+        both = torch.cat([other, x[start:start + n]])
+        out = _conv_call(impl, both, states, weight, (seg(0, 3, 0, 2), seg(start, n, 3, 1)))
+        states[2].zero_()
+        parts.append(out[3:])
+    if not (torch.equal(torch.cat(parts), whole) and torch.equal(states[1], end)):
+        bad.append("chunks of 7 beside another lane differ from one call")
+    return bad
+
+
+def check_small_fused(impl_pair, small: bool) -> list[str]:
+    gates, silu_mul = impl_pair
+    h, w = (8, 512) if small else (32, 12288)
+    a = torch.randn(50, h, device="cuda").to(torch.bfloat16)
+    b = torch.randn(50, h, device="cuda").to(torch.bfloat16)
+    a_log, dt = torch.randn(h, device="cuda"), torch.randn(h, device="cuda").to(torch.bfloat16)
+    g, beta = gates(a, b, a_log, dt)
+    rg, rbeta = ref_gates.gdn_gates(a, b, a_log, dt, torch.float32)
+    bad = [] if _rel(g, rg) < 1e-5 and _rel(beta.float(), rbeta.float()) < 1e-2 else ["gates off the reference"]
+    gu = torch.randn(50, 2 * w, device="cuda").to(torch.bfloat16)
+    if _rel(silu_mul(gu[:, :w], gu[:, w:]).float(), ref_gates.silu_mul(gu[:, :w], gu[:, w:]).float()) > 1e-2:
+        bad.append("silu_mul off the reference")
+    make_a = lambda m: torch.randn(m, h, device="cuda").to(torch.bfloat16)  # noqa: E731
+    bad += _rows_invariant(lambda t: gates(t, t, a_log, dt)[0], make_a, (2, 7, 64))
+    make = lambda m: torch.randn(m, 2 * w, device="cuda").to(torch.bfloat16)  # noqa: E731
+    return bad + _rows_invariant(lambda t: silu_mul(t[:, :w], t[:, w:]), make, (2, 7, 64))
+
+
+def _conv_no_state(x, states, weight, slots, taps, keep):
+    """Planted: the conv forgets to carry its window to the next call."""
+    saved = states.clone()
+    out = fused.conv_lanes(x, states, weight, slots, taps, keep)
+    states.copy_(saved)
+    return out
+
+
 def _fla_chunked(q, k, v, g, beta, states, slots, cu):
     """Planted: fla's chunked (WY) kernel in place of the recurrence."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -175,16 +265,23 @@ def _split_k(x, w, plan, out=None):
     return (lo + hi).to(x.dtype)
 
 
-def _stale_row(q, kc, vc, tiles, scale, causal=True):
+def _unsegmented(x, w, plan, out=None):
+    """Planted: few rows walk K in one chain instead of the weight's segments."""
+    if x.shape[0] <= 16:
+        plan = linear.LinearPlan(segment=w.shape[1], block_k=plan.block_k)
+    return linear.dense_matmul(x, w, plan, out)
+
+
+def _stale_row(q, kc, vc, tiles, scale, causal=True, gate=None):
     """Planted: a decode row that reads its own position before its K/V row is written."""
     if tiles.rows.shape[0] == 1 and int(tiles.rows[0]) == 1:
         row = int(tiles.slots[int(tiles.pos0[0])])
         saved = kc[row].clone()
         kc[row] = 0
-        out = attention.paged_attention(q, kc, vc, tiles, scale)
+        out = attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
         kc[row] = saved
         return out
-    return attention.paged_attention(q, kc, vc, tiles, scale)
+    return attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
 
 
 KERNELS = [
@@ -195,18 +292,24 @@ KERNELS = [
     Kernel("attention.paged", "ops.attention.paged_attention (fp32)", "head dim 64-256, any GQA group",
            "ref 2e-2, decode", check_attention),
     Kernel("norm.rms+gated", "ops.norm (fp32)", "any width", "ref 1e-2, rows", check_norms),
+    Kernel("fused.conv", "ops.conv.causal_conv_lanes", "any lanes and rows, K = 4", "ref 1e-2, chunks",
+           check_conv),
+    Kernel("fused.gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
     Kernel("gdn.fla_recurrent", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv <= 128", "ref 1e-2, chunks",
            check_gdn),
 ]
 IMPLS = {"linear.dense": linear.dense_matmul, "linear.affine": linear.affine_matmul,
          "attention.paged": attention.paged_attention, "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
-         "gdn.fla_recurrent": gdn.gated_delta_lanes}
+         "gdn.fla_recurrent": gdn.gated_delta_lanes, "fused.conv": fused.conv_lanes,
+         "fused.gates+silu": (fused.gdn_gates, fused.silu_mul)}
 CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("linear.dense", "a row off by one", lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0)),
     ("linear.dense", "a reduction in another order (split K)", _split_k),
-    ("attention.paged", "a missing mask", lambda *a: attention.paged_attention(*a, causal=False)),
+    ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
+    ("attention.paged", "a missing mask", lambda *a, **kw: attention.paged_attention(*a, causal=False, **kw)),
     ("attention.paged", "a stale cache row", _stale_row),
     ("gdn.fla_recurrent", "the chunked WY form", _fla_chunked),
+    ("fused.conv", "a conv window not carried over", _conv_no_state),
 ]
 
 

@@ -1,0 +1,95 @@
+"""Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
+9B-shape checkpoint, summed by name, and the same steps' wall time eager and as CUDA graphs.
+
+    PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.request import SamplingParams
+from tensorfold.models.loader import load_model
+from tensorfold.tools.make_random import make_random
+
+VOCAB = 248320
+
+
+def decoding_engine(model, lanes: int, graphs: bool) -> tuple[Engine, list]:
+    eng = Engine(model, None, EngineConfig(parallel=lanes, context=512, chunk=128, cuda_graphs=graphs))
+    g = torch.Generator().manual_seed(lanes)
+    reqs = [eng.add_request(torch.randint(0, VOCAB, (32,), generator=g).tolist(),
+                            SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+            for _ in range(lanes)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    torch.cuda.synchronize()
+    return eng, reqs
+
+
+def step_time(eng: Engine, steps: int = 20) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / steps
+
+
+def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    sums: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        if getattr(e.device_type, "name", "") == "CUDA":
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+            s = sums.setdefault(e.key[:70], [0.0, 0])
+            s[0] += us
+            s[1] += e.count
+    if not sums:
+        return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=top)
+    total = sum(v[0] for v in sums.values()) / steps
+    count = sum(v[1] for v in sums.values()) / steps
+    lines = [f"kernel time per step {total / 1e3:.2f} ms over {count:.0f} kernels",
+             "| kernel | us/step | launches/step |", "| --- | --- | --- |"]
+    for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| {name} | {us / steps:.0f} | {n / steps:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="/tmp/prof")
+    p.add_argument("--models", default="4bit,bf16")
+    p.add_argument("--lanes", default="1")
+    args = p.parse_args()
+    report = []
+    for name in args.models.split(","):
+        path = make_random(Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda")
+        model = load_model(path, dtype=torch.bfloat16, device="cuda")
+        for lanes in (int(x) for x in args.lanes.split(",")):
+            eng, _ = decoding_engine(model, lanes, graphs=False)
+            eager = step_time(eng)
+            report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
+            del eng
+            eng, _ = decoding_engine(model, lanes, graphs=True)
+            graphed = step_time(eng)
+            report.append(f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
+                          f"({lanes / graphed:,.0f} tok/s)")
+            del eng
+        del model
+        torch.cuda.empty_cache()
+    print("\n\n".join(report))
+
+
+if __name__ == "__main__":
+    main()
