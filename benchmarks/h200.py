@@ -137,7 +137,8 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
-    p.add_argument("--cuda-graphs", action="store_true", help="replay decode passes as CUDA graphs")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay decode passes as CUDA graphs")
     args = p.parse_args()
     GRAPHS["on"] = args.cuda_graphs
     out = Path(args.out)

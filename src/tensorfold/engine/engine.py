@@ -31,7 +31,7 @@ class EngineConfig(SchedulerConfig):
     page_size: int = PAGE_SIZE
     prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
     threads: int | None = None           # CPU threads (None: by model size)
-    cuda_graphs: bool = False            # replay decode passes as CUDA graphs (one per lane count)
+    cuda_graphs: bool = True             # on a GPU, replay decode passes as CUDA graphs (one per lane count)
 
 
 class Engine:

@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=65536,
                    help="prompt + generation limit per request")
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="replay decode passes as CUDA graphs (same kernels, one launch per pass)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, replay decode passes as CUDA graphs (same kernels and bits, one launch per pass)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)")
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")

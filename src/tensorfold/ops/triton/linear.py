@@ -32,12 +32,14 @@ class LinearPlan:
 
     @staticmethod
     def for_weight(n: int, k: int, group_size: int | None = None) -> "LinearPlan":
-        """The reduction plan from the matrix's shape alone (the group size only bounds nothing here:
-        a K block may span scale groups)."""
+        """The reduction plan from the matrix's shape alone (and its quantization group: a K block
+        never spans two scale groups, so each block's scales are one column)."""
         if k % 16:
             raise ValueError(f"GPU products need an input width divisible by 16, got K={k}")
         segment = SEGMENT if k > SEGMENT and k % SEGMENT == 0 else k
         block = next(b for b in (128, 64, 32, 16) if segment % b == 0)
+        if group_size is not None:
+            block = min(block, group_size)
         return LinearPlan(segment=segment, block_k=block)
 
     def segments(self, k: int) -> int:
@@ -101,14 +103,9 @@ def _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, k_begin, stride_
             hi = tl.load(p_w + 1, mask=n_mask & ((shift[None, :] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
             val = val | tl.where(shift[None, :] > 0, hi << (32 - shift[None, :]), 0)
         q = (val & ((1 << BITS) - 1)).to(tl.float32)
-        if BLOCK_K <= GROUP:
-            g = k0 // GROUP
-            scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-            bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-        else:                                                 # a block spans groups: per-column scales
-            p_s = o_n[:, None] * stride_s + ((k0 + o_k) // GROUP)[None, :]
-            scale = tl.load(s_ptr + p_s, mask=n_mask, other=0.0).to(tl.float32)
-            bias = tl.load(b_ptr + p_s, mask=n_mask, other=0.0).to(tl.float32)
+        g = k0 // GROUP                                       # the block's one scale group
+        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
+        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
         b_w = (q * scale + bias).to(x_ptr.dtype.element_ty)
         acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc
