@@ -113,17 +113,18 @@ def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dic
     torch.cuda.reset_peak_memory_stats()
     model = load_model(path, dtype=torch.bfloat16, device="cuda")
     weight_bytes = model.weight_bytes
-    params_flops = 2 * 8.95e9                      # ~2 FLOP per parameter per token (9B shape)
+    params = sum(lin.out_features * lin.in_features for lin in model._linears())
+    params_flops = 2 * params                      # ~2 FLOP per product parameter per token
     rows = []
     for n in lanes:
         rate = decode(model, n)
         bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
-        rows.append({"model": name, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
+        rows.append({"model": path.name, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
     for n in sizes:
         secs = prefill(model, n)
-        rows.append({"model": name, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
+        rows.append({"model": path.name, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
                      "limit": limits["bf16_flops"] / params_flops})
-    rows.append({"model": name, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
+    rows.append({"model": path.name, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
                  "weights_GiB": weight_bytes / 2**30})
     del model
     torch.cuda.empty_cache()
@@ -136,6 +137,7 @@ def main() -> None:
     p.add_argument("--sizes", default="2048,8192,32768,65536")
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
+    p.add_argument("--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b")
     p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode passes as CUDA graphs")
@@ -146,11 +148,11 @@ def main() -> None:
     print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",
           flush=True)
     rows = []
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
     lanes = [int(s) for s in args.lanes.split(",")]
     for name in args.models.split(","):
         t = time.perf_counter()
-        path = make_random(out / name, "9b", "4" if name == "4bit" else None, device="cuda")
+        path = make_random(out / f"{args.shape}-{name}", args.shape, "4" if name == "4bit" else None, device="cuda")
         print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
         rows += bench(name, path, sizes, lanes, limits)
         for r in rows[-(len(sizes) + len(lanes) + 1):]:

@@ -9,10 +9,11 @@
 set -uo pipefail
 ckpt=${1:?checkpoint folder}; out=${2:?output folder}; sizes=${3:-2048,8192}; tokens=${4:-256}
 py=${PYTHON:-python3}
+up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
 mkdir -p "$out"
 wait_up() {  # wait_up URL PID LOG
   for _ in $(seq 1 900); do
-    curl -sf "$1/v1/models" >/dev/null && return 0
+    up "$1/v1/models" && return 0
     kill -0 "$2" 2>/dev/null || break
     sleep 0.5
   done
@@ -31,10 +32,11 @@ tf bench prefill "$url" --model side --sizes "$sizes" --rounds 3 --output "$out/
 kill $pid; wait $pid 2>/dev/null
 
 url=http://127.0.0.1:${MLX_PORT:-8095}
-$py -m mlx_lm.server --model "$ckpt" --port "${url##*:}" >"$out/mlx-serve.log" 2>&1 &
+# its own prompt cache off, as ours is: every prefill must start cold
+$py -m mlx_lm.server --model "$ckpt" --port "${url##*:}" --prompt-cache-size 0 >"$out/mlx-serve.log" 2>&1 &
 pid=$!
 wait_up "$url" $pid "$out/mlx-serve.log" || exit 2
-tf bench decode "$url" default_model --tokens "$tokens" --reps 3 --temperatures 0 --tokenizer "$ckpt" \
+tf bench decode "$url" default_model --tokens "$tokens" --reps 3 --temperatures 0 \
    --output "$out/mlx-decode.json"
 tf bench prefill "$url" --model default_model --sizes "$sizes" --rounds 3 --as-text --tokenizer "$ckpt" \
    --output "$out/mlx-prefill.json"

@@ -59,9 +59,10 @@ Weight = torch.Tensor | QuantizedWeight
 class Linear:
     """y = x Wᵀ (no bias anywhere in Qwen3.5)."""
 
-    def __init__(self, weight: Weight, dtype: torch.dtype) -> None:
+    def __init__(self, weight: Weight, dtype: torch.dtype, book=None) -> None:
         self.weight = weight
         self.dtype = dtype
+        self.book = book          # ops.triton.linear.TileBook shared by the model's layers (GPU)
         n, k = weight.shape
         self.out_features, self.in_features = n, k
         self.chunk = n if isinstance(weight, torch.Tensor) else max(1, min(n, DEQUANT_CHUNK_ELEMENTS // k))
@@ -79,15 +80,23 @@ class Linear:
         return out
 
     def _gpu(self, x: torch.Tensor) -> torch.Tensor:
-        from ..ops.triton.linear import LinearPlan, affine_matmul, dense_matmul
+        from ..ops.triton.linear import LinearPlan, affine_matmul, candidates, dense_matmul, rows_class
         w = self.weight
+        packed = isinstance(w, QuantizedWeight)
         if self.plan is None:
-            self.plan = LinearPlan.for_weight(self.out_features, self.in_features,
-                                              None if isinstance(w, torch.Tensor) else w.group_size)
+            self.plan = LinearPlan.for_weight(self.out_features, self.in_features, w.group_size if packed else None)
         x = x.contiguous()
-        if isinstance(w, torch.Tensor):
-            return dense_matmul(x, w, self.plan)
-        return affine_matmul(x, w.packed, w.scales, w.biases, w.bits, w.group_size, self.plan)
+        if packed:
+            run = lambda t: affine_matmul(x, w.packed, w.scales, w.biases, w.bits, w.group_size, self.plan, tiles=t)  # noqa: E731
+            fmt = (w.bits, w.group_size)
+        else:
+            run = lambda t: dense_matmul(x, w, self.plan, tiles=t)  # noqa: E731
+            fmt = (str(w.dtype),)
+        m = x.shape[0]
+        if self.book is None:
+            return run(candidates(m, packed)[0])
+        key = (rows_class(m), self.out_features, self.in_features, *fmt)
+        return run(self.book.pick(key, candidates(m, packed), run))
 
     @property
     def nbytes(self) -> int:
@@ -98,18 +107,19 @@ class Linear:
 class Embedding:
     """Token ids -> rows of the table; a packed table is dequantized row by row on lookup."""
 
-    def __init__(self, weight: Weight, dtype: torch.dtype) -> None:
+    def __init__(self, weight: Weight, dtype: torch.dtype, book=None) -> None:
         self.weight = weight
         self.dtype = dtype
+        self.book = book          # ops.triton.linear.TileBook shared by the model's layers (GPU)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, torch.Tensor):
             return F.embedding(ids, self.weight)
         return self.weight.take(ids, self.dtype)
 
-    def as_linear(self) -> Linear:
+    def as_linear(self, book=None) -> Linear:
         """The tied output head: the same table, used as a projection."""
-        return Linear(self.weight, self.dtype)
+        return Linear(self.weight, self.dtype, book)
 
 
 @dataclass(frozen=True)
@@ -145,7 +155,7 @@ def join(linears: list[Linear]) -> Joined | None:
         return None
     for lin, part in zip(linears, parts):
         lin.weight = part
-    return Joined(Linear(whole, linears[0].dtype), tuple(lin.out_features for lin in linears))
+    return Joined(Linear(whole, linears[0].dtype, linears[0].book), tuple(lin.out_features for lin in linears))
 
 
 def _bounds(ws) -> list[tuple[int, int]]:

@@ -64,6 +64,10 @@ def _check_gdn(cfg: ModelConfig, wm: WeightMap, p: str) -> None:
 class _Builder:
     def __init__(self, cfg: ModelConfig, wm: WeightMap, dtype: torch.dtype, device: torch.device, bar) -> None:
         self.cfg, self.wm, self.dtype, self.device, self.bar = cfg, wm, dtype, device, bar
+        self.book = None
+        if device.type == "cuda":               # GPU launch shapes, timed once and shared by all layers
+            from ..ops.triton.linear import TileBook
+            self.book = TileBook()
         self.acc = torch.float64 if dtype == torch.float64 else torch.float32
 
     def tensor(self, local: str, dtype: torch.dtype | None) -> torch.Tensor:
@@ -82,7 +86,7 @@ class _Builder:
         return q.to(self.device)
 
     def linear(self, stem: str) -> Linear:
-        return Linear(self.weight(stem), self.dtype)
+        return Linear(self.weight(stem), self.dtype, self.book)
 
     def norm(self, local: str) -> RMSNorm:
         return RMSNorm(self.tensor(local, self.acc), self.cfg.rms_norm_eps, self.wm.layout.norm_offset)
@@ -123,7 +127,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     with tqdm(total=ckpt.nbytes, unit="B", unit_scale=True, desc="loading", disable=not show) as bar:
         b = _Builder(cfg, wm, dtype, device, bar)
         embed = Embedding(b.weight("embed_tokens"), dtype)
-        head = embed.as_linear() if cfg.tie_word_embeddings else b.linear("lm_head")
+        head = embed.as_linear(b.book) if cfg.tie_word_embeddings else b.linear("lm_head")
         counters = {"full": 0, "linear": 0}
         layers = []
         for n, kind in enumerate(cfg.layer_kinds):

@@ -38,8 +38,8 @@ class LinearPlan:
             raise ValueError(f"GPU products need an input width divisible by 16, got K={k}")
         segment = SEGMENT if k > SEGMENT and k % SEGMENT == 0 else k
         block = next(b for b in (128, 64, 32, 16) if segment % b == 0)
-        if group_size is not None:
-            block = min(block, group_size)
+        if group_size is not None:           # unpacked tiles are larger: 64 columns at most
+            block = min(block, group_size, 64)
         return LinearPlan(segment=segment, block_k=block)
 
     def segments(self, k: int) -> int:
@@ -48,19 +48,35 @@ class LinearPlan:
 
 @dataclass(frozen=True)
 class Tiles:
+    """A launch shape: never part of the arithmetic (the registry checks rows across them)."""
+
     block_m: int
     block_n: int
     warps: int
     stages: int
+    unpack: int = 0     # packed weights: 0 = words row-major then reshaped, 1 = each value gathered
+
+
+def rows_class(m: int) -> int:
+    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2
+
+
+def candidates(m: int, packed: bool) -> list[Tiles]:
+    """Launch shapes worth timing for m rows; the first is the untimed default."""
+    cls = rows_class(m)
+    if cls == 0:
+        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
+    elif cls == 1:
+        shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
+    else:
+        shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
+    if packed:
+        shapes += [Tiles(t.block_m, t.block_n, t.warps, t.stages, unpack=1) for t in shapes]
+    return shapes
 
 
 def tiles_for(m: int) -> Tiles:
-    """Launch shape by the number of rows (never part of the arithmetic)."""
-    if m <= 16:
-        return Tiles(16, 32, 4, 4)
-    if m <= 64:
-        return Tiles(64, 64, 4, 3)
-    return Tiles(128, 128, 8, 3)
+    return candidates(m, packed=False)[0]
 
 
 @triton.jit
@@ -77,37 +93,47 @@ def _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w,
 
 
 @triton.jit
+def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
+    """The weight tile [BLOCK_K, BLOCK_N] dequantized: scale · q + bias, rounded once to bf16. Both
+    ways of unpacking give the same values."""
+    o_k = tl.arange(0, BLOCK_K)
+    if UNPACK == 0 and 32 % BITS == 0:
+        # Whole values per word: load the words row-major (coalesced), then unpack in registers.
+        PER: tl.constexpr = 32 // BITS
+        o_w = tl.arange(0, BLOCK_K // PER)
+        words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=o_n[:, None] < N,
+                        other=0).to(tl.uint32, bitcast=True)
+        shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
+        val = tl.trans(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)))
+    else:
+        # Each value from its place in the row's bitstream (3, 5, 6 bits may straddle two words).
+        n_mask = o_n[None, :] < N
+        bit = (k0 + o_k) * BITS
+        word, shift = bit // 32, (bit % 32).to(tl.uint32)
+        p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
+        val = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True) >> shift[:, None]
+        if 32 % BITS != 0:
+            hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
+            val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
+    q = (val & ((1 << BITS) - 1)).to(tl.float32)
+    g = k0 // GROUP                                           # a K block lies in one scale group
+    scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
+    bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
+    return q * scale + bias
+
+
+@triton.jit
 def _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w, stride_s,
                     BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
     o_k = tl.arange(0, BLOCK_K)
-    n_mask = o_n[:, None] < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(SEG // BLOCK_K):
         k0 = k_begin + i * BLOCK_K
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
-        if 32 % BITS == 0:
-            # Whole values per word: load the words row-major (coalesced), then unpack in registers.
-            PER: tl.constexpr = 32 // BITS
-            o_w = tl.arange(0, BLOCK_K // PER)
-            words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=n_mask,
-                            other=0).to(tl.uint32, bitcast=True)
-            shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
-            val = tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K))
-        else:
-            bit = (k0 + o_k) * BITS                           # each value's place in the row's bitstream
-            word, shift = bit // 32, (bit % 32).to(tl.uint32)
-            p_w = w_ptr + o_n[:, None] * stride_w + word[None, :]
-            val = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True) >> shift[None, :]
-            # 3, 5, 6 bits: a value may straddle two words
-            hi = tl.load(p_w + 1, mask=n_mask & ((shift[None, :] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
-            val = val | tl.where(shift[None, :] > 0, hi << (32 - shift[None, :]), 0)
-        q = (val & ((1 << BITS) - 1)).to(tl.float32)
-        g = k0 // GROUP                                       # the block's one scale group
-        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-        b_w = (q * scale + bias).to(x_ptr.dtype.element_ty)
-        acc = tl.dot(b_x, tl.trans(b_w), acc)
+        b_w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, BLOCK_N, BLOCK_K, UNPACK)
+        acc = tl.dot(b_x, b_w.to(x_ptr.dtype.element_ty), acc)
     return acc
 
 
@@ -141,19 +167,20 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_y
 @triton.jit
 def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_s, stride_y,
                    BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr, NSEG: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   UNPACK: tl.constexpr):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, pid_s * SEG, stride_x, stride_w,
-                              stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+                              stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
     else:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s,
-                              BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+                              BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
         for s in range(1, NSEG):
             acc += _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w,
-                                   stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
+                                   stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
     _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
 
 
@@ -197,5 +224,40 @@ def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, b
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]."""
     m, k = x.shape
     words = packed.view(torch.int32)
-    return _launch(_affine_kernel, m, packed.shape[0], k, x, out, plan, tiles,
-                   (words, scales, biases, (words.stride(0), scales.stride(0))), BITS=bits, GROUP=group_size)
+    t = tiles or candidates(m, packed=True)[0]
+    return _launch(_affine_kernel, m, packed.shape[0], k, x, out, plan, t,
+                   (words, scales, biases, (words.stride(0), scales.stride(0))), BITS=bits, GROUP=group_size,
+                   UNPACK=t.unpack)
+
+
+class TileBook:
+    """Launch shapes chosen once per (product, rows class, N, K, format) by timing the candidates on
+    the card, shared by every layer of a model. Only speed follows the choice: a row's bits are the
+    same under every candidate (registry and tests/test_gpu.py)."""
+
+    def __init__(self, reps: int = 5) -> None:
+        self.chosen: dict[tuple, Tiles] = {}
+        self.reps = reps
+
+    def pick(self, key: tuple, options: list[Tiles], run) -> Tiles:
+        if key in self.chosen:
+            return self.chosen[key]
+        if len(options) == 1 or torch.cuda.is_current_stream_capturing():
+            return options[0]
+        times = {}
+        for t in options:
+            try:
+                run(t)                                   # compiles, and warms the caches
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(self.reps):
+                    run(t)
+                stop.record()
+                stop.synchronize()
+                times[t] = start.elapsed_time(stop)
+            except Exception:   # noqa: BLE001 - a shape the card cannot launch is not a choice
+                if t is options[0]:
+                    raise
+                continue
+        self.chosen[key] = min(times, key=times.get) if times else options[0]
+        return self.chosen[key]

@@ -62,7 +62,20 @@ def check_dense(impl, small: bool) -> list[str]:
     bad = [] if _rel(y.float(), x.float() @ w.float().t()) < 1e-2 else ["dense product off the reference"]
     counts = (2, 7, 64) if small else (2, 7, 64, 4000)
     make = lambda m: torch.randn(m, k, device=dev).to(dt)  # noqa: E731
+    if impl is linear.dense_matmul:
+        bad += _tiles_invariant(lambda t, tiles: impl(t, w, plan, tiles=tiles), make, packed=False)
     return bad + _rows_invariant(lambda t: impl(t, w, plan, None), make, counts)
+
+
+def _tiles_invariant(run, make, packed: bool) -> list[str]:
+    """Every launch shape the tile book may pick gives the default shape's bytes."""
+    bad = []
+    for m in (1, 40, 300):
+        x = make(m)
+        ref = run(x, None)
+        bad += [f"{m} rows under {t} differ from the default tiles" for t in linear.candidates(m, packed)
+                if not torch.equal(run(x, t), ref)]
+    return bad
 
 
 def check_affine(impl, small: bool) -> list[str]:
@@ -80,6 +93,9 @@ def check_affine(impl, small: bool) -> list[str]:
                 bad.append(f"{bits}-bit g{gs} product off the reference")
             make = lambda m: torch.randn(m, k, device="cuda").to(torch.bfloat16)  # noqa: E731
             bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64, 300))]
+            if impl is linear.affine_matmul and gs == 64 and bits in (3, 4):
+                bad += _tiles_invariant(lambda t, tiles: impl(t, packed, scales, biases, bits, gs, plan,  # noqa: B023
+                                                              tiles=tiles), make, packed=True)
     return bad
 
 
