@@ -251,3 +251,46 @@ def test_shutdown_finishes_or_cancels(hf_tiny, sig, grace, finishes):
         assert "engine stopped" in log and "INFO stopped" in log and "Traceback" not in log
     finally:
         server.proc.kill()
+
+
+class FailingEngine(Engine):
+    """Passes raise `fault` while it is set (a bad kernel launch, a lost device)."""
+
+    fault: Exception | None = None
+
+    def step(self):
+        if self.fault is not None and self.scheduler.running:
+            raise self.fault
+        return super().step()
+
+
+def test_a_failed_pass_fails_its_requests_and_the_server_goes_on(hf_tiny):
+    server = start_server(make_engine(hf_tiny, FailingEngine))
+    try:
+        with server.client() as c:
+            want = c.post(CMPL, json=PROBE).json()["choices"][0]["token_ids"]
+            server.engine.fault = RuntimeError("a planted kernel failure")
+            r = c.post(CMPL, json=PROBE)
+            assert r.status_code == 500 and "a planted kernel failure" in r.json()["error"]["message"]
+            # The failed lane is given back at once, not retried pass after pass while the fault lasts.
+            wait_for(lambda: not server.engine.has_work(), "the engine to go idle")
+            assert server.engine.scheduler.busy_lanes == 0
+            server.engine.fault = None
+            assert c.post(CMPL, json=PROBE).json()["choices"][0]["token_ids"] == want
+            assert c.get("/health").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_device_fault_stops_the_engine_and_refuses_new_work(hf_tiny):
+    server = start_server(make_engine(hf_tiny, FailingEngine))
+    try:
+        with server.client() as c:
+            server.engine.fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+            assert c.post(CMPL, json=PROBE).status_code == 500
+            wait_for(lambda: c.get("/health").status_code == 503, "the engine to stop")
+            assert "illegal memory access" in c.get("/health").json()["fault"]
+            r = c.post(CHAT, json={"messages": MSG, "max_tokens": 2})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopped"
+    finally:
+        server.stop()

@@ -191,6 +191,21 @@ class Engine:
         self.prefix_cache.insert(req.all_ids[: req.num_computed], req.pages,
                                  self.caches.states.snapshot(req.slot))
 
+    def abandon_all(self) -> list[TokenEvent]:
+        """After a failed pass: every request still queued or running ends with finish_reason
+        "error" and gives back its lane, touching no device memory (the device may be lost)."""
+        with self._lock:
+            while self._inbox:
+                self.scheduler.waiting.append(self._inbox.popleft())
+        self._cancels.clear()
+        events = []
+        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+            self.scheduler.finish(req)
+            req.finish_reason, req.finish_time = "error", time.monotonic()
+            self._requests.pop(req.request_id, None)
+            events.append(TokenEvent(req.request_id, [], "", finished=True, finish_reason="error"))
+        return events
+
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
         if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
             self._remember(req)              # the end of the reply: the next chat turn resumes here

@@ -87,7 +87,8 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         if not s.engine.alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
+            body = {"status": "engine stopped"} | ({"fault": s.engine.fault} if s.engine.fault else {})
+            return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+import torch
+
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams, TokenEvent
 
@@ -39,6 +41,14 @@ class EngineStats:
     cache_evictions: int = 0
     cache_inserts: int = 0
     cache_bytes: int = 0
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """A CUDA error such as an illegal address poisons the process's device context: every later
+    pass would fail too."""
+    fault_type = getattr(torch, "AcceleratorError", None)
+    return (fault_type is not None and isinstance(exc, fault_type)) or "CUDA error" in str(exc) \
+        or "illegal memory access" in str(exc)
 
 
 class EngineFailed(RuntimeError):
@@ -84,10 +94,12 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.fault: str | None = None     # set when a device fault ended the engine thread
 
     # -- event loop side ----------------------------------------------------------------------
     def submit(self, request_id: str, lanes: list[Lane]) -> Generation:
         """Admits every lane or none: a refusal (InvalidRequest, QueueFull...) withdraws all."""
+        self.check_alive()
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         requests: list[Request] = []
         try:
@@ -112,6 +124,12 @@ class AsyncEngine:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def check_alive(self) -> None:
+        """Refuses new work once the engine thread has ended (a device fault, or a stop)."""
+        if not self.alive:
+            why = f"after a device fault ({self.fault})" if self.fault else ""
+            raise EngineFailed(f"the engine has stopped {why}; restart the server".replace("  ", " "))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
@@ -149,6 +167,11 @@ class AsyncEngine:
             except Exception as exc:   # a failed pass fails its requests, never the server
                 log.exception("engine pass failed")
                 self._fail_all(exc)
+                self.engine.abandon_all()            # nothing left to retry the failed pass with
+                if is_device_fault(exc):
+                    self.fault = f"{type(exc).__name__}: {exc}"
+                    log.error("the device faulted; the engine stops (restart the server): %s", self.fault)
+                    return
                 continue
             self._dispatch(events)
             self._record()

@@ -12,7 +12,7 @@ from fastapi import Request
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
-from .async_engine import AsyncEngine, Lane
+from .async_engine import AsyncEngine, EngineFailed, Lane
 from .errors import APIError, from_engine
 from .formats import ChatFormat, CompletionFormat, TokenTexts
 from .metrics import Metrics
@@ -156,6 +156,8 @@ async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat,
         gen = s.engine.submit(job.request_id, job.lanes)
     except (RequestError, QueueFull) as exc:
         raise from_engine(exc, job.renames) from exc
+    except EngineFailed as exc:             # the engine has stopped: nothing can be served
+        raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
     reply = Reply(job.request_id, job.lanes, gen, fmt, s.metrics, job.prefixes)
     if job.stream:
         return EventStream(stream_events(reply, job.include_usage), headers=SSE_HEADERS)

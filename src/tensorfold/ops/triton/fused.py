@@ -43,7 +43,7 @@ def _conv_keep(x_ptr, st_ptr, slots_ptr, keep_ptr, C, LANES_HIST, stride_slot, s
     src = tl.load(keep_ptr + lane * HIST + o_h, mask=o_h < HIST, other=0)
     in_state = (src < LANES_HIST)[:, None]
     ok = (o_h < HIST)[:, None] & (o_c < C)[None, :]
-    slot = tl.load(slots_ptr + src // HIST)
+    slot = tl.load(slots_ptr + src // HIST, mask=src < LANES_HIST, other=0)   # new rows have no slot
     old = tl.load(st_ptr + (slot * stride_slot + (src % HIST) * C)[:, None] + o_c[None, :], mask=ok & in_state,
                   other=0.0)
     new = tl.load(x_ptr + ((src - LANES_HIST) * stride_x)[:, None] + o_c[None, :], mask=ok & ~in_state, other=0.0)
