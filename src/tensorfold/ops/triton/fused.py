@@ -21,9 +21,10 @@ def _conv_rows(x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, C, LANES_HIST, 
     for j in tl.static_range(KS):
         src = tl.load(taps_ptr + r * KS + j)           # a row of [lanes' states ; this pass's rows]
         in_state = src < LANES_HIST
-        slot = tl.load(slots_ptr + src // HIST, mask=in_state, other=0)
-        old = tl.load(st_ptr + slot * stride_slot + (src % HIST) * C + o_c, mask=mask & in_state, other=0.0)
-        new = tl.load(x_ptr + (src - LANES_HIST) * stride_x + o_c, mask=mask & (src >= LANES_HIST), other=0.0)
+        # Both candidate rows are read from addresses that always exist; the tap picks one.
+        slot = tl.load(slots_ptr + tl.where(in_state, src // HIST, 0))
+        old = tl.load(st_ptr + slot * stride_slot + tl.where(in_state, src % HIST, 0) * C + o_c, mask=mask, other=0.0)
+        new = tl.load(x_ptr + tl.where(in_state, 0, src - LANES_HIST) * stride_x + o_c, mask=mask, other=0.0)
         v = tl.where(in_state, old, new).to(tl.float32)
         w = tl.load(w_ptr + o_c * KS + j, mask=mask, other=0.0).to(tl.float32)
         if j == 0:
@@ -41,13 +42,14 @@ def _conv_keep(x_ptr, st_ptr, slots_ptr, keep_ptr, C, LANES_HIST, stride_slot, s
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     o_h = tl.arange(0, HIST_P2)
     src = tl.load(keep_ptr + lane * HIST + o_h, mask=o_h < HIST, other=0)
-    in_state = (src < LANES_HIST)[:, None]
+    in_state = src < LANES_HIST
     ok = (o_h < HIST)[:, None] & (o_c < C)[None, :]
-    slot = tl.load(slots_ptr + src // HIST, mask=src < LANES_HIST, other=0)   # new rows have no slot
-    old = tl.load(st_ptr + (slot * stride_slot + (src % HIST) * C)[:, None] + o_c[None, :], mask=ok & in_state,
+    slot = tl.load(slots_ptr + tl.where(in_state, src // HIST, 0))
+    p_old = slot * stride_slot + tl.where(in_state, src % HIST, 0) * C
+    old = tl.load(st_ptr + p_old[:, None] + o_c[None, :], mask=ok, other=0.0)
+    new = tl.load(x_ptr + (tl.where(in_state, 0, src - LANES_HIST) * stride_x)[:, None] + o_c[None, :], mask=ok,
                   other=0.0)
-    new = tl.load(x_ptr + ((src - LANES_HIST) * stride_x)[:, None] + o_c[None, :], mask=ok & ~in_state, other=0.0)
-    rows = tl.where(in_state, old, new)                # every source is read before any row is written
+    rows = tl.where(in_state[:, None], old, new)      # every source is read before any row is written
     mine = tl.load(slots_ptr + lane)
     tl.store(st_ptr + mine * stride_slot + o_h[:, None] * C + o_c[None, :], rows, mask=ok)
 
