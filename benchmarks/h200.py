@@ -45,13 +45,13 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy, "bf16_flops": flops}
 
 
-GRAPHS = {"on": False}   # set from --cuda-graphs
+GRAPHS = {"on": False, "exact": True}   # set from --cuda-graphs / --inexact
 
 
 def _engine(model, parallel: int, context: int, chunk: int) -> Engine:
     return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
                                             token_budget=max(chunk, parallel) + parallel, max_queue=4096,
-                                            cuda_graphs=GRAPHS["on"]))
+                                            cuda_graphs=GRAPHS["on"], exact=GRAPHS["exact"]))
 
 
 def decode(model, lanes: int, tokens: int = 64) -> float:
@@ -112,6 +112,7 @@ def resume(model, n: int) -> dict:
 def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dict) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
     model = load_model(path, dtype=torch.bfloat16, device="cuda")
+    label = path.name if GRAPHS["exact"] else f"{path.name} (inexact)"
     weight_bytes = model.weight_bytes
     params = sum(lin.out_features * lin.in_features for lin in model._linears())
     params_flops = 2 * params                      # ~2 FLOP per product parameter per token
@@ -119,12 +120,12 @@ def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dic
     for n in lanes:
         rate = decode(model, n)
         bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
-        rows.append({"model": path.name, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
+        rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
     for n in sizes:
         secs = prefill(model, n)
-        rows.append({"model": path.name, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
+        rows.append({"model": label, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
                      "limit": limits["bf16_flops"] / params_flops})
-    rows.append({"model": path.name, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
+    rows.append({"model": label, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
                  "weights_GiB": weight_bytes / 2**30})
     del model
     torch.cuda.empty_cache()
@@ -138,11 +139,13 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b")
+    p.add_argument("--inexact", action="store_true",
+                   help="time the non-exact variant (cuBLAS products, chunked prompt recurrence) to price exactness")
     p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode passes as CUDA graphs")
     args = p.parse_args()
-    GRAPHS["on"] = args.cuda_graphs
+    GRAPHS["on"], GRAPHS["exact"] = args.cuda_graphs, not args.inexact
     out = Path(args.out)
     limits = ceilings()
     print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",

@@ -141,3 +141,8 @@ def test_incremental_text_equals_decoding_the_whole_reply(hf_tiny):
     for n in range(1, len(ids) + 1):
         d.add(tok, ids[:n], final=n == len(ids))
     assert d.text == tok.decode(ids)
+
+
+def test_the_non_exact_variant_is_refused_on_the_cpu(hf_tiny):
+    with pytest.raises(ValueError, match="exact=False selects non-exact GPU kernels"):
+        make_engine(hf_tiny, exact=False)

@@ -32,11 +32,18 @@ class EngineConfig(SchedulerConfig):
     prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
     threads: int | None = None           # CPU threads (None: by model size)
     cuda_graphs: bool = True             # on a GPU, replay decode passes as CUDA graphs (one per lane count)
+    exact: bool = True                   # False: the fastest non-exact GPU kernels, to measure what exactness costs
 
 
 class Engine:
     def __init__(self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        if not config.exact:
+            if model.device.type != "cuda":
+                raise ValueError("exact=False selects non-exact GPU kernels; the CPU engine has only the exact path")
+            model.use_inexact_kernels()
+        elif not model.exact:
+            raise ValueError("this model was switched to non-exact kernels; load it again for an exact engine")
         cfg = model.config
         page_bytes = (2 * len(cfg.full_layers) * config.page_size * cfg.num_kv_heads * cfg.head_dim
                       * torch.empty((), dtype=model.dtype).element_size())

@@ -40,6 +40,7 @@ class GatedDeltaNet:
         self.A_log, self.dt_bias = A_log, dt_bias
         self.norm, self.out_proj = norm, out_proj
         self.joined_in = join([in_proj_qkv, in_proj_z, in_proj_a, in_proj_b])   # on the GPU: one product
+        self.inexact = False      # benchmarks only: fla's chunked recurrence for prompt rows
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, conv_state: torch.Tensor,
                  rec_state: torch.Tensor) -> torch.Tensor:
@@ -79,7 +80,8 @@ class GatedDeltaNet:
         core = gated_delta_lanes(q.reshape(rows, s.num_k_heads, s.k_head_dim),
                                  k.reshape(rows, s.num_k_heads, s.k_head_dim),
                                  v.reshape(rows, s.num_v_heads, s.v_head_dim), g, beta,
-                                 rec_state, meta.slots, meta.cu_seqlens)
+                                 rec_state, meta.slots, meta.cu_seqlens,
+                                 chunked=self.inexact and rows > meta.slots.shape[0])
         if rows < n:
             core = torch.cat([core, core.new_zeros((n - rows, *core.shape[1:]))])
         y = self.norm(core, z).reshape(n, s.value_dim)

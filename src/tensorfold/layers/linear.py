@@ -63,6 +63,7 @@ class Linear:
         self.weight = weight
         self.dtype = dtype
         self.book = book          # ops.triton.linear.TileBook shared by the model's layers (GPU)
+        self.inexact = False      # benchmarks only: cuBLAS for bf16 weights (its small-M path splits K)
         n, k = weight.shape
         self.out_features, self.in_features = n, k
         self.chunk = n if isinstance(weight, torch.Tensor) else max(1, min(n, DEQUANT_CHUNK_ELEMENTS // k))
@@ -86,6 +87,8 @@ class Linear:
         if self.plan is None:
             self.plan = LinearPlan.for_weight(self.out_features, self.in_features, w.group_size if packed else None)
         x = x.contiguous()
+        if self.inexact and not packed:
+            return F.linear(x, w)
         if packed:
             run = lambda t: affine_matmul(x, w.packed, w.scales, w.biases, w.bits, w.group_size, self.plan, tiles=t)  # noqa: E731
             fmt = (w.bits, w.group_size)
@@ -111,6 +114,7 @@ class Embedding:
         self.weight = weight
         self.dtype = dtype
         self.book = book          # ops.triton.linear.TileBook shared by the model's layers (GPU)
+        self.inexact = False      # benchmarks only: cuBLAS for bf16 weights (its small-M path splits K)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, torch.Tensor):

@@ -35,6 +35,7 @@ class Qwen35Model:
                  lm_head: Linear, dtype: torch.dtype, device: torch.device) -> None:
         self.config, self.embed, self.layers, self.norm, self.lm_head = config, embed, layers, norm, lm_head
         self.dtype, self.device = dtype, device
+        self.exact = True         # False once use_inexact_kernels() has run (benchmarks only)
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
@@ -75,6 +76,19 @@ class Qwen35Model:
             h, x = add_rms_norm(h, delta, layer.post_norm.weight, layer.post_norm.eps, layer.post_norm.offset)
             h, x = add_rms_norm(h, layer.mlp(x), next_norm.weight, next_norm.eps, next_norm.offset)
         return self.lm_head(x[batch.logit_rows])
+
+    def use_inexact_kernels(self) -> None:
+        """For benchmarks only: cuBLAS products for bf16 weights and fla's chunked (WY) recurrence for
+        prompt rows, the fastest kernels at hand that do not keep the invariants. What exactness
+        costs is the gap between this and the default."""
+        joined = [getattr(obj, name) for layer in self.layers for obj in (layer.mixer, layer.mlp)
+                  for name in ("joined_in", "joined_qkv", "joined") if getattr(obj, name, None) is not None]
+        for lin in list(self._linears()) + [j.linear for j in joined]:
+            lin.inexact = True
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.inexact = True
+        self.exact = False
 
     @property
     def weight_bytes(self) -> int:
