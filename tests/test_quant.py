@@ -76,3 +76,29 @@ def test_quantize_roundtrip_error_is_within_half_a_step(bits):
     back = dequantize(packed, scales, biases, bits, 64, torch.float32)
     step = scales.float().repeat_interleave(64, dim=1)
     assert ((back - w).abs() <= step * 0.5 + 1e-6).all()
+
+
+def _packed(n: int, k: int, bits: int, gs: int):
+    from tensorfold.layers.linear import QuantizedWeight
+    return QuantizedWeight(*quantize(torch.randn(n, k), bits, gs), bits, gs)
+
+
+def test_joined_projections_give_each_projection_its_own_product():
+    """The merged product the GPU uses, forced here: each part's columns equal its own product,
+    the parts become views of the merged weight, and mixed formats stay separate."""
+    from tensorfold.layers.linear import Linear, join
+    torch.manual_seed(0)
+    x = torch.randn(5, 128)
+    dense = [Linear(torch.randn(n, 128), torch.float32) for n in (48, 16, 32)]
+    alone = [lin(x) for lin in dense]
+    joined = join(dense, merge=True)
+    assert joined.whole is not None
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(joined(x), alone))
+    assert all(lin.weight.data_ptr() >= joined.whole.weight.data_ptr() for lin in dense)
+    packed = [Linear(_packed(n, 128, 4, 64), torch.float32) for n in (32, 64)]
+    alone = [lin(x) for lin in packed]
+    joined = join(packed, merge=True)
+    assert joined.whole is not None and torch.equal(joined(x)[1], alone[1])
+    mixed = [Linear(_packed(32, 128, 4, 64), torch.float32), Linear(_packed(32, 128, 6, 64), torch.float32)]
+    assert join(mixed, merge=True).whole is None
+    assert join(dense).whole is None                      # on the CPU products stay separate by default

@@ -46,10 +46,7 @@ class GatedAttention:
         from ..ops.triton.attention import paged_attention as gpu_attention
         from ..ops.triton.norm import norm_rope
         n, d = x.shape[0], self.head_dim
-        if self.joined_qkv is not None:
-            q_out, k_out, v_out = self.joined_qkv(x)
-        else:
-            q_out, k_out, v_out = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_out, k_out, v_out = self.joined_qkv(x)
         qg = q_out.view(n, self.num_heads, 2 * d)
         q = norm_rope(qg[..., :d], self.q_norm.weight, self.q_norm.eps, self.q_norm.offset, *rope)
         k = norm_rope(k_out.view(n, self.num_kv_heads, d), self.k_norm.weight, self.k_norm.eps,

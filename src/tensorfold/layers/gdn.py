@@ -67,14 +67,10 @@ class GatedDeltaNet:
         from ..ops.triton import fused
         from ..ops.triton.gdn import gated_delta_lanes
         s, rows, meta = self.shape, batch.num_rows, batch.gpu
-        n = x.shape[0]
-        if self.joined_in is not None:
-            mixed, z, a, b = self.joined_in(x)
-        else:
-            mixed, z, a, b = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
-        z = z.view(n, s.num_v_heads, s.v_head_dim)
-        g, beta = fused.gdn_gates(a[:rows], b[:rows], self.A_log, self.dt_bias)
-        conv = fused.conv_lanes(mixed[:rows], conv_state, self.conv_weight, meta.slots, meta.conv_taps,
+        mixed, z, a, b = self.joined_in(x)
+        z = z.view(rows, s.num_v_heads, s.v_head_dim)
+        g, beta = fused.gdn_gates(a, b, self.A_log, self.dt_bias)
+        conv = fused.conv_lanes(mixed, conv_state, self.conv_weight, meta.slots, meta.conv_taps,
                                 meta.conv_keep)
         q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
         core = gated_delta_lanes(q.reshape(rows, s.num_k_heads, s.k_head_dim),
@@ -82,9 +78,7 @@ class GatedDeltaNet:
                                  v.reshape(rows, s.num_v_heads, s.v_head_dim), g, beta,
                                  rec_state, meta.slots, meta.cu_seqlens,
                                  chunked=self.inexact and rows > meta.slots.shape[0])
-        if rows < n:
-            core = torch.cat([core, core.new_zeros((n - rows, *core.shape[1:]))])
-        y = self.norm(core, z).reshape(n, s.value_dim)
+        y = self.norm(core, z).reshape(rows, s.value_dim)
         return self.out_proj(y)
 
     def _split_heads(self, conv: torch.Tensor, acc: torch.dtype):

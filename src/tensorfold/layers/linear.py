@@ -128,24 +128,30 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Joined:
-    """Several projections of one input computed as one product; called, returns their outputs."""
+    """Projections of one input. Called, returns their outputs: from one product over the
+    concatenated weights when they could be merged (`whole`), else from each projection."""
 
-    linear: Linear
-    sizes: tuple[int, ...]
+    parts: tuple[Linear, ...]
+    whole: Linear | None = None
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.linear(x).split(self.sizes, dim=-1)
+        if self.whole is None:
+            return tuple(lin(x) for lin in self.parts)
+        return self.whole(x).split([lin.out_features for lin in self.parts], dim=-1)
 
 
-def join(linears: list[Linear]) -> Joined | None:
-    """One product for several projections of the same input, on the GPU: their weights concatenated
-    along N (each projection's weight becomes a view of its rows, so nothing is held twice). A
-    column's bits do not change: the reduction plan depends on K alone. None when the weights
-    differ in format (a mixed-bit file) or live on the CPU, whose products stay separate."""
+def join(linears: list[Linear], merge: bool | None = None) -> Joined:
+    """Several projections of the same input as one product (by default on the GPU only, where a
+    launch costs more than the CPU's per-tile products): their weights are concatenated along N and
+    each projection's weight becomes a view of its rows, so nothing is held twice. A column's bits
+    do not change: the reduction plan depends on K alone. Weights of different formats (a mixed-bit
+    file) stay separate products."""
     ws = [lin.weight for lin in linears]
     first = ws[0]
-    if len({lin.in_features for lin in linears}) != 1 or first.device.type != "cuda":
-        return None
+    if merge is None:
+        merge = first.device.type == "cuda"
+    if not merge or len({lin.in_features for lin in linears}) != 1:
+        return Joined(tuple(linears))
     if all(isinstance(w, torch.Tensor) for w in ws):
         whole = torch.cat(ws)
         parts = [whole[a:b] for a, b in _bounds(ws)]
@@ -156,10 +162,10 @@ def join(linears: list[Linear]) -> Joined | None:
         parts = [QuantizedWeight(packed[a:b], scales[a:b], biases[a:b], first.bits, first.group_size)
                  for a, b in _bounds(ws)]
     else:
-        return None
+        return Joined(tuple(linears))
     for lin, part in zip(linears, parts):
         lin.weight = part
-    return Joined(Linear(whole, linears[0].dtype, linears[0].book), tuple(lin.out_features for lin in linears))
+    return Joined(tuple(linears), Linear(whole, linears[0].dtype, linears[0].book))
 
 
 def _bounds(ws) -> list[tuple[int, int]]:

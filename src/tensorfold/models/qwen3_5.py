@@ -13,7 +13,7 @@ import torch
 from ..config import ModelConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.linear import Embedding, Linear, QuantizedWeight
+from ..layers.linear import Embedding, Joined, Linear, QuantizedWeight
 from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
 from ..ops.linear import pad_rows
@@ -81,9 +81,9 @@ class Qwen35Model:
         """For benchmarks only: cuBLAS products for bf16 weights and fla's chunked (WY) recurrence for
         prompt rows, the fastest kernels at hand that do not keep the invariants. What exactness
         costs is the gap between this and the default."""
-        joined = [getattr(obj, name) for layer in self.layers for obj in (layer.mixer, layer.mlp)
-                  for name in ("joined_in", "joined_qkv", "joined") if getattr(obj, name, None) is not None]
-        for lin in list(self._linears()) + [j.linear for j in joined]:
+        merged = [j.whole for layer in self.layers for obj in (layer.mixer, layer.mlp) for j in vars(obj).values()
+                  if isinstance(j, Joined) and j.whole is not None]
+        for lin in list(self._linears()) + merged:
             lin.inexact = True
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
