@@ -135,10 +135,13 @@ class Engine:
                                        uniform(req.seed, req.num_tokens, req.stream))
         return tokens
 
-    def _take_inbox(self) -> list[TokenEvent]:
+    def _drain_inbox(self) -> None:
         with self._lock:
             while self._inbox:
                 self.scheduler.waiting.append(self._inbox.popleft())
+
+    def _take_inbox(self) -> list[TokenEvent]:
+        self._drain_inbox()
         events = []
         while self._cancels:
             req = self._requests.get(self._cancels.popleft())
@@ -201,9 +204,7 @@ class Engine:
     def abandon_all(self) -> list[TokenEvent]:
         """After a failed pass: every request still queued or running ends with finish_reason
         "error" and gives back its lane, touching no device memory (the device may be lost)."""
-        with self._lock:
-            while self._inbox:
-                self.scheduler.waiting.append(self._inbox.popleft())
+        self._drain_inbox()
         self._cancels.clear()
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):

@@ -128,8 +128,8 @@ class AsyncEngine:
     def check_alive(self) -> None:
         """Refuses new work once the engine thread has ended (a device fault, or a stop)."""
         if not self.alive:
-            why = f"after a device fault ({self.fault})" if self.fault else ""
-            raise EngineFailed(f"the engine has stopped {why}; restart the server".replace("  ", " "))
+            why = f" after a device fault ({self.fault})" if self.fault else ""
+            raise EngineFailed(f"the engine has stopped{why}; restart the server")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
