@@ -75,9 +75,6 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     return shapes
 
 
-def tiles_for(m: int) -> Tiles:
-    return candidates(m, packed=False)[0]
-
 
 @triton.jit
 def _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w,
@@ -195,15 +192,16 @@ def _sum_segments(p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.co
     tl.store(y_ptr + m * stride_y + o_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(kernel, m: int, n: int, k: int, x: torch.Tensor, out: torch.Tensor | None, plan: LinearPlan,
-            tiles: Tiles | None, args: tuple, **consts) -> torch.Tensor:
+def _launch(kernel, x: torch.Tensor, weights: tuple, weight_strides: tuple, n: int, out: torch.Tensor | None,
+            plan: LinearPlan, t: Tiles, **consts) -> torch.Tensor:
+    """Runs the whole or the split form of `kernel` (then the in-order sum of the segments)."""
+    m, k = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
-    t = tiles or tiles_for(m)
     nseg = plan.segments(k)
     split = nseg > 1 and m <= SPLIT_MAX_ROWS
     partial = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device) if split else y
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), nseg if split else 1)
-    kernel[grid](x, *args[:-1], y, partial, m, n, x.stride(0), *args[-1], y.stride(0), **consts,
+    kernel[grid](x, *weights, y, partial, m, n, x.stride(0), *weight_strides, y.stride(0), **consts,
                  SEG=plan.segment, NSEG=nseg, SPLIT=split, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                  BLOCK_K=plan.block_k, num_warps=t.warps, num_stages=t.stages)
     if split:
@@ -214,20 +212,18 @@ def _launch(kernel, m: int, n: int, k: int, x: torch.Tensor, out: torch.Tensor |
 def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: LinearPlan, out: torch.Tensor | None = None,
                  tiles: Tiles | None = None) -> torch.Tensor:
     """x [M, K] bf16 · w [N, K]ᵀ -> [M, N] in x's dtype."""
-    m, k = x.shape
-    return _launch(_dense_kernel, m, w.shape[0], k, x, out, plan, tiles, (w, (w.stride(0),)))
+    t = tiles or candidates(x.shape[0], packed=False)[0]
+    return _launch(_dense_kernel, x, (w,), (w.stride(0),), w.shape[0], out, plan, t)
 
 
 def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
                   bits: int, group_size: int, plan: LinearPlan, out: torch.Tensor | None = None,
                   tiles: Tiles | None = None) -> torch.Tensor:
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]."""
-    m, k = x.shape
+    t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
-    t = tiles or candidates(m, packed=True)[0]
-    return _launch(_affine_kernel, m, packed.shape[0], k, x, out, plan, t,
-                   (words, scales, biases, (words.stride(0), scales.stride(0))), BITS=bits, GROUP=group_size,
-                   UNPACK=t.unpack)
+    return _launch(_affine_kernel, x, (words, scales, biases), (words.stride(0), scales.stride(0)),
+                   packed.shape[0], out, plan, t, BITS=bits, GROUP=group_size, UNPACK=t.unpack)
 
 
 class TileBook:
