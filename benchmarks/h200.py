@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,18 +46,22 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy, "bf16_flops": flops}
 
 
-GRAPHS = {"on": False, "exact": True}   # set from --cuda-graphs / --inexact
+@dataclass(frozen=True)
+class Run:
+    """How this run builds its engines (from the command line)."""
+
+    graphs: bool = True
+    exact: bool = True
+
+    def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
+        return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
+                                                token_budget=max(chunk, parallel) + parallel, max_queue=4096,
+                                                cuda_graphs=self.graphs, exact=self.exact))
 
 
-def _engine(model, parallel: int, context: int, chunk: int) -> Engine:
-    return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
-                                            token_budget=max(chunk, parallel) + parallel, max_queue=4096,
-                                            cuda_graphs=GRAPHS["on"], exact=GRAPHS["exact"]))
-
-
-def decode(model, lanes: int, tokens: int = 64) -> float:
-    """Aggregate generated tokens per second once every lane is decoding."""
-    eng = _engine(model, lanes, 512, 128)
+def start_decoding(eng: Engine, lanes: int, tokens: int) -> list:
+    """`lanes` greedy requests of random 32-token prompts, stepped until every lane decodes (and a
+    few steps more, so each lane count's graph is captured before anything is timed)."""
     g = torch.Generator().manual_seed(lanes)
     reqs = [eng.add_request(torch.randint(0, VOCAB, (32,), generator=g).tolist(),
                             SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
@@ -66,15 +71,22 @@ def decode(model, lanes: int, tokens: int = 64) -> float:
     for _ in range(4):
         eng.step()
     torch.cuda.synchronize()
+    return reqs
+
+
+def decode(model, lanes: int, run: Run, tokens: int = 64) -> float:
+    """Aggregate generated tokens per second once every lane is decoding."""
+    eng = run.engine(model, lanes, 512, 128)
+    reqs = start_decoding(eng, lanes, tokens)
     start, before = time.perf_counter(), sum(len(r.output_ids) for r in reqs)
     eng.run_until_done()
     torch.cuda.synchronize()
     return (sum(len(r.output_ids) for r in reqs) - before) / (time.perf_counter() - start)
 
 
-def prefill(model, n: int, chunk: int = 4096) -> float:
+def prefill(model, n: int, run: Run, chunk: int = 4096) -> float:
     """Seconds from submission to the first token of an n-token prompt (one lane)."""
-    eng = _engine(model, 1, n + 8, chunk)
+    eng = run.engine(model, 1, n + 8, chunk)
     ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist()
     warm = eng.add_request(ids[:256], SamplingParams(max_tokens=1, temperature=0.0))
     eng.run_until_done()
@@ -109,20 +121,20 @@ def resume(model, n: int) -> dict:
             "cache_bytes": cache.nbytes, "entries": len(cache), "kv_bytes_per_token": cache.kv.page_bytes / 16}
 
 
-def bench(name: str, path: Path, sizes: list[int], lanes: list[int], limits: dict) -> list[dict]:
+def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
     model = load_model(path, dtype=torch.bfloat16, device="cuda")
-    label = path.name if GRAPHS["exact"] else f"{path.name} (inexact)"
+    label = path.name if run.exact else f"{path.name} (inexact)"
     weight_bytes = model.weight_bytes
     params = sum(lin.out_features * lin.in_features for lin in model._linears())
     params_flops = 2 * params                      # ~2 FLOP per product parameter per token
     rows = []
     for n in lanes:
-        rate = decode(model, n)
+        rate = decode(model, n, run)
         bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
         rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
     for n in sizes:
-        secs = prefill(model, n)
+        secs = prefill(model, n, run)
         rows.append({"model": label, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
                      "limit": limits["bf16_flops"] / params_flops})
     rows.append({"model": label, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
@@ -145,7 +157,7 @@ def main() -> None:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode passes as CUDA graphs")
     args = p.parse_args()
-    GRAPHS["on"], GRAPHS["exact"] = args.cuda_graphs, not args.inexact
+    run = Run(graphs=args.cuda_graphs, exact=not args.inexact)
     out = Path(args.out)
     limits = ceilings()
     print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",
@@ -157,7 +169,7 @@ def main() -> None:
         t = time.perf_counter()
         path = make_random(out / f"{args.shape}-{name}", args.shape, "4" if name == "4bit" else None, device="cuda")
         print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
-        rows += bench(name, path, sizes, lanes, limits)
+        rows += bench(path, sizes, lanes, limits, run)
         for r in rows[-(len(sizes) + len(lanes) + 1):]:
             print(json.dumps(r), flush=True)
         if args.resume and name == "bf16":

@@ -10,28 +10,18 @@ import time
 from pathlib import Path
 
 import torch
+from h200 import Run, start_decoding  # this folder's benchmark: the same engines and lanes
 from torch.profiler import ProfilerActivity, profile
 
-from tensorfold.engine.engine import Engine, EngineConfig
-from tensorfold.engine.request import SamplingParams
+from tensorfold.engine.engine import Engine
 from tensorfold.models.loader import load_model
 from tensorfold.tools.make_random import make_random
 
-VOCAB = 248320
 
-
-def decoding_engine(model, lanes: int, graphs: bool) -> tuple[Engine, list]:
-    eng = Engine(model, None, EngineConfig(parallel=lanes, context=512, chunk=128, cuda_graphs=graphs))
-    g = torch.Generator().manual_seed(lanes)
-    reqs = [eng.add_request(torch.randint(0, VOCAB, (32,), generator=g).tolist(),
-                            SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
-            for _ in range(lanes)]
-    while any(r.in_prompt or not r.output_ids for r in reqs):
-        eng.step()
-    for _ in range(3):
-        eng.step()
-    torch.cuda.synchronize()
-    return eng, reqs
+def decoding_engine(model, lanes: int, graphs: bool) -> Engine:
+    eng = Run(graphs=graphs).engine(model, lanes, 512, 128)
+    start_decoding(eng, lanes, tokens=200)
+    return eng
 
 
 def step_time(eng: Engine, steps: int = 20) -> float:
@@ -77,11 +67,11 @@ def main() -> None:
         path = make_random(Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda")
         model = load_model(path, dtype=torch.bfloat16, device="cuda")
         for lanes in (int(x) for x in args.lanes.split(",")):
-            eng, _ = decoding_engine(model, lanes, graphs=False)
+            eng = decoding_engine(model, lanes, graphs=False)
             eager = step_time(eng)
             report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
             del eng
-            eng, _ = decoding_engine(model, lanes, graphs=True)
+            eng = decoding_engine(model, lanes, graphs=True)
             graphed = step_time(eng)
             report.append(f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
                           f"({lanes / graphed:,.0f} tok/s)")
