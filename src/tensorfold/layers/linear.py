@@ -99,7 +99,7 @@ class Linear:
         if self.book is None:
             return run(candidates(m, packed)[0])
         key = (rows_class(m), self.out_features, self.in_features, *fmt)
-        return run(self.book.pick(key, candidates(m, packed), run))
+        return run(self.book.pick(key, m, packed, run))
 
     @property
     def nbytes(self) -> int:

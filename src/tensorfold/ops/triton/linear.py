@@ -235,9 +235,11 @@ class TileBook:
         self.chosen: dict[tuple, Tiles] = {}
         self.reps = reps
 
-    def pick(self, key: tuple, options: list[Tiles], run) -> Tiles:
+    def pick(self, key: tuple, m: int, packed: bool, run) -> Tiles:
+        """The launch shape for a product of m rows; `key` names the product and its rows class."""
         if key in self.chosen:
             return self.chosen[key]
+        options = candidates(m, packed)
         if len(options) == 1 or torch.cuda.is_current_stream_capturing():
             return options[0]
         times = {}
