@@ -139,9 +139,17 @@ def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run
                      "limit": limits["bf16_flops"] / params_flops})
     rows.append({"model": label, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
                  "weights_GiB": weight_bytes / 2**30})
+    print_tiles(label, model)
     del model
     torch.cuda.empty_cache()
     return rows
+
+
+def print_tiles(label: str, model) -> None:
+    """The launch shape the tile book chose for each (rows class, N, K, format)."""
+    book = next((lin.book for lin in model._linears() if lin.book is not None), None)
+    for key, t in sorted(book.chosen.items() if book else (), key=str):
+        print(f"tiles {label} {key}: {t}", flush=True)
 
 
 def main() -> None:

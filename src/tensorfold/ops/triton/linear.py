@@ -55,6 +55,14 @@ class Tiles:
     warps: int
     stages: int
     unpack: int = 0     # packed weights: 0 = words row-major then reshaped, 1 = each value gathered
+    wide: int = 1       # packed weights: plan K blocks dequantized and fed to one tl.dot per step
+
+    def step_k(self, plan: "LinearPlan") -> int:
+        """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
+        One tl.dot over 2 or 4 blocks issues the same MMA chain as one per block (a tile's K width
+        never changes a bit on the H200: reference notes, exactness probe); the registry checks it."""
+        k = plan.block_k * self.wide
+        return k if plan.segment % k == 0 else plan.block_k
 
 
 def rows_class(m: int) -> int:
@@ -72,6 +80,11 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
     if packed:
         shapes += [Tiles(t.block_m, t.block_n, t.warps, t.stages, unpack=1) for t in shapes]
+        # Wider steps: more words in flight per row and one shared-memory round trip per 2-4 blocks.
+        shapes += {0: [Tiles(16, 32, 4, 4, wide=2), Tiles(16, 64, 4, 4, wide=2), Tiles(16, 32, 4, 3, wide=4),
+                       Tiles(16, 64, 8, 3, wide=4)],
+                   1: [Tiles(64, 64, 4, 3, wide=2)],
+                   2: [Tiles(128, 128, 8, 3, wide=2)]}[cls]
     return shapes
 
 
@@ -91,9 +104,9 @@ def _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w,
 
 @triton.jit
 def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
+              GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
     """The weight tile [BLOCK_K, BLOCK_N] dequantized: scale · q + bias, rounded once to bf16. Both
-    ways of unpacking give the same values."""
+    ways of unpacking give the same values; a tile spans GROUPS whole scale groups (or lies in one)."""
     o_k = tl.arange(0, BLOCK_K)
     if UNPACK == 0 and 32 % BITS == 0:
         # Whole values per word: load the words row-major (coalesced), then unpack in registers.
@@ -114,22 +127,36 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
             hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
             val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
     q = (val & ((1 << BITS) - 1)).to(tl.float32)
-    g = k0 // GROUP                                           # a K block lies in one scale group
-    scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
-    bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
+    g = k0 // GROUP
+    if GROUPS == 1:                                           # the tile lies in one scale group
+        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
+        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
+    else:                                                     # one load per group, widened to its columns
+        p_s = o_n[None, :] * stride_s + (g + tl.arange(0, GROUPS))[:, None]
+        scale = tl.load(s_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
+        scale = _per_column(scale, GROUPS, BLOCK_K, BLOCK_N)
+        bias = _per_column(bias, GROUPS, BLOCK_K, BLOCK_N)
     return q * scale + bias
 
 
 @triton.jit
+def _per_column(v, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[GROUPS, BLOCK_N] per-group values -> [BLOCK_K, BLOCK_N], each repeated over its group's columns."""
+    return tl.reshape(tl.broadcast_to(v[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)), (BLOCK_K, BLOCK_N))
+
+
+@triton.jit
 def _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w, stride_s,
-                    BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr,
+                    BITS: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, SEG: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
     o_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(SEG // BLOCK_K):
         k0 = k_begin + i * BLOCK_K
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
-        b_w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, BLOCK_N, BLOCK_K, UNPACK)
+        b_w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS, BLOCK_N, BLOCK_K,
+                        UNPACK)
         acc = tl.dot(b_x, b_w.to(x_ptr.dtype.element_ty), acc)
     return acc
 
@@ -163,21 +190,21 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_y
 
 @triton.jit
 def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_s, stride_y,
-                   BITS: tl.constexpr, GROUP: tl.constexpr, SEG: tl.constexpr, NSEG: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BITS: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, SEG: tl.constexpr,
+                   NSEG: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    UNPACK: tl.constexpr):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, pid_s * SEG, stride_x, stride_w,
-                              stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                              stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
     else:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s,
-                              BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                              BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
         for s in range(1, NSEG):
             acc += _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w,
-                                   stride_s, BITS, GROUP, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                                   stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
     _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
 
 
@@ -203,7 +230,7 @@ def _launch(kernel, x: torch.Tensor, weights: tuple, weight_strides: tuple, n: i
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), nseg if split else 1)
     kernel[grid](x, *weights, y, partial, m, n, x.stride(0), *weight_strides, y.stride(0), **consts,
                  SEG=plan.segment, NSEG=nseg, SPLIT=split, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                 BLOCK_K=plan.block_k, num_warps=t.warps, num_stages=t.stages)
+                 BLOCK_K=t.step_k(plan), num_warps=t.warps, num_stages=t.stages)
     if split:
         _sum_segments[(m, triton.cdiv(n, 1024))](partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024)
     return y
@@ -223,7 +250,8 @@ def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, b
     t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
     return _launch(_affine_kernel, x, (words, scales, biases), (words.stride(0), scales.stride(0)),
-                   packed.shape[0], out, plan, t, BITS=bits, GROUP=group_size, UNPACK=t.unpack)
+                   packed.shape[0], out, plan, t, BITS=bits, GROUP=group_size,
+                   GROUPS=max(t.step_k(plan) // group_size, 1), UNPACK=t.unpack)
 
 
 class TileBook:
