@@ -52,6 +52,7 @@ def main() -> None:
     assert rel(norm.rms_norm(h, wt, 1e-6, 1.0), ref_norm.rms_norm(h.float(), wt, 1e-6, 1.0)) < 2e-3
     fused_kernels()
     fused_norms(q, kc, vc, tiles, ref)
+    recurrence()
     print("interpreted kernels match their references")
 
 
@@ -91,6 +92,32 @@ def fused_kernels() -> None:
     assert rel(g, rg) < 1e-5 and rel(beta, rbeta) < 2e-3
     gu = torch.randn(5, 96).half()
     assert rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:])) < 2e-3
+
+
+
+def recurrence() -> None:
+    from tensorfold.ops import gated_delta as ref_gdn
+    from tensorfold.ops.triton.gdn import gated_delta_lanes
+    t, hk, hv, dk = 23, 2, 4, 32
+    q, k, v = torch.randn(t, hk, dk).half(), torch.randn(t, hk, dk).half(), torch.randn(t, hv, dk).half()
+    g, beta = -torch.rand(t, hv) * 0.5, torch.rand(t, hv).half()
+    states = torch.zeros(3, hv, dk, dk)
+    whole = gated_delta_lanes(q, k, v, g, beta, states, torch.tensor([2]), torch.tensor([0, t]))
+    qf, kf = (ref_norm.l2_norm(x.float()).repeat_interleave(hv // hk, 1) for x in (q, k))
+    ref_state = torch.zeros(hv, dk, dk)
+    ref = ref_gdn.gated_delta_rule(ref_state, qf / dk ** 0.5, kf, v.float(), g.exp(), beta.float())
+    assert rel(whole, ref) < 2e-3 and rel(states[2], ref_state) < 1e-5
+    # Chunks of 7 as the second lane beside another lane's 10 rows: the same bytes as one call alone.
+    again, parts = torch.zeros(3, hv, dk, dk), []
+    for s in range(0, t, 7):
+        e = min(t, s + 7)
+        cat = lambda other, mine: torch.cat([other, mine[s:e]])  # noqa: E731
+        out = gated_delta_lanes(cat(torch.randn(10, hk, dk).half(), q), cat(torch.randn(10, hk, dk).half(), k),
+                                cat(torch.randn(10, hv, dk).half(), v), cat(-torch.rand(10, hv), g),
+                                cat(torch.rand(10, hv).half(), beta), again, torch.tensor([0, 1]),
+                                torch.tensor([0, 10, 10 + e - s]))
+        parts.append(out[10:])
+    assert torch.equal(torch.cat(parts), whole) and torch.equal(again[1], states[2])
 
 
 if __name__ == "__main__":

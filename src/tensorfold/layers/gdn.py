@@ -63,7 +63,7 @@ class GatedDeltaNet:
         return self.out_proj(y)
 
     def _gpu(self, x, batch, conv_state, rec_state) -> torch.Tensor:
-        """One launch per step for every lane: fused conv with its state, fused gates, fla's recurrence."""
+        """One launch per step for every lane: fused conv with its state, fused gates, the recurrence."""
         from ..ops.triton import fused
         from ..ops.triton.gdn import gated_delta_lanes
         s, rows, meta = self.shape, batch.num_rows, batch.gpu
