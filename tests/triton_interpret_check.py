@@ -32,6 +32,8 @@ def main() -> None:
     many = linear.dense_matmul(wide, w2, plan)
     assert rel(many, wide.float() @ w2.float().t()) < 2e-3
     assert torch.equal(linear.dense_matmul(wide[7:8], w2, plan)[0], many[7])
+    for tiles in linear.candidates(1, packed=False):    # split and whole forms of one row
+        assert torch.equal(linear.dense_matmul(wide[7:8], w2, plan, tiles=tiles)[0], many[7])
     packed, s, b = quantize(torch.randn(48, 2048), 4, 32)
     s, b = s.half(), b.half()
     plan = linear.LinearPlan.for_weight(48, 2048, 32)

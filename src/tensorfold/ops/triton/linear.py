@@ -3,7 +3,8 @@
 Each weight's reduction plan comes from its (N, K) alone: K is cut into segments of `segment`
 columns; each segment is accumulated from zero, one tl.dot per K block in order, and the segments'
 sums are added in order (s0 + s1 + s2 ...). Two launch forms realise that one arithmetic:
-- whole: one program per (row tile, column tile) walks every segment, adding in registers (prompts);
+- whole: one program per (row tile, column tile) walks every segment, adding in registers (prompts,
+  and few rows where the tile book times it faster);
 - split: one program per (row tile, column tile, segment) stores its fp32 sum, and a second kernel
   adds the segments in order (a few rows: decode and verify), so a one-row product reads the
   weight with as many programs as the card has room for.
@@ -56,6 +57,7 @@ class Tiles:
     stages: int
     unpack: int = 0     # packed weights: 0 = words row-major then reshaped, 1 = each value gathered
     wide: int = 1       # packed weights: plan K blocks dequantized and fed to one tl.dot per step
+    whole: bool = False  # few rows in the whole form too (same bits as the split form, no second kernel)
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -73,16 +75,17 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     """Launch shapes worth timing for m rows; the first is the untimed default."""
     cls = rows_class(m)
     if cls == 0:
-        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
+        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)] + [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
     if packed:
-        shapes += [Tiles(t.block_m, t.block_n, t.warps, t.stages, unpack=1) for t in shapes]
+        shapes += [Tiles(t.block_m, t.block_n, t.warps, t.stages, unpack=1) for t in shapes if not t.whole]
         # Wider steps: more words in flight per row and one shared-memory round trip per 2-4 blocks.
         shapes += {0: [Tiles(16, 32, 4, 4, wide=2), Tiles(16, 64, 4, 4, wide=2), Tiles(16, 32, 4, 3, wide=4),
-                       Tiles(16, 64, 8, 3, wide=4)],
+                       Tiles(16, 64, 8, 3, wide=4), Tiles(16, 16, 4, 4, wide=2, whole=True),
+                       Tiles(16, 32, 4, 4, wide=2, whole=True)],
                    1: [Tiles(64, 64, 4, 3, wide=2)],
                    2: [Tiles(128, 128, 8, 3, wide=2)]}[cls]
     return shapes
@@ -126,7 +129,9 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
         if 32 % BITS != 0:
             hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
             val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
-    q = (val & ((1 << BITS) - 1)).to(tl.float32)
+    # q as fp32 without an int-to-float conversion (a slow instruction): 2^23 + q has q in its
+    # mantissa, and subtracting 2^23 is exact, so the value is the same.
+    q = ((val & ((1 << BITS) - 1)) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
     g = k0 // GROUP
     if GROUPS == 1:                                           # the tile lies in one scale group
         scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
@@ -225,7 +230,7 @@ def _launch(kernel, x: torch.Tensor, weights: tuple, weight_strides: tuple, n: i
     m, k = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     nseg = plan.segments(k)
-    split = nseg > 1 and m <= SPLIT_MAX_ROWS
+    split = nseg > 1 and m <= SPLIT_MAX_ROWS and not t.whole
     partial = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device) if split else y
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), nseg if split else 1)
     kernel[grid](x, *weights, y, partial, m, n, x.stride(0), *weight_strides, y.stride(0), **consts,

@@ -1,0 +1,142 @@
+"""Kernel timings on the GPU at a released shape's sizes, each launch variant checked bitwise.
+
+- Products of one row (a decode step) for every (N, K) of the shape, bf16 and 4-bit g64: each
+  launch shape the tile book may pick, as GB/s of weight bytes read, its output byte-equal to the
+  default shape's, and the best shape's share of the card's copy rate.
+- The GDN recurrence at the shape's layer size: µs per token step over a long prompt, and one
+  decode step for 1 and 16 lanes, against fla's recurrent kernel where fla is installed.
+
+    PYTHONPATH=src python3 benchmarks/kernels.py [--shape 9b] [--tokens 8192]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tensorfold.ops.quant import quantize
+from tensorfold.ops.triton import linear
+from tensorfold.ops.triton.gdn import gated_delta_lanes
+from tensorfold.tools.shapes import text_config
+
+
+def products(cfg: dict) -> dict[str, tuple[int, int]]:
+    """(N, K) of each product of a decode pass, with the layer's projections joined as on the GPU."""
+    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    hq, hkv, hv = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["linear_num_value_heads"]
+    key = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+    value = hv * cfg["linear_value_head_dim"]
+    return {"attn qkv+gate": (2 * hq * d + 2 * hkv * d, h), "attn o": (h, hq * d),
+            "gdn in": (2 * key + 2 * value + 2 * hv, h), "gdn out": (h, value),
+            "mlp gate+up": (2 * i, h), "mlp down": (h, i), "lm head": (cfg["vocab_size"], h)}
+
+
+def timed(fn, reps: int = 20) -> float:
+    """Seconds per call, from CUDA events over `reps` calls after a warm-up."""
+    fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / reps / 1e3
+
+
+def copy_rate() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / timed(lambda: y.copy_(x), 10)
+
+
+def product_rows(name: str, n: int, k: int, packed: bool, copy: float) -> list[str]:
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    if packed:
+        words, s, b = quantize(torch.randn(n, k, device="cuda"), 4, 64)
+        s, b = s.to(torch.bfloat16), b.to(torch.bfloat16)
+        plan = linear.LinearPlan.for_weight(n, k, 64)
+        run = lambda t: linear.affine_matmul(x, words, s, b, 4, 64, plan, tiles=t)  # noqa: E731
+        nbytes = words.numel() * 4 + 2 * s.numel() * 2
+    else:
+        w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        plan = linear.LinearPlan.for_weight(n, k)
+        run = lambda t: linear.dense_matmul(x, w, plan, tiles=t)  # noqa: E731
+        nbytes = w.numel() * 2
+    ref = run(None)
+    out, best = [], None
+    for t in linear.candidates(1, packed):
+        try:
+            secs = timed(lambda: run(t))  # noqa: B023
+        except Exception as e:  # noqa: BLE001 - a shape the card cannot launch
+            out.append(f"| {name} | {n}x{k} | {t} | failed: {type(e).__name__} | | |")
+            continue
+        same = torch.equal(run(t), ref)
+        best = secs if best is None else min(best, secs)
+        out.append(f"| {name} | {n}x{k} | {t} | {secs * 1e6:.1f} µs | {nbytes / secs / 1e9:,.0f} GB/s | "
+                   f"{'equal' if same else 'DIFFERS'} |")
+    out.append(f"| {name} | {n}x{k} | best | {best * 1e6:.1f} µs | {nbytes / best / copy:.2f} of copy | |")
+    return out
+
+
+def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
+    hk, hv, dk = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"]
+
+    def inputs(t: int, lanes: int):
+        mk = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+        q, k, v = mk(t, hk, dk), mk(t, hk, dk), mk(t, hv, dk)
+        g, beta = -torch.rand(t, hv, device="cuda") * 0.5, torch.rand(t, hv, device="cuda").to(torch.bfloat16)
+        states = torch.zeros(lanes, hv, dk, dk, device="cuda")
+        slots = torch.arange(lanes, device="cuda")
+        cu = torch.linspace(0, t, lanes + 1, device="cuda").long()
+        return q, k, v, g, beta, states, slots, cu
+
+    kernels = {"ours": gated_delta_lanes}
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
+
+        def fla(q, k, v, g, beta, states, slots, cu):
+            o, final = fla_rec(q[None], k[None], v[None], g=g[None], beta=beta[None], scale=dk ** -0.5,
+                               initial_state=states[slots], output_final_state=True,
+                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+            states[slots] = final
+            return o[0]
+        kernels["fla"] = fla
+    except ImportError:
+        pass
+    rows = []
+    for name, fn in kernels.items():
+        args = inputs(tokens, 1)
+        secs = timed(lambda: fn(*args), 3)  # noqa: B023
+        rows.append(f"| recurrence {name} | prompt {tokens} tokens | {secs * 1e3:.2f} ms | "
+                    f"{secs / tokens * 1e6:.2f} µs a step |")
+        for lanes in (1, 16):
+            args = inputs(lanes, lanes)
+            secs = timed(lambda: fn(*args), 50)  # noqa: B023
+            rows.append(f"| recurrence {name} | decode {lanes} lanes | {secs * 1e6:.1f} µs | |")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="9b")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--only", default="", help="comma-separated product names (default: all)")
+    args = p.parse_args()
+    cfg = text_config(args.shape)
+    copy = copy_rate()
+    print(f"copy {copy / 1e12:.2f} TB/s", flush=True)
+    rows = recurrence_rows(cfg, args.tokens)
+    print("\n".join(rows), flush=True)
+    for name, (n, k) in products(cfg).items():
+        if args.only and name not in args.only.split(","):
+            continue
+        for packed in (False, True):
+            part = product_rows(f"{name} {'4-bit' if packed else 'bf16'}", n, k, packed, copy)
+            print("\n".join(part), flush=True)
+            rows += part
+    print("\n| what | size | variant | time | rate | bits |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
