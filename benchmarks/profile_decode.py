@@ -1,5 +1,6 @@
 """Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
 9B-shape checkpoint, summed by name, and the same steps' wall time eager and as CUDA graphs.
+With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
 """
@@ -14,6 +15,7 @@ from h200 import Run, start_decoding  # this folder's benchmark: the same engine
 from torch.profiler import ProfilerActivity, profile
 
 from tensorfold.engine.engine import Engine
+from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.tools.make_random import make_random
 
@@ -34,10 +36,14 @@ def step_time(eng: Engine, steps: int = 20) -> float:
 
 
 def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
+    """Kernel time by name over `steps` engine steps (steps=0: until the engine is done, as one)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             eng.step()
+        if not steps:
+            eng.run_until_done()
         torch.cuda.synchronize()
+    steps = steps or 1
     sums: dict[str, list[float]] = {}
     for e in prof.key_averages():
         if getattr(e.device_type, "name", "") == "CUDA":
@@ -56,17 +62,31 @@ def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
     return "\n".join(lines)
 
 
+def prompt_table(model, n: int, chunk: int) -> str:
+    eng = Run().engine(model, 1, n + 8, chunk)
+    warm = torch.randint(0, 1000, (min(n, 2 * chunk),)).tolist()     # compiles, times the tiles
+    eng.add_request(warm, SamplingParams(max_tokens=1, temperature=0.0))
+    eng.run_until_done()
+    eng.add_request(torch.randint(0, 1000, (n,)).tolist(), SamplingParams(max_tokens=1, temperature=0.0))
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    table = kernel_table(eng, steps=0)
+    return f"prompt of {n} tokens in chunks of {chunk}: {time.perf_counter() - t:.2f} s under the profiler\n{table}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="/tmp/prof")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--lanes", default="1")
+    p.add_argument("--prompt", type=int, default=0, help="also profile one prompt of this many tokens")
+    p.add_argument("--chunk", type=int, default=4096)
     args = p.parse_args()
     report = []
     for name in args.models.split(","):
         path = make_random(Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda")
         model = load_model(path, dtype=torch.bfloat16, device="cuda")
-        for lanes in (int(x) for x in args.lanes.split(",")):
+        for lanes in (int(x) for x in args.lanes.split(",") if x):
             eng = decoding_engine(model, lanes, graphs=False)
             eager = step_time(eng)
             report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
@@ -76,6 +96,8 @@ def main() -> None:
             report.append(f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
                           f"({lanes / graphed:,.0f} tok/s)")
             del eng
+        if args.prompt:
+            report.append(f"## {name}, {prompt_table(model, args.prompt, args.chunk)}")
         del model
         torch.cuda.empty_cache()
     print("\n\n".join(report))

@@ -16,7 +16,7 @@ once to bf16.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -55,7 +55,7 @@ class Tiles:
     block_n: int
     warps: int
     stages: int
-    unpack: int = 0     # packed weights: 0 = words row-major then reshaped, 1 = each value gathered
+    unpack: int = 0     # packed weights: 0 = unpacked then transposed, 2 = scaled in the words' layout
     wide: int = 1       # packed weights: plan K blocks dequantized and fed to one tl.dot per step
     whole: bool = False  # few rows in the whole form too (same bits as the split form, no second kernel)
 
@@ -76,20 +76,19 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     cls = rows_class(m)
     if cls == 0:
         shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)] + [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
+        wider = [Tiles(16, 32, 4, 4, wide=2), Tiles(16, 64, 4, 4, wide=2), Tiles(16, 32, 4, 4, wide=2, whole=True)]
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
+        wider = [Tiles(64, 64, 4, 3, wide=2)]
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
+        wider = [Tiles(128, 128, 8, 3, wide=2)]
     if packed:
-        shapes += [Tiles(t.block_m, t.block_n, t.warps, t.stages, unpack=1) for t in shapes if not t.whole]
-        # Wider steps: more words in flight per row and one shared-memory round trip per 2-4 blocks.
-        shapes += {0: [Tiles(16, 32, 4, 4, wide=2), Tiles(16, 64, 4, 4, wide=2), Tiles(16, 32, 4, 3, wide=4),
-                       Tiles(16, 64, 8, 3, wide=4), Tiles(16, 16, 4, 4, wide=2, whole=True),
-                       Tiles(16, 32, 4, 4, wide=2, whole=True)],
-                   1: [Tiles(64, 64, 4, 3, wide=2)],
-                   2: [Tiles(128, 128, 8, 3, wide=2)]}[cls]
+        # Wider steps: more words in flight per row, one shared-memory round trip per 2 blocks;
+        # and each shape again with the values scaled in the words' own layout.
+        shapes += wider
+        shapes += [replace(t, unpack=2) for t in shapes]
     return shapes
-
 
 
 @triton.jit
@@ -106,13 +105,60 @@ def _dense_segment(x_ptr, w_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w,
 
 
 @triton.jit
+def _as_float(val, BITS: tl.constexpr):
+    """The low BITS of each word as fp32 without an int-to-float conversion (a slow instruction):
+    2^23 + q has q in its mantissa, and subtracting 2^23 is exact, so the value is the same."""
+    return ((val & ((1 << BITS) - 1)) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
               GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
-    """The weight tile [BLOCK_K, BLOCK_N] dequantized: scale · q + bias, rounded once to bf16. Both
-    ways of unpacking give the same values; a tile spans GROUPS whole scale groups (or lies in one)."""
+    """The weight tile [BLOCK_K, BLOCK_N] dequantized: scale · q + bias in fp32 (rounded once to bf16
+    by the caller). Every way of unpacking gives the same values; a tile spans GROUPS whole scale
+    groups (or lies in one)."""
+    if UNPACK == 2 and 32 % BITS == 0:
+        w = tl.trans(_unpacked_rows(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS,
+                                    BLOCK_N, BLOCK_K))
+    else:
+        w = _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS,
+                           BLOCK_N, BLOCK_K, UNPACK)
+    return w
+
+
+@triton.jit
+def _unpacked_rows(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
+                   GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] in the words' own layout (a row's values along K): unpacked and scaled in
+    registers, so only the bf16 tile is rearranged for the MMA."""
+    PER: tl.constexpr = 32 // BITS
+    o_w = tl.arange(0, BLOCK_K // PER)
+    words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=o_n[:, None] < N,
+                    other=0).to(tl.uint32, bitcast=True)
+    shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
+    q = _as_float(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)), BITS)
+    g = k0 // GROUP
+    if GROUPS == 1:                                           # the tile lies in one scale group
+        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
+        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
+    else:                                                     # one load per group, widened to its columns
+        p_s = o_n[:, None] * stride_s + (g + tl.arange(0, GROUPS))[None, :]
+        scale = tl.load(s_ptr + p_s, mask=o_n[:, None] < N, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + p_s, mask=o_n[:, None] < N, other=0.0).to(tl.float32)
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, BLOCK_K // GROUPS)),
+                           (BLOCK_N, BLOCK_K))
+        bias = tl.reshape(tl.broadcast_to(bias[:, :, None], (BLOCK_N, GROUPS, BLOCK_K // GROUPS)),
+                          (BLOCK_N, BLOCK_K))
+    return q * scale + bias
+
+
+@triton.jit
+def _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
+                   GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] directly: words unpacked then transposed (UNPACK 0), or each value read
+    from its place in the row's bitstream (3, 5, 6 bits, which may straddle two words)."""
     o_k = tl.arange(0, BLOCK_K)
     if UNPACK == 0 and 32 % BITS == 0:
-        # Whole values per word: load the words row-major (coalesced), then unpack in registers.
         PER: tl.constexpr = 32 // BITS
         o_w = tl.arange(0, BLOCK_K // PER)
         words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=o_n[:, None] < N,
@@ -120,7 +166,6 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
         shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
         val = tl.trans(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)))
     else:
-        # Each value from its place in the row's bitstream (3, 5, 6 bits may straddle two words).
         n_mask = o_n[None, :] < N
         bit = (k0 + o_k) * BITS
         word, shift = bit // 32, (bit % 32).to(tl.uint32)
@@ -129,9 +174,7 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
         if 32 % BITS != 0:
             hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
             val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
-    # q as fp32 without an int-to-float conversion (a slow instruction): 2^23 + q has q in its
-    # mantissa, and subtracting 2^23 is exact, so the value is the same.
-    q = ((val & ((1 << BITS) - 1)) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    q = _as_float(val, BITS)
     g = k0 // GROUP
     if GROUPS == 1:                                           # the tile lies in one scale group
         scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
@@ -140,15 +183,11 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
         p_s = o_n[None, :] * stride_s + (g + tl.arange(0, GROUPS))[:, None]
         scale = tl.load(s_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
         bias = tl.load(b_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
-        scale = _per_column(scale, GROUPS, BLOCK_K, BLOCK_N)
-        bias = _per_column(bias, GROUPS, BLOCK_K, BLOCK_N)
+        scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)),
+                           (BLOCK_K, BLOCK_N))
+        bias = tl.reshape(tl.broadcast_to(bias[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)),
+                          (BLOCK_K, BLOCK_N))
     return q * scale + bias
-
-
-@triton.jit
-def _per_column(v, GROUPS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[GROUPS, BLOCK_N] per-group values -> [BLOCK_K, BLOCK_N], each repeated over its group's columns."""
-    return tl.reshape(tl.broadcast_to(v[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)), (BLOCK_K, BLOCK_N))
 
 
 @triton.jit
@@ -259,12 +298,28 @@ def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, b
                    GROUPS=max(t.step_k(plan) // group_size, 1), UNPACK=t.unpack)
 
 
+def gpu_seconds(fn, reps: int) -> float:
+    """Device time per call of fn (already run once): `reps` calls captured in a CUDA graph and
+    replayed, so Python's launch cost is not counted (decode passes replay from a graph too)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()                                # the first replay uploads the graph
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / reps / 1e3
+
+
 class TileBook:
     """Launch shapes chosen once per (product, rows class, N, K, format) by timing the candidates on
     the card, shared by every layer of a model. Only speed follows the choice: a row's bits are the
     same under every candidate (registry and tests/test_gpu.py)."""
 
-    def __init__(self, reps: int = 5) -> None:
+    def __init__(self, reps: int = 10) -> None:
         self.chosen: dict[tuple, Tiles] = {}
         self.reps = reps
 
@@ -279,16 +334,10 @@ class TileBook:
         for t in options:
             try:
                 run(t)                                   # compiles, and warms the caches
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(self.reps):
-                    run(t)
-                stop.record()
-                stop.synchronize()
-                times[t] = start.elapsed_time(stop)
             except Exception:   # noqa: BLE001 - a shape the card cannot launch is not a choice
                 if t is options[0]:
                     raise
                 continue
+            times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
         self.chosen[key] = min(times, key=times.get) if times else options[0]
         return self.chosen[key]
