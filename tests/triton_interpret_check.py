@@ -40,6 +40,8 @@ def main() -> None:
     many = linear.affine_matmul(wide, packed, s, b, 4, 32, plan)
     assert rel(many, wide.float() @ dequantize(packed, s, b, 4, 32, torch.float16).float().t()) < 2e-3
     assert torch.equal(linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan)[0], many[7])
+    ref_w = dequantize(packed, s, b, 4, 32, torch.float16)
+    assert rel(linear.dequantize(packed.view(torch.int32), s, b, 4, 32, torch.float16), ref_w) < 1e-3
     for tiles in linear.candidates(1, packed=True) + linear.candidates(80, packed=True):   # launch shapes only
         assert torch.equal(linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7])
     kc, vc = torch.randn(64, 2, 32).half(), torch.randn(64, 2, 32).half()

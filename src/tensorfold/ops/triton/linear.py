@@ -55,9 +55,9 @@ class Tiles:
     block_n: int
     warps: int
     stages: int
-    unpack: int = 0     # packed weights: 0 = unpacked then transposed, 2 = scaled in the words' layout
     wide: int = 1       # packed weights: plan K blocks dequantized and fed to one tl.dot per step
     whole: bool = False  # few rows in the whole form too (same bits as the split form, no second kernel)
+    dequant: bool = False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -72,23 +72,23 @@ def rows_class(m: int) -> int:
 
 
 def candidates(m: int, packed: bool) -> list[Tiles]:
-    """Launch shapes worth timing for m rows; the first is the untimed default."""
+    """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
+    H200 and dropped: unpacking in the words' own layout, no faster in a product; few packed rows
+    in the whole form; four blocks a step.)"""
     cls = rows_class(m)
     if cls == 0:
-        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)] + [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
-        wider = [Tiles(16, 32, 4, 4, wide=2), Tiles(16, 64, 4, 4, wide=2), Tiles(16, 32, 4, 4, wide=2, whole=True)]
+        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
+        more = [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)] if packed else \
+            [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
-        wider = [Tiles(64, 64, 4, 3, wide=2)]
+        more = [Tiles(64, 64, 4, 3, wide=2)] if packed else []
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
-        wider = [Tiles(128, 128, 8, 3, wide=2)]
-    if packed:
-        # Wider steps: more words in flight per row, one shared-memory round trip per 2 blocks;
-        # and each shape again with the values scaled in the words' own layout.
-        shapes += wider
-        shapes += [replace(t, unpack=2) for t in shapes]
-    return shapes
+        # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
+        more = [Tiles(128, 128, 8, 3, wide=2), Tiles(128, 128, 8, 3, dequant=True),
+                Tiles(64, 128, 4, 3, dequant=True)] if packed else []
+    return shapes + more
 
 
 @triton.jit
@@ -149,7 +149,8 @@ def _unpacked_rows(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl
                            (BLOCK_N, BLOCK_K))
         bias = tl.reshape(tl.broadcast_to(bias[:, :, None], (BLOCK_N, GROUPS, BLOCK_K // GROUPS)),
                           (BLOCK_N, BLOCK_K))
-    return q * scale + bias
+    shape: tl.constexpr = (BLOCK_N, BLOCK_K)
+    return tl.fma(q, tl.broadcast_to(scale, shape), tl.broadcast_to(bias, shape))   # one rounding, wherever it runs
 
 
 @triton.jit
@@ -187,7 +188,8 @@ def _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl
                            (BLOCK_K, BLOCK_N))
         bias = tl.reshape(tl.broadcast_to(bias[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)),
                           (BLOCK_K, BLOCK_N))
-    return q * scale + bias
+    shape: tl.constexpr = (BLOCK_K, BLOCK_N)
+    return tl.fma(q, tl.broadcast_to(scale, shape), tl.broadcast_to(bias, shape))
 
 
 @triton.jit
@@ -293,9 +295,38 @@ def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, b
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]."""
     t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
+    if t.dequant:
+        # The same bf16 values (one fma, one rounding) and the same segments (they follow K alone);
+        # the K block may differ, which never changes a bit (the registry checks this shape too).
+        w = dequantize(words, scales, biases, bits, group_size, x.dtype)
+        return _launch(_dense_kernel, x, (w,), (w.stride(0),), w.shape[0], out,
+                       LinearPlan.for_weight(*w.shape), replace(t, dequant=False))
     return _launch(_affine_kernel, x, (words, scales, biases), (words.stride(0), scales.stride(0)),
                    packed.shape[0], out, plan, t, BITS=bits, GROUP=group_size,
-                   GROUPS=max(t.step_k(plan) // group_size, 1), UNPACK=t.unpack)
+                   GROUPS=max(t.step_k(plan) // group_size, 1), UNPACK=0)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, b_ptr, out_ptr, N, K, stride_w, stride_s, BITS: tl.constexpr,
+                    GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    o_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, 1, BLOCK_N, BLOCK_K, 2)
+    o_k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + o_n[None, :].to(tl.int64) * K + o_k[:, None], w.to(out_ptr.dtype.element_ty),
+             mask=o_n[None, :] < N)
+
+
+def dequantize(words: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group_size: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Packed MLX affine words [N, K*bits/32] -> [N, K] in dtype, each value as the products make it."""
+    n, k = words.shape[0], words.shape[1] * 32 // bits
+    out = torch.empty((n, k), dtype=dtype, device=words.device)
+    block_k = min(64, group_size)                     # inside one scale group
+    _dequant_kernel[(triton.cdiv(n, 64), k // block_k)](words, scales, biases, out, n, k, words.stride(0),
+                                                        scales.stride(0), BITS=bits, GROUP=group_size,
+                                                        BLOCK_N=64, BLOCK_K=block_k)
+    return out
 
 
 def gpu_seconds(fn, reps: int) -> float:

@@ -97,6 +97,9 @@ def check_affine(impl, small: bool) -> list[str]:
             ref = x.float() @ dequantize(packed, scales, biases, bits, gs, torch.bfloat16).float().t()
             if _rel(run(x).float(), ref) > 1e-2:
                 bad.append(f"{bits}-bit g{gs} product off the reference")
+            w = linear.dequantize(packed.view(torch.int32), scales, biases, bits, gs, torch.bfloat16)
+            if _rel(w.float(), dequantize(packed, scales, biases, bits, gs, torch.float32)) > 1e-2:
+                bad.append(f"{bits}-bit g{gs} dequantized weights off the reference")
             make = lambda m: torch.randn(m, k, device="cuda").to(torch.bfloat16)  # noqa: E731
             bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64, 300))]
             if impl is linear.affine_matmul and gs == 64 and bits in (3, 4):
