@@ -30,14 +30,14 @@ def step_record(pos: int, token: int, logits: np.ndarray) -> dict[str, Any]:
             "top2": top2, "top2_logit": float(logits[top2])}
 
 
-def load_transformers(path: Path, dtype_name: str):
+def load_transformers(path: Path, dtype_name: str, device: str):
     import torch
     import transformers as tf
 
     model_type = json.loads((path / "config.json").read_text())["model_type"]
     cls = tf.Qwen3_5ForConditionalGeneration if model_type == "qwen3_5" else tf.Qwen3_5ForCausalLM
     model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype_name),
-                                attn_implementation="eager")
+                                attn_implementation="eager").to(device)
     # A blank generation config: the checkpoint's eos list and sampling defaults must not apply.
     model.generation_config = tf.GenerationConfig()
     return model.eval()
@@ -47,14 +47,14 @@ def transformers_steps(model, prompt_ids: list[int], n: int) -> list[dict[str, A
     import torch
     from transformers import GenerationConfig
 
-    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     gen = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
                            bos_token_id=None, use_cache=True, output_logits=True,
                            return_dict_in_generate=True)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
     chosen = out.sequences[0, len(prompt_ids):].tolist()
-    return [step_record(len(prompt_ids) + i, int(t), out.logits[i][0].float().numpy())
+    return [step_record(len(prompt_ids) + i, int(t), out.logits[i][0].float().cpu().numpy())
             for i, t in enumerate(chosen)]
 
 
@@ -94,7 +94,7 @@ def history(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend == "mlx":
         model, run, dtype = load_mlx(path, args.dtype), mlx_steps, args.dtype
     else:
-        model, run, dtype = load_transformers(path, args.dtype), transformers_steps, args.dtype
+        model, run, dtype = load_transformers(path, args.dtype, args.device), transformers_steps, args.dtype
     prompts = []
     for p in pick(FIDELITY_PROMPTS, args.prompts):
         ids = tok.chat([{"role": "user", "content": p.text}], enable_thinking=False)
@@ -114,9 +114,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="transformers: float32 (default), bfloat16, float64; "
                         "mlx activations: bfloat16 (default, as mlx_lm runs) or float32")
     p.add_argument("--prompts", default=None, help="comma list (default: all four)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="transformers: where the model runs (auto: cuda when present; transformers "
+                        "runs Qwen3.5's GDN through fla's kernels where fla is installed, and those "
+                        "take CUDA tensors only)")
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bfloat16" if args.backend == "mlx" else "float32"
+    if args.device == "auto":
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     allowed = ("bfloat16", "float32") if args.backend == "mlx" else ("float32", "bfloat16",
                                                                       "float64")
     if args.dtype not in allowed:

@@ -106,9 +106,13 @@ def test_cuda_graph_decode_equals_eager_9b(nine_b):
 
 def test_non_exact_variant_stays_close_to_exact(hf_tiny_b):
     """The benchmark-only variant (cuBLAS products, chunked prompt recurrence) computes the same
-    model: its logits are within bf16 rounding of the exact path's, not equal to them."""
+    model: against the CPU float64 reading its logits are off by no more than twice what the
+    exact path's own bf16 rounding gives (on this tiny model both are about 2%)."""
     ids = sample_prompt(7, 200, 300)
-    exact = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids).float()
-    fast = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda", exact=False), ids).float()
+    ref = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
+    exact = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids).double().cpu()
+    fast = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda", exact=False), ids)
+    fast = fast.double().cpu()
+    off = lambda x: float((x - ref).norm() / ref.norm())  # noqa: E731
     assert torch.isfinite(fast).all()
-    assert float((fast - exact).norm() / exact.norm()) < 2e-2
+    assert off(fast) < 2 * off(exact), (off(fast), off(exact))
