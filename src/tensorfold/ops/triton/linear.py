@@ -68,7 +68,9 @@ class Tiles:
 
 
 def rows_class(m: int) -> int:
-    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2
+    """Row counts that share a launch shape: decode, verify, short prompt chunks, long ones (the
+    tile book times each class apart: a 256-row chunk and a 4,096-row chunk favour different shapes)."""
+    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2 if m <= 512 else 3
 
 
 def candidates(m: int, packed: bool) -> list[Tiles]:
