@@ -75,8 +75,8 @@ def rows_class(m: int) -> int:
 
 def candidates(m: int, packed: bool) -> list[Tiles]:
     """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
-    H200 and dropped: unpacking in the words' own layout, no faster in a product; few packed rows
-    in the whole form; four blocks a step.)"""
+    H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own layout,
+    few packed rows in the whole form, four blocks a step.)"""
     cls = rows_class(m)
     if cls == 0:
         shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
@@ -115,53 +115,14 @@ def _as_float(val, BITS: tl.constexpr):
 
 @triton.jit
 def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
-              GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
-    """The weight tile [BLOCK_K, BLOCK_N] dequantized: scale · q + bias in fp32 (rounded once to bf16
-    by the caller). Every way of unpacking gives the same values; a tile spans GROUPS whole scale
-    groups (or lies in one)."""
-    if UNPACK == 2 and 32 % BITS == 0:
-        w = tl.trans(_unpacked_rows(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS,
-                                    BLOCK_N, BLOCK_K))
-    else:
-        w = _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS,
-                           BLOCK_N, BLOCK_K, UNPACK)
-    return w
-
-
-@triton.jit
-def _unpacked_rows(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
-                   GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] in the words' own layout (a row's values along K): unpacked and scaled in
-    registers, so only the bf16 tile is rearranged for the MMA."""
-    PER: tl.constexpr = 32 // BITS
-    o_w = tl.arange(0, BLOCK_K // PER)
-    words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=o_n[:, None] < N,
-                    other=0).to(tl.uint32, bitcast=True)
-    shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
-    q = _as_float(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)), BITS)
-    g = k0 // GROUP
-    if GROUPS == 1:                                           # the tile lies in one scale group
-        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[:, None]
-    else:                                                     # one load per group, widened to its columns
-        p_s = o_n[:, None] * stride_s + (g + tl.arange(0, GROUPS))[None, :]
-        scale = tl.load(s_ptr + p_s, mask=o_n[:, None] < N, other=0.0).to(tl.float32)
-        bias = tl.load(b_ptr + p_s, mask=o_n[:, None] < N, other=0.0).to(tl.float32)
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, BLOCK_K // GROUPS)),
-                           (BLOCK_N, BLOCK_K))
-        bias = tl.reshape(tl.broadcast_to(bias[:, :, None], (BLOCK_N, GROUPS, BLOCK_K // GROUPS)),
-                          (BLOCK_N, BLOCK_K))
-    shape: tl.constexpr = (BLOCK_N, BLOCK_K)
-    return tl.fma(q, tl.broadcast_to(scale, shape), tl.broadcast_to(bias, shape))   # one rounding, wherever it runs
-
-
-@triton.jit
-def _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.constexpr, GROUP: tl.constexpr,
-                   GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
-    """[BLOCK_K, BLOCK_N] directly: words unpacked then transposed (UNPACK 0), or each value read
-    from its place in the row's bitstream (3, 5, 6 bits, which may straddle two words)."""
+              GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile [BLOCK_K, BLOCK_N] dequantized: fma(q, scale, bias) in fp32, rounded once to
+    bf16 by the caller; the products and `dequantize` both take it from here. Whole values per word
+    are unpacked from row-major words, then transposed; 3, 5 and 6 bits are read from their place in
+    the row's bitstream (a value may straddle two words). A tile spans GROUPS whole scale groups
+    (or lies in one)."""
     o_k = tl.arange(0, BLOCK_K)
-    if UNPACK == 0 and 32 % BITS == 0:
+    if 32 % BITS == 0:
         PER: tl.constexpr = 32 // BITS
         o_w = tl.arange(0, BLOCK_K // PER)
         words = tl.load(w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :], mask=o_n[:, None] < N,
@@ -197,14 +158,13 @@ def _unpacked_cols(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl
 @triton.jit
 def _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, k_begin, stride_x, stride_w, stride_s,
                     BITS: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, SEG: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNPACK: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     o_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(SEG // BLOCK_K):
         k0 = k_begin + i * BLOCK_K
         b_x = tl.load(x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0)
-        b_w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS, BLOCK_N, BLOCK_K,
-                        UNPACK)
+        b_w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS, BLOCK_N, BLOCK_K)
         acc = tl.dot(b_x, b_w.to(x_ptr.dtype.element_ty), acc)
     return acc
 
@@ -239,20 +199,20 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_y
 @triton.jit
 def _affine_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, p_ptr, M, N, stride_x, stride_w, stride_s, stride_y,
                    BITS: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, SEG: tl.constexpr,
-                   NSEG: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   UNPACK: tl.constexpr):
+                   NSEG: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if SPLIT:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, pid_s * SEG, stride_x, stride_w,
-                              stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                              stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s,
-                              BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                              BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
         for s in range(1, NSEG):
             acc += _affine_segment(x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w,
-                                   stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K, UNPACK)
+                                   stride_s, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K)
     _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
 
 
@@ -305,7 +265,7 @@ def affine_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, b
                        LinearPlan.for_weight(*w.shape), replace(t, dequant=False))
     return _launch(_affine_kernel, x, (words, scales, biases), (words.stride(0), scales.stride(0)),
                    packed.shape[0], out, plan, t, BITS=bits, GROUP=group_size,
-                   GROUPS=max(t.step_k(plan) // group_size, 1), UNPACK=0)
+                   GROUPS=max(t.step_k(plan) // group_size, 1))
 
 
 @triton.jit
@@ -313,7 +273,7 @@ def _dequant_kernel(w_ptr, s_ptr, b_ptr, out_ptr, N, K, stride_w, stride_s, BITS
                     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     o_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
-    w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, 1, BLOCK_N, BLOCK_K, 2)
+    w = _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, 1, BLOCK_N, BLOCK_K)
     o_k = k0 + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + o_n[None, :].to(tl.int64) * K + o_k[:, None], w.to(out_ptr.dtype.element_ty),
              mask=o_n[None, :] < N)
