@@ -89,7 +89,7 @@ def prefill(model, n: int, run: Run, chunk: int = 4096) -> float:
     eng = run.engine(model, 1, n + 8, chunk)
     ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist()
     # the warm-up fills passes as large as the measured ones, so their launch shapes are timed here
-    warm = eng.add_request(ids[:min(n, chunk)][::-1], SamplingParams(max_tokens=1, temperature=0.0))
+    warm = eng.add_request(ids[:min(n, chunk)], SamplingParams(max_tokens=1, temperature=0.0))
     eng.run_until_done()
     torch.cuda.synchronize()
     t = time.perf_counter()
