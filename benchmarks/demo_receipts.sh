@@ -7,15 +7,14 @@
 set -uo pipefail
 out=${1:?output folder}; tokens=${2:-128}
 py=${PYTHON:-python3}; port=${PORT:-8096}; url=http://127.0.0.1:$port
-up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
+source "$(dirname "$0")/serve_lib.sh"
 ckpt=$($py -c "from tensorfold.demo import demo_checkpoint; print(demo_checkpoint())") || exit 2
 mkdir -p "$out"
 $py -m tensorfold.cli serve "$ckpt" --port "$port" --served-model-name demo ${SERVE_ARGS:-} \
     >"$out/demo-serve.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null' EXIT
-for _ in $(seq 1 600); do up "$url/health" && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
-up "$url/health" || { echo "server did not start"; cat "$out/demo-serve.log"; exit 2; }
+wait_up "$url/health" $pid "$out/demo-serve.log" || exit 2
 $py -m tensorfold.cli check known-answers "$url" demo --thinking both --output "$out/known.json"
 kill $pid; wait $pid 2>/dev/null
 PYTHONPATH=${PYTHONPATH:-}:src $py scripts/reference_history.py "$ckpt" --out "$out/history.json" --tokens "$tokens"

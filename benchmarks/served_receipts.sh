@@ -9,15 +9,14 @@ set -uo pipefail
 ckpt=${1:?checkpoint folder}; out=${2:?output folder}; sizes=${3:-2048,8192,32768}; tokens=${4:-256}
 port=${PORT:-8093}; url=http://127.0.0.1:$port
 py=${PYTHON:-python3}
-up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
+source "$(dirname "$0")/serve_lib.sh"
 mkdir -p "$out"
 serve() {  # serve PARALLEL CONTEXT: (re)start the server and wait for /health
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   $py -m tensorfold.cli serve "$ckpt" --port "$port" --parallel "$1" --context "$2" --prompt-cache-gib 0 \
       --served-model-name receipts ${SERVE_ARGS:-} >"$out/serve-$1.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 900); do up "$url/health" && return 0; kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  echo "server did not start"; cat "$out/serve-$1.log"; exit 2
+  wait_up "$url/health" "$pid" "$out/serve-$1.log" || exit 2
 }
 trap '[ -n "${pid:-}" ] && kill "$pid" 2>/dev/null' EXIT
 tf() { $py -m tensorfold.cli "$@"; }

@@ -9,16 +9,8 @@
 set -uo pipefail
 ckpt=${1:?checkpoint folder}; out=${2:?output folder}; sizes=${3:-2048,8192}; tokens=${4:-256}
 py=${PYTHON:-python3}
-up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
+source "$(dirname "$0")/serve_lib.sh"
 mkdir -p "$out"
-wait_up() {  # wait_up URL PID LOG
-  for _ in $(seq 1 900); do
-    up "$1/v1/models" && return 0
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.5
-  done
-  echo "server did not start"; cat "$3"; return 2
-}
 tf() { $py -m tensorfold.cli "$@"; }
 
 url=http://127.0.0.1:${PORT:-8094}
@@ -26,7 +18,7 @@ $py -m tensorfold.cli serve "$ckpt" --port "${url##*:}" --parallel 1 --context 6
     --prompt-cache-gib 0 --served-model-name side ${SERVE_ARGS:-} >"$out/tensorfold-serve.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null' EXIT
-wait_up "$url" $pid "$out/tensorfold-serve.log" || exit 2
+wait_up "$url/v1/models" $pid "$out/tensorfold-serve.log" || exit 2
 tf bench decode "$url" side --tokens "$tokens" --reps 3 --temperatures 0 --output "$out/tensorfold-decode.json"
 tf bench prefill "$url" --model side --sizes "$sizes" --rounds 3 --output "$out/tensorfold-prefill.json"
 kill $pid; wait $pid 2>/dev/null
@@ -35,7 +27,7 @@ url=http://127.0.0.1:${MLX_PORT:-8095}
 # its own prompt cache off, as ours is: every prefill must start cold
 $py -m mlx_lm.server --model "$ckpt" --port "${url##*:}" --prompt-cache-size 0 >"$out/mlx-serve.log" 2>&1 &
 pid=$!
-wait_up "$url" $pid "$out/mlx-serve.log" || exit 2
+wait_up "$url/v1/models" $pid "$out/mlx-serve.log" || exit 2
 tf bench decode "$url" default_model --tokens "$tokens" --reps 3 --temperatures 0 \
    --output "$out/mlx-decode.json"
 tf bench prefill "$url" --model default_model --sizes "$sizes" --rounds 3 --as-text --tokenizer "$ckpt" \
