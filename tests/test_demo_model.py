@@ -7,7 +7,7 @@ import torch
 
 from server_harness import start_server
 from tensorfold.cli import main as cli_main
-from tensorfold.cli import token_sha
+from tensorfold.util import token_sha
 from tensorfold.demo import demo_checkpoint
 from tensorfold.demo.data import KNOWN_ANSWERS
 from tensorfold.engine.engine import Engine, EngineConfig

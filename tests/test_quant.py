@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tensorfold.ops.quant import SUPPORTED_BITS, dequantize, pack, quantize, unpack
+from tensorfold.config import SUPPORTED_BITS
+from tensorfold.ops.quant import dequantize, pack, quantize, unpack
 
 
 def _hand_pack(values: list[int], bits: int) -> list[int]:
@@ -92,13 +93,13 @@ def test_joined_projections_give_each_projection_its_own_product():
     dense = [Linear(torch.randn(n, 128), torch.float32) for n in (48, 16, 32)]
     alone = [lin(x) for lin in dense]
     joined = join(dense, merge=True)
-    assert joined.whole is not None
+    assert joined.merged is not None
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(joined(x), alone))
-    assert all(lin.weight.data_ptr() >= joined.whole.weight.data_ptr() for lin in dense)
+    assert all(lin.weight.data_ptr() >= joined.merged.weight.data_ptr() for lin in dense)
     packed = [Linear(_packed(n, 128, 4, 64), torch.float32) for n in (32, 64)]
     alone = [lin(x) for lin in packed]
     joined = join(packed, merge=True)
-    assert joined.whole is not None and torch.equal(joined(x)[1], alone[1])
+    assert joined.merged is not None and torch.equal(joined(x)[1], alone[1])
     mixed = [Linear(_packed(32, 128, 4, 64), torch.float32), Linear(_packed(32, 128, 6, 64), torch.float32)]
-    assert join(mixed, merge=True).whole is None
-    assert join(dense).whole is None                      # on the CPU products stay separate by default
+    assert join(mixed, merge=True).merged is None
+    assert join(dense).merged is None                      # on the CPU products stay separate by default

@@ -8,7 +8,8 @@ import pytest
 
 from receipts_fakes import Plan, start_fake
 from server_harness import make_engine, solo, start_server
-from tensorfold.cli import main, token_sha
+from tensorfold.cli import main
+from tensorfold.util import token_sha
 from tensorfold.engine.request import SamplingParams
 from tensorfold.receipts.prompts import CHAT, CODE, PARAGRAPH
 

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from server_harness import make_engine, metric, solo, sse_events, start_server, wait_for
-from tensorfold.cli import token_sha
+from tensorfold.util import token_sha
 from tensorfold.engine.request import SamplingParams
 
 STORY = ("Once upon a time, in a land of rivers and hills, a small fox kept a ledger of every "

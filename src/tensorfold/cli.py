@@ -2,16 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
-from pathlib import Path
 
 from .errors import TensorFoldError
-
-
-def token_sha(ids: list[int]) -> str:
-    """sha256 hex of the ids written as comma-separated decimals."""
-    return hashlib.sha256(",".join(str(i) for i in ids).encode()).hexdigest()
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -63,13 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     except TensorFoldError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-
-
-def default_checkpoint(path: str | None) -> Path:
-    if path is not None:
-        return Path(path)
-    from .demo import demo_checkpoint
-    return demo_checkpoint()
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ from .errors import (
     UnsupportedMoE,
     UnsupportedQuantization,
 )
-from .ops.quant import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 
 DENSE_TYPES = ("qwen3_5", "qwen3_5_text")
 MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 LAYER_KINDS = {"linear_attention": "linear", "full_attention": "full"}
+# MLX affine widths and group sizes the products serve (ops/quant.py packs and unpacks them).
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
 
 
 @dataclass(frozen=True)

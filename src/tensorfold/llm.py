@@ -14,28 +14,7 @@ from .engine.request import SamplingParams
 from .errors import QueueFull
 from .models.loader import load_model
 from .tokenizer import Tokenizer
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-          "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda: no CUDA device is available")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: choose one of auto, bfloat16, float32, float64")
-    return DTYPES[dtype]
-
+from .util import resolve_device, resolve_dtype
 
 @dataclass
 class CompletionOutput:

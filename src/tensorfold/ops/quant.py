@@ -1,4 +1,4 @@
-"""MLX affine quantization: bit unpacking and dequantization (reference/qwen35.md §4).
+"""MLX affine quantization: bit unpacking and dequantization (docs/model.md, 'MLX affine packing').
 
 Each row of a packed weight is one little-endian, LSB-first bitstream of `bits`-bit
 unsigned values; groups of `group_size` consecutive values share a scale and a bias:
@@ -6,10 +6,9 @@ unsigned values; groups of `group_size` consecutive values share a scale and a b
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
-SUPPORTED_GROUP_SIZES = (32, 64, 128)
+import torch
 
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -70,3 +69,39 @@ def quantize(w: torch.Tensor, bits: int, group_size: int):
     q = ((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, (1 << bits) - 1)
     packed = pack(q.reshape(w.shape).to(torch.uint8), bits)
     return packed, scale.to(w.dtype), lo.to(w.dtype)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """An MLX affine weight kept packed: [N, K*bits/32] words, [N, K/gs] scales and biases."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.packed.shape[1] * 32 // self.bits
+
+    def rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.packed[start:stop], self.scales[start:stop], self.biases[start:stop],
+                          self.bits, self.group_size, dtype)
+
+    def take(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        words = self.packed.view(torch.int32)       # CUDA cannot index uint32 tensors
+        return dequantize(words[ids], self.scales[ids], self.biases[ids], self.bits,
+                          self.group_size, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.biases))
+
+    def to(self, device: torch.device) -> "QuantizedWeight":
+        return QuantizedWeight(self.packed.to(device), self.scales.to(device),
+                               self.biases.to(device), self.bits, self.group_size)

@@ -75,8 +75,9 @@ def run_kernel(cfg: PrecisionConfig, cache: Cache, q: torch.Tensor,
     q = q.to(cfg.device, cfg.dtype)
     slots = cache.slots.to(cfg.device)
     if cfg.device.type == "cuda":
-        from ..ops.triton.attention import AttentionTiles, paged_attention
-        from ..runner.batch import Segment
+        from ..batch import Segment
+        from ..ops.attention import AttentionTiles
+        from ..ops.triton.attention import paged_attention
         segs = [Segment(0, s, i * size, size, slots[: s + size]) for i, s in enumerate(starts)]
         tiles = AttentionTiles.build(segs, cfg.device)
         return paged_attention(q, cache.k_cache, cache.v_cache, tiles, scale).cpu()

@@ -11,7 +11,7 @@ from typing import Callable
 
 import httpx
 
-from ..cli import token_sha
+from ..util import token_sha
 
 
 @dataclass

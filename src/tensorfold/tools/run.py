@@ -5,10 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import default_checkpoint, token_sha
+from ..util import default_checkpoint, resolve_device, resolve_dtype, token_sha
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams
-from ..llm import resolve_device, resolve_dtype
 from ..models.loader import load_model
 from ..tokenizer import Tokenizer
 

@@ -1,0 +1,41 @@
+"""Small helpers shared by the commands, the server and the receipts."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+          "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def token_sha(ids: list[int]) -> str:
+    """sha256 hex of the ids written as comma-separated decimals."""
+    return hashlib.sha256(",".join(str(i) for i in ids).encode()).hexdigest()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of auto, bfloat16, float32, float64")
+    return DTYPES[dtype]
+
+
+def default_checkpoint(path: str | None) -> Path:
+    """The given folder, or the bundled demo model's."""
+    if path is not None:
+        return Path(path)
+    from .demo import demo_checkpoint
+    return demo_checkpoint()
