@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
+from tensorfold.receipts.plot import require_matplotlib
 from tensorfold.tools.make_random import make_random
+
+from inexact import make_inexact
 
 VOCAB = 248320
 
@@ -56,7 +60,13 @@ class Run:
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
         return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
                                                 token_budget=max(chunk, parallel) + parallel, max_queue=4096,
-                                                cuda_graphs=self.graphs, exact=self.exact))
+                                                cuda_graphs=self.graphs))
+
+    def load(self, path: Path):
+        model = load_model(path, dtype=torch.bfloat16, device="cuda")
+        if not self.exact:
+            make_inexact(model)
+        return model
 
 
 def start_decoding(eng: Engine, lanes: int, tokens: int) -> list:
@@ -124,17 +134,17 @@ def resume(model, n: int) -> dict:
 
 def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
-    model = load_model(path, dtype=torch.bfloat16, device="cuda")
+    model = run.load(path)
     label = path.name if run.exact else f"{path.name} (inexact)"
     weight_bytes = model.weight_bytes
-    params = sum(lin.out_features * lin.in_features for lin in model._linears())
+    params = sum(lin.out_features * lin.in_features for lin in model.linears())
     params_flops = 2 * params                      # ~2 FLOP per product parameter per token
     rows = []
-    for n in lanes:
+    for n in tqdm(lanes, desc=f"{label} decode", unit="lanes"):
         rate = decode(model, n, run)
         bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
         rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
-    for n in sizes:
+    for n in tqdm(sizes, desc=f"{label} prompts", unit="prompt"):
         secs = prefill(model, n, run)
         rows.append({"model": label, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
                      "limit": limits["bf16_flops"] / params_flops})
@@ -148,7 +158,7 @@ def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run
 
 def print_tiles(label: str, model) -> None:
     """The launch shape the tile book chose for each (rows class, N, K, format)."""
-    book = next((lin.book for lin in model._linears() if lin.book is not None), None)
+    book = next((lin.book for lin in model.linears() if lin.book is not None), None)
     for key, t in sorted(book.chosen.items() if book else (), key=str):
         print(f"tiles {label} {key}: {t}", flush=True)
 
@@ -165,7 +175,11 @@ def main() -> None:
     p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay decode passes as CUDA graphs")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="chart: decode against lanes, prompts against length, the peers")
     args = p.parse_args()
+    if args.plot:
+        require_matplotlib()           # before the run, not after it
     run = Run(graphs=args.cuda_graphs, exact=not args.inexact)
     out = Path(args.out)
     limits = ceilings()
@@ -193,6 +207,11 @@ def main() -> None:
                   f"{r['tok_s'] / r['limit']:.2f} |")
         else:
             print(f"| {r['model']} | {r['what']} | {r['value']:.1f} | weights {r['weights_GiB']:.1f} GiB | |")
+    if args.plot:
+        from h200_charts import load, plot   # beside this script; the peers' recorded figures
+        title = f"h200.py --shape {args.shape}, {time.strftime('%Y-%m-%d')}"
+        plot(rows, load().peers, args.plot, title)
+        print(f"chart: {args.plot}")
 
 
 if __name__ == "__main__":

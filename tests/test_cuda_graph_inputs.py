@@ -4,7 +4,8 @@ import torch
 
 from engine_util import make_engine, sample_prompt
 from tensorfold.engine.request import SamplingParams
-from tensorfold.runner.batch import GPUMeta, Segment
+from tensorfold.batch import Segment
+from tensorfold.ops.dispatch import lane_index
 from tensorfold.runner.cuda_graph import DecodeGraph, is_decode_pass
 
 
@@ -31,20 +32,20 @@ def test_static_inputs_match_the_eager_batch(hf_tiny_b):
     graph = DecodeGraph(fake, eng.caches, 3, 256)
     graph._load(reqs)
     graph._forward()
-    b, meta = fake.batch, fake.batch.gpu
+    b, meta = fake.batch, fake.batch.lanes
     assert b.token_ids.tolist() == [r.all_ids[r.num_computed] for r in reqs]
     assert b.positions.tolist() == [r.num_computed for r in reqs]
     assert b.kv_write.tolist() == [int(r.kv_rows[r.num_computed]) for r in reqs]
     segs = [Segment(r.slot, r.num_computed, i, 1, r.kv_rows[: r.num_computed + 1]) for i, r in enumerate(reqs)]
-    eager = GPUMeta.build(segs, "cpu", eng.model.config.conv_kernel)
+    eager = lane_index(tuple(segs), "cpu", eng.model.config.conv_kernel)
     assert torch.equal(meta.slots, eager.slots) and torch.equal(meta.cu_seqlens, eager.cu_seqlens)
     assert torch.equal(meta.conv_taps, eager.conv_taps) and torch.equal(meta.conv_keep, eager.conv_keep)
     tiles, ref = meta.attention, eager.attention
     assert tiles.row0.tolist() == ref.row0.tolist() and tiles.pos0.tolist() == ref.pos0.tolist()
     for i, r in enumerate(reqs):   # each tile reads its lane's rows for positions 0..pos
         n = r.num_computed + 1
-        base, ref_base = int(tiles.slot_base[i]), int(ref.slot_base[i])
-        assert torch.equal(tiles.slots[base:base + n], ref.slots[ref_base:ref_base + n])
+        base, ref_base = int(tiles.table_base[i]), int(ref.table_base[i])
+        assert torch.equal(tiles.kv_rows[base:base + n], ref.kv_rows[ref_base:ref_base + n])
 
 
 def test_prompt_rows_and_kept_logits_are_not_graph_passes(hf_tiny_b):

@@ -6,7 +6,7 @@ from tensorfold.ops import attention as ref_attention
 from tensorfold.ops import norm as ref_norm
 from tensorfold.ops.quant import dequantize, quantize
 from tensorfold.ops.triton import attention, linear, norm
-from tensorfold.runner.batch import Segment
+from tensorfold.batch import Segment
 
 
 def rel(a, b):
@@ -47,7 +47,7 @@ def main() -> None:
     kc, vc = torch.randn(64, 2, 32).half(), torch.randn(64, 2, 32).half()
     slots = torch.randperm(64)[:20]
     q = torch.randn(20, 4, 32).half()
-    tiles = attention.AttentionTiles.build((Segment(0, 0, 0, 20, slots),), "cpu")
+    tiles = ref_attention.AttentionTiles.build((Segment(0, 0, 0, 20, slots),), "cpu")
     out = attention.paged_attention(q, kc, vc, tiles, 32 ** -0.5)
     ref = ref_attention.paged_attention(q.float(), kc.float(), vc.float(), slots, torch.arange(20), 32 ** -0.5)
     assert rel(out, ref) < 2e-3
@@ -80,10 +80,10 @@ def fused_kernels() -> None:
     from tensorfold.ops import conv as ref_conv
     from tensorfold.ops import gates as ref_gates
     from tensorfold.ops.triton import fused
-    from tensorfold.runner.batch import GPUMeta
+    from tensorfold.ops.dispatch import lane_index
     weight, x = torch.randn(64, 4).half() * 0.3, torch.randn(9, 64).half()
     segs = (Segment(2, 5, 0, 4, torch.arange(9)), Segment(0, 0, 4, 5, torch.arange(5)))
-    meta = GPUMeta.build(segs, "cpu", 4)
+    meta = lane_index(segs, "cpu", 4)
     states = torch.randn(3, 3, 64).half()
     ref_states = states.clone()
     y = fused.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)

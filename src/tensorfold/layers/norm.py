@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.norm import gated_rms_norm, rms_norm
+from ..ops import dispatch as op
 
 
 class RMSNorm:
@@ -12,11 +12,13 @@ class RMSNorm:
     def __init__(self, weight: torch.Tensor, eps: float, offset: float) -> None:
         self.weight, self.eps, self.offset = weight, eps, offset
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
-            from ..ops.triton import norm
-            return norm.rms_norm(x, self.weight, self.eps, self.offset)
-        return rms_norm(x, self.weight, self.eps, self.offset)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); norm(x, residual) adds first and returns (residual + x, the norm of that)."""
+        return op.rms_norm(x, self.weight, self.eps, self.offset, residual)
+
+    def with_rope(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The per-head q/k norm followed by the rotary embedding."""
+        return op.norm_rope(x, self.weight, self.eps, self.offset, rope)
 
 
 class GatedRMSNorm:
@@ -24,7 +26,4 @@ class GatedRMSNorm:
         self.weight, self.eps = weight, eps
 
     def __call__(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
-            from ..ops.triton import norm
-            return norm.gated_rms_norm(x, gate, self.weight, self.eps)
-        return gated_rms_norm(x, gate, self.weight, self.eps)
+        return op.gated_rms_norm(x, gate, self.weight, self.eps)

@@ -133,7 +133,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         for n, kind in enumerate(cfg.layer_kinds):
             layers.append(b.layer(n, kind, counters[kind]))
             counters[kind] += 1
-        model = Qwen35Model(cfg, embed, layers, b.norm("norm.weight"), head, dtype, device)
-    model.layout = wm.layout.name
-    model.checkpoint = ckpt
-    return model
+        return Qwen35Model(cfg, embed, layers, b.norm("norm.weight"), head, dtype, device,
+                           layout=wm.layout.name, keepalive=(ckpt,))

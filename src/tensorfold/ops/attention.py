@@ -1,4 +1,4 @@
-"""Causal attention over a paged KV cache, with a fixed KV split (design/EXACTNESS.md point 2).
+"""Causal attention over a paged KV cache, with a fixed KV split (docs/exactness.md, 'Attention').
 
 Keys are visited in splits of `KV_SPLIT` positions and merged by an online softmax in split
 order; query rows go through in tiles of `Q_TILE`. Every product has one fixed shape, every
@@ -8,26 +8,69 @@ many rows came with it, which chunk it arrived in, or whether it is a prompt or 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ..batch import ForwardBatch, Segment
 from .linear import pad_rows
 
 KV_SPLIT = 64
 Q_TILE = 16
 
 
+@dataclass(frozen=True)
+class AttentionTiles:
+    """The pass's query tiles for the GPU kernel. Per tile: first row in the pass, valid rows,
+    position of the first row, base of its lane's table in `kv_rows`."""
+
+    row0: torch.Tensor
+    rows: torch.Tensor
+    pos0: torch.Tensor
+    table_base: torch.Tensor
+    kv_rows: torch.Tensor   # every lane's cache rows, concatenated (position p of a lane at base + p)
+
+    @staticmethod
+    def build(segments: tuple[Segment, ...], device) -> "AttentionTiles":
+        row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0
+        for seg in segments:
+            for start in range(0, seg.length, Q_TILE):
+                row0.append(seg.row0 + start)
+                rows.append(min(Q_TILE, seg.length - start))
+                pos0.append(seg.start + start)
+                base.append(offset)
+            tables.append(seg.kv_rows)
+            offset += seg.kv_rows.shape[0]
+        as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+        return AttentionTiles(as_t(row0), as_t(rows), as_t(pos0), as_t(base),
+                              torch.cat(tables).to(device=device, dtype=torch.int32))
+
+
+def gated_attention_lanes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+    """Every lane of a pass: q, gate [n, Hq, D] (n >= the pass's rows; rows past them are
+    padding), K/V of the pass already written. Returns attention(q) * sigmoid(gate) as [n, Hq*D]."""
+    n = q.shape[0]
+    out = torch.zeros_like(q)
+    for seg in batch.segments:
+        out[seg.rows] = paged_attention(q[seg.rows], k_cache, v_cache, seg.kv_rows,
+                                        batch.positions[seg.rows], scale)
+    # Over every row at once, padding included: the elementwise ops meet no scalar tail.
+    return out.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1))
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    kv_rows: torch.Tensor,
     positions: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Attention of one sequence's query rows over its cached keys.
 
     q [n, Hq, D] (rows of one sequence), k_cache/v_cache [S, Hkv, D] flat cache rows,
-    slots [P] the cache row of every position 0..P-1 of this sequence (P > max(positions)),
+    kv_rows [P] the cache row of every position 0..P-1 of this sequence (P > max(positions)),
     positions [n] absolute position of each query row. K/V of the rows themselves must
     already be written. Returns [n, Hq, D] in q's dtype.
     """
@@ -40,12 +83,12 @@ def paged_attention(
     for start in range(0, n, Q_TILE):
         stop = min(start + Q_TILE, n)
         tile = _attend_tile(qp[start:start + Q_TILE].to(acc), pos_p[start:start + Q_TILE],
-                            k_cache, v_cache, slots, scale, hkv)
+                            k_cache, v_cache, kv_rows, scale, hkv)
         out[start:stop] = tile[: stop - start].to(q.dtype)
     return out
 
 
-def _attend_tile(q, pos, k_cache, v_cache, slots, scale, hkv):
+def _attend_tile(q, pos, k_cache, v_cache, kv_rows, scale, hkv):
     t, hq, d = q.shape
     group = hq // hkv
     # [Hkv, group*T, D]: query heads of one KV head side by side, rows inside.
@@ -57,7 +100,7 @@ def _attend_tile(q, pos, k_cache, v_cache, slots, scale, hkv):
     last = int(pos.max())
     for split in range(0, last + 1, KV_SPLIT):
         key_pos = torch.arange(split, split + KV_SPLIT, device=q.device)
-        idx = slots[split:split + KV_SPLIT]
+        idx = kv_rows[split:split + KV_SPLIT]
         if idx.shape[0] < KV_SPLIT:  # the tail of the page table: read any row, mask it below
             idx = torch.cat([idx, idx.new_zeros(KV_SPLIT - idx.shape[0])])
         k = k_cache[idx].to(q.dtype).permute(1, 2, 0)           # [Hkv, D, S]

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from .quant import QuantizedWeight
+
 ROW_TILE = 16
+DEQUANT_CHUNK_ELEMENTS = 1 << 22   # dequantize at most ~4M weights at a time
 
 
 def pad_rows(x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
@@ -31,4 +34,16 @@ def matmul_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
     for start in range(0, m, ROW_TILE):
         stop = min(start + ROW_TILE, m)
         out[start:stop] = torch.mm(xp[start:start + ROW_TILE], wt)[: stop - start]
+    return out
+
+
+def matmul_packed_rows(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """x [M, K] @ dequantize(w)ᵀ: the weight dequantized to x's dtype in chunks of output rows
+    (the chunk depends on (N, K) alone), each chunk through `matmul_rows`."""
+    n, k = w.shape
+    chunk = max(1, min(n, DEQUANT_CHUNK_ELEMENTS // k))
+    out = x.new_empty((x.shape[0], n))
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        out[:, start:stop] = matmul_rows(x, w.rows(start, stop, x.dtype))
     return out

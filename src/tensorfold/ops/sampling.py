@@ -14,9 +14,10 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def uniform(seed: int, position: int, stream: int = 0) -> float:
-    """A number in [0, 1) keyed on (seed, stream, position); 53 random bits."""
-    h = splitmix64(splitmix64(splitmix64(seed & MASK64) ^ (stream & MASK64)) ^ (position & MASK64))
+def uniform(seed: int, position: int, choice: int = 0) -> float:
+    """A number in [0, 1) keyed on (seed, choice, position); 53 random bits. `choice` is the
+    index of one of a request's n choices."""
+    h = splitmix64(splitmix64(splitmix64(seed & MASK64) ^ (choice & MASK64)) ^ (position & MASK64))
     return (h >> 11) / float(1 << 53)
 
 

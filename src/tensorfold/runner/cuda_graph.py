@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.triton.attention import AttentionTiles
-from .batch import ForwardBatch, GPUMeta
+from ..batch import ForwardBatch, LaneIndex
+from ..ops.attention import AttentionTiles
 
 
 class DecodeGraph:
@@ -33,8 +33,9 @@ class DecodeGraph:
         keep = [[i * hist + j for j in range(1, hist)] + [lanes * hist + i] for i in range(lanes)]
         tiles = AttentionTiles(as_t(range(lanes), torch.int32), as_t([1] * lanes, torch.int32), self.pos0,
                                as_t([i * context for i in range(lanes)], torch.int32), self.table.view(-1))
-        meta = GPUMeta(tiles, self.slots, as_t(range(lanes + 1)), as_t(taps), as_t(keep))
-        self.batch = ForwardBatch(self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(lanes)), meta)
+        index = LaneIndex(self.slots, as_t(range(lanes + 1)), as_t(taps), as_t(keep), tiles)
+        self.batch = ForwardBatch(self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(lanes)),
+                                  index)
         self.members: tuple = ()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None

@@ -1,4 +1,4 @@
-"""Paged causal attention on the GPU with a fixed KV split (design/EXACTNESS.md point 2).
+"""Paged causal attention on the GPU with a fixed KV split (docs/exactness.md, 'Attention').
 
 One program owns a tile of BLOCK_M consecutive query rows of one lane and one query head, and
 walks the lane's keys in splits of BLOCK_N positions, in order. Each split is reduced on its own
@@ -8,48 +8,22 @@ so a row's reduction tree never depends on its company or its chunk.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 16
+from ..attention import Q_TILE, AttentionTiles
+
+BLOCK_M = Q_TILE     # the query tile: the CPU reference's
 BLOCK_N = 64   # the KV split
 WARPS = 4
 
 
-@dataclass(frozen=True)
-class AttentionTiles:
-    """Per tile: first row in the pass, valid rows, position of the first row, slot-table base."""
-
-    row0: torch.Tensor
-    rows: torch.Tensor
-    pos0: torch.Tensor
-    slot_base: torch.Tensor
-    slots: torch.Tensor     # every lane's cache rows, concatenated (position p of a lane at base + p)
-
-    @staticmethod
-    def build(segments, device) -> "AttentionTiles":
-        row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0
-        for seg in segments:
-            for start in range(0, seg.length, BLOCK_M):
-                row0.append(seg.row0 + start)
-                rows.append(min(BLOCK_M, seg.length - start))
-                pos0.append(seg.start + start)
-                base.append(offset)
-            tables.append(seg.kv_slots)
-            offset += seg.kv_slots.shape[0]
-        as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
-        return AttentionTiles(as_t(row0), as_t(rows), as_t(pos0), as_t(base),
-                              torch.cat(tables).to(device=device, dtype=torch.int32))
-
-
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, slots_ptr,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr,
                       scale, stride_q, stride_kv, g_ptr, stride_g_row, stride_g_head,
-                      HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, GATED: tl.constexpr):
+                      GROUP: tl.constexpr, D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
     tile, h = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
     row0, nrows = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile)
@@ -66,14 +40,11 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, 
     start = 0
     while start <= last:
         kpos = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(slots_ptr + base + kpos, mask=kpos <= last, other=0).to(tl.int64)
-        k = tl.load(k_ptr + slot[:, None] * stride_kv + kvh * D + o_d[None, :])
-        v = tl.load(v_ptr + slot[:, None] * stride_kv + kvh * D + o_d[None, :])
+        kv_row = tl.load(table_ptr + base + kpos, mask=kpos <= last, other=0).to(tl.int64)
+        k = tl.load(k_ptr + kv_row[:, None] * stride_kv + kvh * D + o_d[None, :])
+        v = tl.load(v_ptr + kv_row[:, None] * stride_kv + kvh * D + o_d[None, :])
         s = tl.dot(q, tl.trans(k)) * scale
-        if CAUSAL:
-            s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
-        else:                                       # a planted fault for the kernel checks only
-            s = tl.where(kpos[None, :] <= last, s, float("-inf"))
+        s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
         m_b = tl.max(s, axis=1)
         m_b_safe = tl.where(m_b == float("-inf"), 0.0, m_b)
         p = tl.exp(s - m_b_safe[:, None])
@@ -97,7 +68,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, 
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: AttentionTiles,
-                    scale: float, causal: bool = True, gate: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
     sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given."""
     n, hq, d = q.shape
@@ -106,8 +77,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)                # every row belongs to a tile
     g = gate if gate is not None else q
     grid = (tiles.row0.shape[0], hq)
-    _attention_kernel[grid](q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.slot_base,
-                            tiles.slots, scale, q.stride(0), k_cache.stride(0), g, g.stride(0), g.stride(1),
-                            HQ=hq, GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal,
+    _attention_kernel[grid](q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.table_base,
+                            tiles.kv_rows, scale, q.stride(0), k_cache.stride(0), g, g.stride(0),
+                            g.stride(1), GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                             GATED=gate is not None, num_warps=WARPS)
     return out

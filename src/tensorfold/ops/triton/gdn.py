@@ -4,10 +4,9 @@ One launch runs each lane's rows in order, reading and writing its state in plac
 (no gather or scatter of states). A program owns one (lane, value head, 16-wide V block): the state
 block [dk, 16] stays in registers for the lane's whole run, and the next row's q, k, v, gate and beta
 are loaded while the current row is computed, so a step waits on arithmetic, not on memory. The same
-kernel and configuration serve prompt, decode and verify rows, and a step's arithmetic never
-depends on how many rows the lane brings or on other lanes, so a token's state never depends on
-its chunk or its company (registry: chunks of 37 = one call, a lane beside another = alone).
-fla's chunked (WY) kernel rounds differently; it serves only the non-exact variant.
+kernel and configuration serve prompt and decode rows, and a step's arithmetic never depends on
+how many rows the lane brings or on other lanes, so a token's state never depends on its chunk or
+its company (registry: chunks of 37 = one call, a lane beside another = alone).
 """
 from __future__ import annotations
 
@@ -63,7 +62,14 @@ def _recurrence(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h_ptr, slot_ptr, cu
     tl.store(p_h, b_h)
 
 
-def _recurrent_lanes(q, k, v, g, beta, states, slots, cu_seqlens) -> torch.Tensor:
+def gated_delta_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
+                      cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
+
+    Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is states[slots[i]], updated in
+    place. Returns o [T, Hv, dv] in v's dtype.
+    """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if dk & (dk - 1) or dv & (dv - 1) or hv % hk:
@@ -81,24 +87,3 @@ def _recurrent_lanes(q, k, v, g, beta, states, slots, cu_seqlens) -> torch.Tenso
         q.stride(0), k.stride(0), v.stride(0), o.stride(0), dk ** -0.5,
         HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=1, num_stages=1)
     return o
-
-
-def gated_delta_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                      states: torch.Tensor, slots: torch.Tensor, cu_seqlens: torch.Tensor,
-                      chunked: bool = False) -> torch.Tensor:
-    """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
-
-    Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is states[slots[i]], updated in
-    place. Returns o [T, Hv, dv] in v's dtype. chunked=True runs fla's chunked (WY) kernel instead:
-    faster for prompts, but it rounds differently from the recurrence (the non-exact variant only).
-    """
-    if not chunked:
-        return _recurrent_lanes(q, k, v, g, beta, states, slots, cu_seqlens)
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    o, final = chunk_gated_delta_rule(
-        q[None], k[None], v[None], g=g[None].float(), beta=beta[None], scale=q.shape[-1] ** -0.5,
-        initial_state=states[slots], output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu_seqlens)
-    states[slots] = final
-    return o[0]

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant import QuantizedWeight
+
 SEGMENT = 1024           # K columns per segment when K is a larger multiple of it
 SPLIT_MAX_ROWS = 64      # at most this many rows use the split form
 
@@ -334,3 +336,23 @@ class TileBook:
             times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
         self.chosen[key] = min(times, key=times.get) if times else options[0]
         return self.chosen[key]
+
+
+def matmul(x: torch.Tensor, w: "torch.Tensor | QuantizedWeight", book: TileBook | None = None) -> torch.Tensor:
+    """x [M, K] · wᵀ for a dense or packed weight, in the launch shape the tile book picked for
+    this product and rows class (the default shape without a book). The plan follows (N, K) alone."""
+    n, k = w.shape
+    packed = isinstance(w, QuantizedWeight)
+    plan = LinearPlan.for_weight(n, k, w.group_size if packed else None)
+    x = x.contiguous()
+    if packed:
+        run = lambda t: affine_matmul(x, w.packed, w.scales, w.biases, w.bits, w.group_size,  # noqa: E731
+                                      plan, tiles=t)
+        fmt = (w.bits, w.group_size)
+    else:
+        run = lambda t: dense_matmul(x, w, plan, tiles=t)  # noqa: E731
+        fmt = (str(w.dtype),)
+    m = x.shape[0]
+    if book is None:
+        return run(candidates(m, packed)[0])
+    return run(book.pick((rows_class(m), n, k, *fmt), m, packed, run))

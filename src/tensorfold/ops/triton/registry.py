@@ -10,17 +10,21 @@ however a sequence is cut into calls; "decode" = a decode row equals the same ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from triton.runtime.errors import OutOfResources
 
+from ...batch import Segment
 from .. import attention as ref_attention
 from .. import gated_delta as ref_gdn
 from .. import norm as ref_norm
 from .. import conv as ref_conv
 from .. import gates as ref_gates
+from ..attention import AttentionTiles
+from ..dispatch import lane_index
 from ..quant import dequantize, quantize
 from . import attention, fused, gdn, linear, norm
 
@@ -109,7 +113,6 @@ def check_affine(impl, small: bool) -> list[str]:
 
 
 def _attention_case(small: bool):
-    from ...runner.batch import Segment
     hq, hkv, d = (4, 2, 64) if small else (16, 4, 256)
     length = 150 if small else 700
     rows = 512 * 2
@@ -117,13 +120,13 @@ def _attention_case(small: bool):
     vc = torch.randn(rows, hkv, d, device="cuda").to(torch.bfloat16)
     slots = torch.randperm(rows, device="cuda")[:length]
     q = torch.randn(length, hq, d, device="cuda").to(torch.bfloat16)
-    return q, kc, vc, slots, Segment, d
+    return q, kc, vc, slots, d
 
 
 def check_attention(impl, small: bool) -> list[str]:
-    q, kc, vc, slots, Segment, d = _attention_case(small)
+    q, kc, vc, slots, d = _attention_case(small)
     n = q.shape[0]
-    whole = attention.AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda")
+    whole = AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda")
     out = impl(q, kc, vc, whole, d ** -0.5)
     ref = ref_attention.paged_attention(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(),
                                         torch.arange(n), d ** -0.5)
@@ -133,7 +136,7 @@ def check_attention(impl, small: bool) -> list[str]:
     if _rel(gated.float(), (out * torch.sigmoid(gate)).float()) > 1e-2:
         bad.append("the fused output gate is off out * sigmoid(gate)")
     for t in (0, 37, n // 2, n - 1):   # the row alone as a decode row, after its keys are written
-        tiles = attention.AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
+        tiles = AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
         if not torch.equal(impl(q[t:t + 1], kc, vc, tiles, d ** -0.5)[0], out[t]):
             bad.append(f"decode row {t} differs from the same row in the prompt pass")
     return bad
@@ -221,19 +224,17 @@ def _conv_case(small: bool):
 
 
 def _conv_call(impl, x, states, weight, segments):
-    from ...runner.batch import GPUMeta
-    meta = GPUMeta.build(segments, "cuda", weight.shape[1])
-    return impl(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    lanes = lane_index(segments, "cuda", weight.shape[1])
+    return impl(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
 
 
 def check_conv(impl, small: bool) -> list[str]:
-    from ...runner.batch import GPUMeta, Segment
     weight, x, states = _conv_case(small)
     ref_states = states.clone()
     seg = lambda start, n, row0=0, slot=1: Segment(slot, start, row0, n, torch.arange(start + n))  # noqa: E731
     whole = _conv_call(impl, x, states, weight, (seg(0, 40),))
-    meta = GPUMeta.build((seg(0, 40),), "cuda", weight.shape[1])
-    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    lanes = lane_index((seg(0, 40),), "cuda", weight.shape[1])
+    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
     bad = [] if _rel(whole.float(), ref.float()) < 1e-2 else ["conv off the reference"]
     if not torch.equal(states[1], ref_states[1]):
         bad.append("conv state differs from the reference's")
@@ -305,10 +306,19 @@ def _unsegmented(x, w, plan, out=None):
     return linear.dense_matmul(x, w, plan, out)
 
 
-def _stale_row(q, kc, vc, tiles, scale, causal=True, gate=None):
+def _no_mask(q, kc, vc, tiles, scale, gate=None):
+    """Planted: each row also sees the keys of the next BLOCK_M - 1 positions (no causal mask
+    within reach; the lane's table is extended so every read stays in bounds)."""
+    ahead = attention.BLOCK_M - 1
+    table = torch.cat([tiles.kv_rows, tiles.kv_rows[-1:].expand(ahead)])
+    blind = dataclasses.replace(tiles, pos0=tiles.pos0 + ahead, kv_rows=table)
+    return attention.paged_attention(q, kc, vc, blind, scale, gate=gate)
+
+
+def _stale_row(q, kc, vc, tiles, scale, gate=None):
     """Planted: a decode row that reads its own position before its K/V row is written."""
     if tiles.rows.shape[0] == 1 and int(tiles.rows[0]) == 1:
-        row = int(tiles.slots[int(tiles.pos0[0])])
+        row = int(tiles.kv_rows[int(tiles.pos0[0])])
         saved = kc[row].clone()
         kc[row] = 0
         out = attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
@@ -339,7 +349,7 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("linear.dense", "a row off by one", lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0)),
     ("linear.dense", "a reduction in another order (split K)", _split_k),
     ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
-    ("attention.paged", "a missing mask", lambda *a, **kw: attention.paged_attention(*a, causal=False, **kw)),
+    ("attention.paged", "a missing mask", _no_mask),
     ("attention.paged", "a stale cache row", _stale_row),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
     ("fused.conv", "a conv window not carried over", _conv_no_state),

@@ -1,0 +1,124 @@
+"""One function per op: the Triton kernel for CUDA tensors, the plain-torch reference otherwise.
+
+The layers call only these, so each layer has one body. A kernel and its reference keep the same
+arithmetic contract (docs/exactness.md); the registry (ops/triton/registry.py) checks each kernel
+against its reference. Triton is imported only when a CUDA tensor arrives: the CPU path needs none.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..batch import ForwardBatch, LaneIndex, Segment
+from . import attention as ref_attention
+from . import conv as ref_conv
+from . import gated_delta as ref_gdn
+from . import gates as ref_gates
+from . import linear as ref_linear
+from . import norm as ref_norm
+from .quant import QuantizedWeight
+from .rope import apply_rope
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """The CPU's row tile: its elementwise ops and products then see one shape per tile. The GPU
+    kernels' bits never depend on the row count, so they get the rows as they are."""
+    return x if x.is_cuda else ref_linear.pad_rows(x)
+
+
+def lane_index(segments: tuple[Segment, ...], device, conv_kernel: int) -> LaneIndex:
+    """The index tensors of a pass's per-lane kernels."""
+    bounds = [0]
+    for seg in segments:
+        bounds.append(bounds[-1] + seg.length)
+    taps, keep = ref_conv.conv_gather(segments, conv_kernel)
+    as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+    return LaneIndex(as_t([s.slot for s in segments]), as_t(bounds), as_t(taps), as_t(keep),
+                     ref_attention.AttentionTiles.build(segments, device))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedWeight, book=None) -> torch.Tensor:
+    """x [M, K] · wᵀ -> [M, N]; `book` (ops.triton.linear.TileBook) picks GPU launch shapes."""
+    if x.is_cuda:
+        from .triton.linear import matmul
+        return matmul(x, w, book)
+    if isinstance(w, QuantizedWeight):
+        return ref_linear.matmul_packed_rows(x, w)
+    return ref_linear.matmul_rows(x, w)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+             residual: torch.Tensor | None = None):
+    """rms_norm(x); with `residual`, the residual add first: returns (residual + x, its norm)."""
+    if x.is_cuda:
+        from .triton import norm
+        if residual is None:
+            return norm.rms_norm(x, weight, eps, offset)
+        return norm.add_rms_norm(residual, x, weight, eps, offset)
+    if residual is None:
+        return ref_norm.rms_norm(x, weight, eps, offset)
+    h = residual + x
+    return h, ref_norm.rms_norm(h, weight, eps, offset)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    if x.is_cuda:
+        from .triton import norm
+        return norm.gated_rms_norm(x, gate, weight, eps)
+    return ref_norm.gated_rms_norm(x, gate, weight, eps)
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """apply_rope(rms_norm(x)) per head of x [N, H, D]: the q/k norm and the rotary embedding."""
+    if x.is_cuda:
+        from .triton import norm
+        return norm.norm_rope(x, weight, eps, offset, *rope)
+    return apply_rope(ref_norm.rms_norm(x, weight, eps, offset), *rope)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if gate.is_cuda:
+        from .triton import fused
+        return fused.silu_mul(gate, up)
+    return ref_gates.silu_mul(gate, up)
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+              acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype."""
+    if a.is_cuda:
+        from .triton import fused
+        return fused.gdn_gates(a, b, A_log, dt_bias)
+    return ref_gates.gdn_gates(a, b, A_log, dt_bias, acc)
+
+
+def causal_conv(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor,
+                lanes: LaneIndex) -> torch.Tensor:
+    """silu(causal conv) of every lane's rows, each lane's conv state read and updated in place."""
+    if x.is_cuda:
+        from .triton import fused
+        return fused.conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
+    return ref_conv.causal_conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps,
+                                      lanes.conv_keep)
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    """The per-token gated delta rule of every lane from its state slot (q, k as the conv left
+    them: the op l2-normalises and scales them)."""
+    if q.is_cuda:
+        from .triton.gdn import gated_delta_lanes
+        return gated_delta_lanes(q, k, v, g, beta, states, batch.lanes.slots,
+                                 batch.lanes.cu_seqlens)
+    return ref_gdn.gated_delta_lanes(q, k, v, g, beta, states, batch.segments)
+
+
+def gated_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+    """Causal attention of every lane's rows over its pages, times sigmoid(gate): [N, Hq*D]."""
+    if q.is_cuda:
+        from .triton.attention import paged_attention
+        out = paged_attention(q, k_cache, v_cache, batch.lanes.attention, scale, gate=gate)
+        return out.view(q.shape[0], -1)
+    return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
