@@ -2,8 +2,8 @@
 
 HF-layout files: transformers in float32 (and float64) — logits at every prompt position within a
 measured bound, 64 greedy tokens equal. MLX files: mlx_lm's greedy history, teacher-forced into our
-bf16 engine; every top-1 difference must be a near tie (design/EXACTNESS.md), and our float64 mode
-arbitrates.
+bf16 engine; every top-1 difference must be a near tie (docs/exactness.md, 'Fidelity and near
+ties'), and our float64 mode arbitrates.
 """
 import pytest
 import torch

@@ -16,7 +16,3 @@ class ModelCaches:
 
     def state_layer(self, i: int):
         return self.states.conv[i], self.states.recurrent[i]
-
-    @property
-    def nbytes(self) -> int:
-        return self.kv.nbytes + self.states.nbytes

@@ -59,7 +59,3 @@ class StatePool:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)
-
-    @property
-    def slot_bytes(self) -> int:
-        return self.nbytes // max(1, self.num_slots)

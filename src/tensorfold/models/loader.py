@@ -134,4 +134,4 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
             layers.append(b.layer(n, kind, counters[kind]))
             counters[kind] += 1
         return Qwen35Model(cfg, embed, layers, b.norm("norm.weight"), head, dtype, device,
-                           layout=wm.layout.name, keepalive=(ckpt,))
+                           layout=wm.layout.name)

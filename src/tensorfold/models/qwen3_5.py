@@ -35,11 +35,10 @@ class DecoderLayer:
 class Qwen35Model:
     def __init__(self, config: ModelConfig, embed: Embedding, layers: list[DecoderLayer],
                  norm: RMSNorm, lm_head: Linear, dtype: torch.dtype, device: torch.device,
-                 layout: str = "hf", keepalive: tuple = ()) -> None:
+                 layout: str = "hf") -> None:
         self.config, self.embed, self.layers, self.norm = config, embed, layers, norm
         self.lm_head, self.dtype, self.device = lm_head, dtype, device
         self.layout = layout         # the file's weight layout: "hf" or "mlx"
-        self.keepalive = keepalive   # the open checkpoint files whose memory maps back the weights
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.

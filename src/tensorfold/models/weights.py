@@ -1,4 +1,5 @@
-"""Checkpoint layouts -> the model's weights (reference/qwen35.md §3, §4).
+"""Checkpoint layouts -> the model's weights (docs/model.md, 'Weight names' and
+'MLX affine packing').
 
 Layouts: Hugging Face (`model.language_model.*` or `model.*`, conv1d [C,1,K], zero-centred
 norms) and MLX (`language_model.model.*`, conv1d [C,K,1], norms stored shifted, affine-packed

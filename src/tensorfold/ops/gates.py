@@ -7,8 +7,9 @@ import torch.nn.functional as F
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
               acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet gates (reference/qwen35.md §2.5): log-decay g = -exp(A_log)·softplus(a + dt_bias)
-    in the state's precision, and beta = sigmoid(b) in the model dtype (as HF computes it)."""
+    """Gated DeltaNet gates (docs/model.md, 'Gated DeltaNet'): log-decay
+    g = -exp(A_log)·softplus(a + dt_bias) in the state's precision, and beta = sigmoid(b) in the
+    model dtype (as HF computes it)."""
     g = -A_log.to(acc).exp() * F.softplus(a.to(acc) + dt_bias.to(acc))
     return g, torch.sigmoid(b)
 

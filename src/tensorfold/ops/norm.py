@@ -1,4 +1,5 @@
-"""RMS norms (reference/qwen35.md §2.3, §2.5.9). All statistics in fp32 (fp64 in a float64 run)."""
+"""RMS norms (docs/model.md, 'RMSNorm' and 'Gated DeltaNet'). All statistics in fp32 (fp64 in
+a float64 run)."""
 from __future__ import annotations
 
 import torch

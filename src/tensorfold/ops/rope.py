@@ -1,4 +1,4 @@
-"""Partial rotary position embedding, rotate-half pairing (reference/qwen35.md §2.4 step 4).
+"""Partial rotary position embedding, rotate-half pairing (docs/model.md, 'Rotary embedding').
 
 Text-only M-RoPE reduces exactly to 1-D RoPE on the first `rotary_dim` channels.
 """

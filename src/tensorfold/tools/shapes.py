@@ -1,4 +1,4 @@
-"""The released dense Qwen3.5 shapes (reference/qwen35.md §1.3) as text_config dicts."""
+"""The released dense Qwen3.5 shapes (docs/model.md, 'Released shapes') as text_config dicts."""
 from __future__ import annotations
 
 COMMON = {

@@ -10,9 +10,9 @@ sums are added in order (s0 + s1 + s2 ...). Two launch forms realise that one ar
   weight with as many programs as the card has room for.
 A segment's fp32 sum is the same value in both forms (stored exactly), and the additions are the
 same, so a row's bits never depend on which form ran or on its company. Row and column tiles and
-warps follow M: on the H200 they do not change a bit (reference/exactness-probe.md); the registry
-checks it. Packed MLX affine weights are dequantized in registers: w = scale · q + bias, rounded
-once to bf16.
+warps follow M: on the H200 they do not change a bit (docs/exactness.md, 'Measured on the
+H200'); the registry checks it. Packed MLX affine weights are dequantized in registers:
+w = scale · q + bias, rounded once to bf16.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ class Tiles:
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
         One tl.dot over 2 or 4 blocks issues the same MMA chain as one per block (a tile's K width
-        never changes a bit on the H200: reference notes, exactness probe); the registry checks it."""
+        never changes a bit on the H200: docs/exactness.md, 'Measured on the H200'); the registry
+        checks it."""
         k = plan.block_k * self.wide
         return k if plan.segment % k == 0 else plan.block_k
 
@@ -137,9 +138,8 @@ def _unpacked(w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS: tl.cons
         word, shift = bit // 32, (bit % 32).to(tl.uint32)
         p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
         val = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True) >> shift[:, None]
-        if 32 % BITS != 0:
-            hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
-            val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
+        hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(tl.uint32, bitcast=True)
+        val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
     q = _as_float(val, BITS)
     g = k0 // GROUP
     if GROUPS == 1:                                           # the tile lies in one scale group
