@@ -1,18 +1,21 @@
 """`bench prefill`: cold prompt processing on exact token arrays, wall-clock medians.
 
 The arrays are one public-domain paragraph repeated and tokenized once by the server's own
-tokenizer; the array of size N is the first N ids. Between two measurements a short request
-whose first token differs from the arrays' runs, so no prompt resumes from the previous one;
-every record must then show cached_tokens 0 and prompt_tokens N.
+tokenizer. Measurement k sends the N ids starting at offset k, so no two measured prompts share
+their first tokens and none can resume from another in a prompt cache (a server's cache stays
+on: the receipt measures cold prompts against it as configured). Between two measurements a short
+request whose first token differs from the arrays' runs too, for servers that keep only the last
+prompt. Every record must show cached_tokens 0 and prompt_tokens N.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cli import token_sha
+from ..util import token_sha
 from .client import Endpoint, Reply, Tokens
+from .plot import PlotRequest, plot_one, prefill_panel
 from .prompts import PARAGRAPH
-from .report import median, short, table, write_json
+from .report import median, progress, short, table, write_json
 
 SHORT_LEN = 8
 
@@ -27,12 +30,16 @@ class PrefillConfig:
     as_text: bool = False        # send the arrays decoded as text (servers that take no ids)
 
 
-def build_arrays(tokens: Tokens, sizes: tuple[int, ...]) -> list[int]:
-    """Enough ids for the largest size: the paragraph repeated, tokenized in one call."""
+def build_arrays(tokens: Tokens, sizes: tuple[int, ...], offsets: int) -> list[int]:
+    """Enough ids for the largest size at every offset: the paragraph repeated, tokenized in one
+    call. Offsets must stay below the paragraph's length in tokens, or two would coincide."""
     per = max(1, len(tokens.encode(PARAGRAPH)))
-    ids = tokens.encode(PARAGRAPH * (max(sizes) // per + 2))
-    if len(ids) < max(sizes):
-        raise RuntimeError(f"the tokenizer gave {len(ids)} ids, fewer than {max(sizes)}")
+    if offsets >= per:
+        raise ValueError(f"{offsets} measurements need distinct starts, but the paragraph is "
+                         f"{per} tokens long: use fewer rounds or sizes")
+    ids = tokens.encode(PARAGRAPH * ((max(sizes) + offsets) // per + 2))
+    if len(ids) < max(sizes) + offsets:
+        raise RuntimeError(f"the tokenizer gave {len(ids)} ids, fewer than {max(sizes) + offsets}")
     return ids
 
 
@@ -68,29 +75,31 @@ def check_record(reply: Reply, size: int) -> dict:
 class PrefillRun:
     def __init__(self, cfg: PrefillConfig, tokens: Tokens) -> None:
         self.cfg, self.tokens = cfg, tokens
-        self.ids = build_arrays(tokens, cfg.sizes + (min(cfg.warmup, max(cfg.sizes)),))
-        self.separators = 0
-
-    def prompt(self, size: int) -> list[int] | str:
-        ids = self.ids[:size]
-        return self.tokens.decode(ids) if self.cfg.as_text else ids
+        self.ids = build_arrays(tokens, cfg.sizes, 1 + cfg.rounds * len(cfg.sizes))
+        self.measured = 0          # the next measurement's offset
 
     def measure(self, size: int) -> dict:
-        record = check_record(self.cfg.endpoint.post("/v1/completions",
-                                                     _body(self.cfg, self.prompt(size))), size)
-        sep = short_prompt(self.ids, self.separators)
-        self.separators += 1
-        self.cfg.endpoint.post("/v1/completions", _body(self.cfg, sep))
-        return record
+        offset = self.measured
+        ids = self.ids[offset:offset + size]
+        prompt = self.tokens.decode(ids) if self.cfg.as_text else ids
+        record = check_record(self.cfg.endpoint.post("/v1/completions", _body(self.cfg, prompt)),
+                              size)
+        self.cfg.endpoint.post("/v1/completions", _body(self.cfg, short_prompt(self.ids, offset)))
+        self.measured += 1
+        return {**record, "offset": offset, "sha": token_sha(ids)}
 
     def run(self) -> dict:
         warm = self.measure(min(self.cfg.warmup, max(self.cfg.sizes)))
-        records = [{"round": r, **self.measure(n)}
-                   for r in range(self.cfg.rounds) for n in self.cfg.sizes]
-        arrays = {n: {"sha": token_sha(self.ids[:n]), "ids": self.ids[:n]} for n in self.cfg.sizes}
+        records = []
+        with progress(self.cfg.rounds * len(self.cfg.sizes), "bench prefill") as bar:
+            for r in range(self.cfg.rounds):
+                for n in self.cfg.sizes:
+                    records.append({"round": r, **self.measure(n)})
+                    bar.update()
+        # a record's array is ids[offset:offset + size]; its sha is token_sha of that
         return {"tool": "bench prefill", "url": self.cfg.endpoint.url, "model": self.cfg.model,
                 "tokenizer": self.tokens.source, "as_text": self.cfg.as_text, "warmup": warm,
-                "records": records, "arrays": arrays}
+                "records": records, "ids": self.ids}
 
 
 def prefill_table(result: dict) -> str:
@@ -102,12 +111,13 @@ def prefill_table(result: dict) -> str:
                      ", ".join(f"{r['seconds']:.3f}" for r in group),
                      ", ".join(str(r["cached_tokens"]) for r in group),
                      "ok" if not any(r["problems"] for r in group) else "FAIL",
-                     short(result["arrays"][size]["sha"])])
+                     ", ".join(short(r["sha"]) for r in group)])
     return table(["tokens", "median tok/s (s)", "seconds by round", "cached", "checks",
-                  "array sha"], rows)
+                  "array sha by round"], rows)
 
 
-def prefill_command(cfg: PrefillConfig, tokens: Tokens, output: str | None) -> int:
+def prefill_command(cfg: PrefillConfig, tokens: Tokens, output: str | None,
+                    plot: PlotRequest | None = None) -> int:
     result = PrefillRun(cfg, tokens).run()
     print(prefill_table(result))
     bad = [r for r in [result["warmup"], *result["records"]] if r["problems"]]
@@ -116,4 +126,6 @@ def prefill_command(cfg: PrefillConfig, tokens: Tokens, output: str | None) -> i
     if all(r["cached_tokens"] is None for r in result["records"]):
         print("note: the server reports no cached_tokens; only prompt_tokens was checked")
     write_json(output, result)
+    if plot is not None:
+        plot_one(prefill_panel(result, plot), plot, f"bench prefill: {cfg.model}")
     return 1 if bad else 0
