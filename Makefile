@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: install serve test clean
+.PHONY: install serve test clean browser
 
 install: $(STAMP)
 
@@ -22,8 +22,19 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(ARGS)
+
+# tests/test_web_page.py drives Debian's chromium (through Playwright, never its own download).
+# Installed here when missing, where apt-get may run as root; otherwise that test is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    echo "installing chromium (apt-get) for the browser test" && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      chromium fonts-dejavu-core >/dev/null; } || \
+	  echo "chromium is not installed: the browser test will be skipped"
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

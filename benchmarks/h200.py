@@ -208,7 +208,7 @@ def main() -> None:
         else:
             print(f"| {r['model']} | {r['what']} | {r['value']:.1f} | weights {r['weights_GiB']:.1f} GiB | |")
     if args.plot:
-        from h200_charts import load, plot   # beside this script; the peers' recorded figures
+        from h200_charts import load, plot  # beside this script; the peers' recorded figures
         title = f"h200.py --shape {args.shape}, {time.strftime('%Y-%m-%d')}"
         plot(rows, load().peers, args.plot, title)
         print(f"chart: {args.plot}")

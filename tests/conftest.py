@@ -10,6 +10,11 @@ Fixture -> what it is:
   mlx_q4          mlx_lm 4-bit g64 of hf_tiny_b
   mlx_q8_g32      mlx_lm 8-bit g32 of hf_tiny (tied: quantized embedding doubles as the head)
   mlx_mixed       mlx_lm 4-bit g64 of hf_tiny_c with per-module bits (MIXED_RECIPE)
+  hf_moe          a tiny Qwen3.5 MoE (qwen3_5_moe_text), experts saved one by one
+  hf_moe_fused    the same weights, experts fused (experts.gate_up_proj / down_proj)
+  hf_moe_ties     hf_moe_fused with router rows equal in runs of three: exact routing ties
+  mlx_moe_q4      mlx_lm 4-bit g64 of hf_moe_fused (switch_mlp; router and shared gate 8-bit)
+  mlx_moe_mixed   mlx_lm mixed bits of hf_moe_fused (MOE_MIXED_RECIPE)
 """
 
 from __future__ import annotations
@@ -95,6 +100,44 @@ def mlx_q8_g32(checkpoint_root: Path, hf_tiny: Path) -> Path:
 @pytest.fixture(scope="session")
 def mlx_mixed(checkpoint_root: Path, hf_tiny_c: Path) -> Path:
     return _mlx("mlx_mixed", checkpoint_root, hf_tiny_c)
+
+
+@pytest.fixture(scope="session")
+def hf_moe(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    """A tiny Qwen3.5 MoE (16 experts, top-4, a gated shared expert) as transformers saves it:
+    experts one by one."""
+    from fixtures.moe_build import build_hf_moe
+    return build_hf_moe(checkpoint_root / "hf_moe", tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_moe_fused(checkpoint_root: Path, hf_moe: Path) -> Path:
+    """The same weights with the experts fused, as the released files store them."""
+    from fixtures.moe_build import fuse_experts
+    return fuse_experts(hf_moe, checkpoint_root / "hf_moe_fused")
+
+
+@pytest.fixture(scope="session")
+def hf_moe_ties(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
+    """hf_moe_fused with router rows equal in runs of three experts: exact routing ties."""
+    from fixtures.moe_build import tie_routers
+    return tie_routers(hf_moe_fused, checkpoint_root / "hf_moe_ties")
+
+
+@pytest.fixture(scope="session")
+def mlx_moe_q4(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
+    """mlx_lm 4-bit g64 of hf_moe_fused (switch_mlp stacks; router and shared gate at 8 bits)."""
+    _require_mlx()
+    from fixtures.moe_build import build_mlx_moe
+    return build_mlx_moe(hf_moe_fused, checkpoint_root / "mlx_moe_q4")
+
+
+@pytest.fixture(scope="session")
+def mlx_moe_mixed(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
+    """mlx_lm mixed bits of hf_moe_fused (experts' gate 4, up 3, down 6 bits; router at 8)."""
+    _require_mlx()
+    from fixtures.moe_build import build_mlx_moe
+    return build_mlx_moe(hf_moe_fused, checkpoint_root / "mlx_moe_mixed", mixed=True)
 
 
 @pytest.fixture(scope="module")

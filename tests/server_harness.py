@@ -16,6 +16,7 @@ from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.server.api import create_app
+from tensorfold.server.connections import server_config
 from tensorfold.tokenizer import Tokenizer
 
 CONTEXT = 512
@@ -53,8 +54,8 @@ def make_engine(path: Path, engine_cls: type[Engine] = Engine, **config) -> Engi
 
 def start_server(engine: Engine, name: str = "tiny", **app_kwargs) -> LiveServer:
     app = create_app(engine, engine.tokenizer, name, **app_kwargs)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", 0, log_level="warning",
+                                          access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, "the server to start")
@@ -82,10 +83,10 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def solo(engine: Engine, prompt_ids: list[int], params: SamplingParams,
-         stream: int = 0) -> list[int]:
+         choice: int = 0) -> list[int]:
     """The reference: the request alone on an offline engine (no server, nothing beside it)."""
     assert not engine.has_work()
-    req = engine.add_request(prompt_ids, params, stream=stream)
+    req = engine.add_request(prompt_ids, params, choice=choice)
     engine.run_until_done()
     return list(req.output_ids)
 

@@ -3,7 +3,7 @@ tokens, positions, KV write rows, attention slot tables, state slots and conv ga
 import torch
 
 from engine_util import make_engine, sample_prompt
-from tensorfold.engine.request import SamplingParams
+from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.batch import Segment
 from tensorfold.ops.dispatch import lane_index
 from tensorfold.runner.cuda_graph import DecodeGraph, is_decode_pass
@@ -27,7 +27,7 @@ def test_static_inputs_match_the_eager_batch(hf_tiny_b):
     while any(r.in_prompt or not r.output_ids for r in reqs):
         eng.step()
     work = [(r, 1) for r in reqs]
-    assert is_decode_pass(work, set())
+    assert is_decode_pass(work)
     fake = _Capture(eng.model)
     graph = DecodeGraph(fake, eng.caches, 3, 256)
     graph._load(reqs)
@@ -48,9 +48,14 @@ def test_static_inputs_match_the_eager_batch(hf_tiny_b):
         assert torch.equal(tiles.kv_rows[base:base + n], ref.kv_rows[ref_base:ref_base + n])
 
 
-def test_prompt_rows_and_kept_logits_are_not_graph_passes(hf_tiny_b):
+def test_graph_passes_are_one_row_per_lane_with_its_logits(hf_tiny_b):
+    """The graph serves a pass where every lane feeds one row and needs that row's logits
+    (Request.logit_rows); a watch keeping every logit row sees the same path as production."""
     eng = make_engine(hf_tiny_b)
     req = eng.add_request(sample_prompt(1, 10, 300), SamplingParams(max_tokens=2))
-    assert not is_decode_pass([(req, 10)], set())
+    kept = eng.add_request(sample_prompt(2, 10, 300), SamplingParams(max_tokens=2),
+                           watch=Watch(keep_logits=True))
+    assert not is_decode_pass([(req, 10)]) and not is_decode_pass([(kept, 10)])
+    assert not is_decode_pass([(req, 1)])       # a prompt row whose logits nobody needs
     eng.step()
-    assert is_decode_pass([(req, 1)], set()) and not is_decode_pass([(req, 1)], {0})
+    assert is_decode_pass([(req, 1)]) and is_decode_pass([(req, 1), (kept, 1)])

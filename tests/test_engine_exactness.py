@@ -1,8 +1,9 @@
-"""The invariants of design/EXACTNESS.md on the CPU backend, bitwise."""
+"""The invariants of docs/exactness.md on the CPU backend, bitwise."""
 import pytest
 import torch
 
-from engine_util import GREEDY, make_engine, position_logits, sample_prompt
+from engine_util import (GREEDY, decoded_logits, finish_prints, make_engine, position_logits,
+                         sample_prompt)
 from tensorfold.engine.request import SamplingParams
 from tensorfold.tools.run import generate_once
 
@@ -17,9 +18,10 @@ def _solo(path, prompts, params, dtype=torch.float32):
     out = []
     for ids in prompts:
         eng = make_engine(path, dtype=dtype, parallel=1)
-        req = eng.add_request(ids, params)
+        prints = {}
+        req = eng.add_request(ids, params, watch=finish_prints(eng, prints))
         eng.run_until_done()
-        out.append((req.output_ids, eng.fingerprint(req, req.last_logits)))
+        out.append((req.output_ids, prints[req.request_id]))
     return out
 
 
@@ -30,9 +32,7 @@ def _together(path, prompts, params, parallel, dtype=torch.float32):
     prints = {}
     while pending or eng.has_work():
         if pending:
-            r = eng.add_request(pending.pop(0), params,
-                                on_finish=lambda req, logits: prints.__setitem__(req.request_id,
-                                                                                eng.fingerprint(req, logits)))
+            r = eng.add_request(pending.pop(0), params, watch=finish_prints(eng, prints))
             reqs.append(r)
         eng.step()
         eng.step()
@@ -77,10 +77,8 @@ def test_chunk_invariant_seams(hf_tiny_b, chunk):
 
 def test_decode_equals_prefill(hf_tiny_b):
     ids = sample_prompt(9, 40, 300)
-    eng = make_engine(hf_tiny_b)
-    req = eng.add_request(ids, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), keep_logits=True)
-    eng.run_until_done()
-    decoded = torch.stack([req.logits_by_position[p] for p in range(len(ids), req.num_computed)])
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    req, decoded = decoded_logits(make_engine(hf_tiny_b), ids, params)
     full = ids + req.output_ids[:-1]
     prefilled = position_logits(make_engine(hf_tiny_b), full)[len(ids):]
     assert torch.equal(decoded, prefilled)
@@ -121,13 +119,9 @@ def test_planted_fault_is_caught(hf_tiny_b, monkeypatch):
     def batch_dependent(x, w, out=None):
         return torch.mm(x, w.t())
     monkeypatch.setattr(lin, "matmul_rows", batch_dependent)
-    import tensorfold.layers.linear as layer_lin
-    monkeypatch.setattr(layer_lin, "matmul_rows", batch_dependent)
     ids = sample_prompt(9, 40, 300)
-    eng = make_engine(hf_tiny_b)
-    req = eng.add_request(ids, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), keep_logits=True)
-    eng.run_until_done()
-    decoded = torch.stack([req.logits_by_position[p] for p in range(len(ids), req.num_computed)])
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    req, decoded = decoded_logits(make_engine(hf_tiny_b), ids, params)
     prefilled = position_logits(make_engine(hf_tiny_b), ids + req.output_ids[:-1])[len(ids):]
     assert not torch.equal(decoded, prefilled)
 
@@ -144,5 +138,6 @@ def test_incremental_text_equals_decoding_the_whole_reply(hf_tiny):
 
 
 def test_the_non_exact_variant_is_refused_on_the_cpu(hf_tiny):
-    with pytest.raises(ValueError, match="exact=False selects non-exact GPU kernels"):
-        make_engine(hf_tiny, exact=False)
+    from benchmark_modules import inexact
+    with pytest.raises(ValueError, match="the non-exact variant swaps in GPU kernels"):
+        inexact.make_inexact(make_engine(hf_tiny).model)

@@ -1,5 +1,5 @@
 """GPU checks (skipped without CUDA): the kernel registry with its planted controls, and every
-invariant of design/EXACTNESS.md bitwise at the 9B shape with random weights."""
+invariant of docs/exactness.md bitwise at the 9B shape with random weights."""
 import pytest
 import torch
 
@@ -8,7 +8,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 pytest.importorskip("fla", reason="the registry's planted control and the non-exact variant run fla's chunked kernel")
 
-from engine_util import make_engine, position_logits, sample_prompt  # noqa: E402
+from engine_util import (decoded_logits, finish_prints, make_engine, position_logits,  # noqa: E402
+                         sample_prompt)
 from tensorfold.engine.request import SamplingParams  # noqa: E402
 from tensorfold.tools.make_random import make_random  # noqa: E402
 from tensorfold.tools.run import generate_once  # noqa: E402
@@ -61,21 +62,29 @@ def test_chunk_invariant_seams_9b(nine_b, chunk):
 
 def test_decode_equals_prefill_9b(nine_b):
     ids = sample_prompt(400, 40, VOCAB)
-    eng = _engine(nine_b)
-    req = eng.add_request(ids, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), keep_logits=True)
-    eng.run_until_done()
-    decoded = torch.stack([req.logits_by_position[p] for p in range(len(ids), req.num_computed)])
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    req, decoded = decoded_logits(_engine(nine_b), ids, params)
     prefilled = position_logits(_engine(nine_b), ids + req.output_ids[:-1])[len(ids):]
     assert torch.equal(decoded, prefilled)
+
+
+def _finished(eng, ids, params=GREEDY):
+    """The request run to its end, and its end-of-reply fingerprint (states, KV rows, logits)."""
+    prints = {}
+    req = eng.add_request(ids, params, watch=finish_prints(eng, prints))
+    eng.run_until_done()
+    return req, prints[req.request_id]
 
 
 def test_resumed_equals_fresh_9b(nine_b):
     ids = sample_prompt(500, 1500, VOCAB)
     eng = _engine(nine_b, prompt_cache_bytes=4 << 30, cache_every=512)
-    first = generate_once(eng, ids, GREEDY)[0]
-    second = generate_once(eng, ids, GREEDY)[0]
-    assert second.cached_tokens == 1488
-    assert first.output_ids == second.output_ids
+    first, fp_first = _finished(eng, ids)
+    second, fp_second = _finished(eng, ids)
+    assert first.cached_tokens == 0 and second.cached_tokens == 1488
+    fresh, fp_fresh = _finished(_engine(nine_b), ids)     # a second engine: nothing cached
+    assert first.output_ids == second.output_ids == fresh.output_ids
+    assert fp_first == fp_second == fp_fresh
 
 
 def test_teacher_forced_against_cpu_float64(hf_tiny_b):
@@ -96,9 +105,7 @@ def test_cuda_graph_decode_equals_eager_9b(nine_b):
     for graphs in (False, True):
         eng = _engine(nine_b, parallel=4, cuda_graphs=graphs)
         prints = {}
-        reqs = [eng.add_request(p, GREEDY, on_finish=lambda r, lg: prints.__setitem__(r.request_id,
-                                                                                      eng.fingerprint(r, lg)))
-                for p in prompts]
+        reqs = [eng.add_request(p, GREEDY, watch=finish_prints(eng, prints)) for p in prompts]
         eng.run_until_done()
         runs.append([(r.output_ids, prints[r.request_id]) for r in reqs])
     assert runs[0] == runs[1]
@@ -111,7 +118,10 @@ def test_non_exact_variant_stays_close_to_exact(hf_tiny_b):
     ids = sample_prompt(7, 200, 300)
     ref = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
     exact = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids).double().cpu()
-    fast = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda", exact=False), ids)
+    from benchmark_modules import inexact
+    fast_engine = make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda")
+    inexact.make_inexact(fast_engine.model)
+    fast = position_logits(fast_engine, ids)
     fast = fast.double().cpu()
     off = lambda x: float((x - ref).norm() / ref.norm())  # noqa: E731
     assert torch.isfinite(fast).all()

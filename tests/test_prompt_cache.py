@@ -1,5 +1,5 @@
 """resumed = fresh: a prompt resumed from the prompt cache gives the bytes of a fresh run."""
-from engine_util import make_engine, sample_prompt
+from engine_util import finish_prints, make_engine, sample_prompt
 from tensorfold.engine.request import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -12,9 +12,9 @@ def _cached_engine(path, budget=64 * MB, **kw):
 
 def _run(engine, ids, params=GREEDY):
     prints = {}
-    req = engine.add_request(ids, params, on_finish=lambda r, lg: prints.setdefault("end", engine.fingerprint(r, lg)))
+    req = engine.add_request(ids, params, watch=finish_prints(engine, prints))
     engine.run_until_done()
-    return req, prints["end"]
+    return req, prints[req.request_id]
 
 
 def _fresh(path, ids, params=GREEDY):

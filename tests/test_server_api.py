@@ -149,7 +149,7 @@ def test_n_choices_match_solo_streams(live, client, reference):
                                     seed=11, n=2, extra_body=IDS_OUT)
     got = {c.index: c.model_extra["token_ids"] for c in out.choices}
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=11, ignore_eos=True)
-    assert got == {i: solo(reference, ids, params, stream=i) for i in (0, 1)}
+    assert got == {i: solo(reference, ids, params, choice=i) for i in (0, 1)}
     assert got[0] != got[1] and out.usage.completion_tokens == 20
     chat = client.chat.completions.create(model=live.name, messages=CHAT, max_tokens=6, n=2,
                                           seed=3, temperature=1.0)

@@ -57,6 +57,7 @@ def main() -> None:
     fused_kernels()
     fused_norms(q, kc, vc, tiles, ref)
     recurrence()
+    experts()
     print("interpreted kernels match their references")
 
 
@@ -97,6 +98,43 @@ def fused_kernels() -> None:
     gu = torch.randn(5, 96).half()
     assert rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:])) < 2e-3
 
+
+
+def experts() -> None:
+    """Grouped expert products: a row's bits equal its expert's plain product alone (split form
+    included: K = 2048 is two segments) and the row alone in the pass; near the torch reference."""
+    from tensorfold.ops import moe as ref_moe
+    from tensorfold.ops.triton import fused, moe
+
+    def stack(e, n, k, bits):
+        w = torch.randn(e, n, k) * k ** -0.5
+        if bits is None:
+            return ref_moe.ExpertStack(w.half())
+        packed, s, b = quantize(w, bits, 32)
+        return ref_moe.ExpertStack(packed, s.half(), b.half(), bits, 32)
+
+    x = torch.randn(40, 128).half()
+    ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
+    ids[:, 0] = 0                                               # expert 0 serves every row
+    for bits in (None, (4, 3, 8)):
+        ex = ref_moe.Experts(*(stack(6, n, k, b) for (n, k), b in
+                               zip(((64, 128), (64, 128), (128, 64)), bits or (None,) * 3)))
+        y = moe.expert_swiglu(x, ids, ex)
+        for r, j in ((0, 0), (17, 1), (39, 1)):
+            e, xe = int(ids[r, j]), x[r:r + 1]
+            h = fused.silu_mul(linear.matmul(xe, ex.gate.expert(e)), linear.matmul(xe, ex.up.expert(e)))
+            assert torch.equal(linear.matmul(h, ex.down.expert(e))[0], y[r, j]), (bits, r, j)
+            assert torch.equal(moe.expert_swiglu(xe, ids[r:r + 1], ex)[0], y[r])
+        ref = ref_moe.expert_swiglu(x.float(), ids, ref_moe.Experts(*(
+            s if s.packed else ref_moe.ExpertStack(s.weight.float()) for s in (ex.gate, ex.up, ex.down))))
+        assert rel(y, ref) < 2e-3, bits
+    wide, ids2 = torch.randn(5, 2048).half(), torch.tensor([[1], [0], [1], [1], [0]])
+    for bits in (None, 4):
+        st = stack(2, 16, 2048, bits)
+        tiles = moe.expert_tiles(ids2, 2, 16)
+        y = moe.grouped_matmul(wide[tiles.order], st, tiles)[torch.argsort(tiles.order)]
+        for r in range(5):                       # one row: linear.py's split form, two segments
+            assert torch.equal(linear.matmul(wide[r:r + 1], st.expert(int(ids2[r, 0])))[0], y[r])
 
 
 def recurrence() -> None:

@@ -11,6 +11,7 @@ from .errors import (
     InconsistentShape,
     UnknownLayerType,
     UnsupportedModelType,
+    UnsupportedExperts,
     UnsupportedMoE,
     UnsupportedQuantization,
 )
@@ -21,6 +22,9 @@ LAYER_KINDS = {"linear_attention": "linear", "full_attention": "full"}
 # MLX affine widths and group sizes the products serve (ops/quant.py packs and unpacks them).
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
+# Routing limits: a router row and its top-k are held per row (docs/model.md, 'Mixture of experts').
+MAX_EXPERTS = 1024
+MAX_TOP_K = 16
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,20 @@ class QuantConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Every layer's MLP is a sparse mixture of experts with one gated shared expert."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int                # the dense MLP's; 0 in MoE models
     layer_kinds: tuple[str, ...]          # "linear" (Gated DeltaNet) or "full" (gated attention)
     num_heads: int
     num_kv_heads: int
@@ -65,6 +79,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     max_position_embeddings: int
     quant: QuantConfig | None = None
+    moe: MoEConfig | None = None
 
     @property
     def num_layers(self) -> int:
@@ -103,18 +118,20 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation_config: dict | None = None) -> "ModelConfig":
-        _check_model_type(raw.get("model_type"), "model_type")
+        family = _check_model_type(raw.get("model_type"), "model_type")
         text = raw.get("text_config", raw)
         prefix = "text_config." if "text_config" in raw else ""
         if text is not raw and "model_type" in text:
-            _check_model_type(text["model_type"], prefix + "model_type")
+            if _check_model_type(text["model_type"], prefix + "model_type") != family:
+                raise UnsupportedModelType(
+                    f"config.json: {prefix}model_type={text['model_type']!r} does not match "
+                    f"model_type={raw.get('model_type')!r}")
         r = _Reader(text, prefix)
-        if r.get("num_experts", 0) or "moe_intermediate_size" in text:
-            raise UnsupportedMoE(f"config.json: {prefix}num_experts: Qwen3.5 MoE checkpoints are not supported yet")
+        moe = _moe_config(r) if family == "moe" else _no_experts(r)
         cfg = cls(
             vocab_size=r.int("vocab_size"),
             hidden_size=r.int("hidden_size"),
-            intermediate_size=r.int("intermediate_size"),
+            intermediate_size=r.int("intermediate_size") if moe is None else 0,
             layer_kinds=_layer_kinds(r),
             num_heads=r.int("num_attention_heads"),
             num_kv_heads=r.int("num_key_value_heads"),
@@ -131,6 +148,7 @@ class ModelConfig:
             eos_token_ids=_eos_ids(raw, text, generation_config or {}),
             max_position_embeddings=r.int("max_position_embeddings", 262144),
             quant=_quant_config(raw),
+            moe=moe,
         )
         cfg._check_shapes(prefix)
         return cfg
@@ -156,14 +174,44 @@ class ModelConfig:
                          f"{width} is not a multiple of {where}.group_size={spec.group_size}")
 
 
-def _check_model_type(value: Any, name: str) -> None:
+def _check_model_type(value: Any, name: str) -> str:
+    """The model family, "dense" or "moe"."""
     if value in DENSE_TYPES:
-        return
+        return "dense"
     if value in MOE_TYPES:
-        raise UnsupportedMoE(f"config.json: {name}={value!r}: Qwen3.5 MoE checkpoints are not supported yet")
+        return "moe"
     raise UnsupportedModelType(
-        f"config.json: {name}={value!r}: TensorFold runs Qwen3.5 checkpoints ({', '.join(DENSE_TYPES)})"
-    )
+        f"config.json: {name}={value!r}: TensorFold runs Qwen3.5 checkpoints "
+        f"({', '.join(DENSE_TYPES + MOE_TYPES)})")
+
+
+def _no_experts(r: "_Reader") -> None:
+    """A dense type must not describe experts: which one the file is would be a guess."""
+    for key in ("num_experts", "moe_intermediate_size"):
+        if r.get(key):
+            raise UnsupportedMoE(f"config.json: {r.prefix}{key}={r.get(key)!r} in a dense config: "
+                                 f"MoE checkpoints declare model_type {MOE_TYPES[0]!r}")
+
+
+def _moe_config(r: "_Reader") -> MoEConfig:
+    moe = MoEConfig(num_experts=r.int("num_experts"), top_k=r.int("num_experts_per_tok"),
+                    expert_intermediate_size=r.int("moe_intermediate_size"),
+                    shared_intermediate_size=r.int("shared_expert_intermediate_size"))
+    where = f"config.json: {r.prefix}"
+    if moe.top_k > moe.num_experts:
+        raise InconsistentShape(f"{where}num_experts_per_tok={moe.top_k} exceeds num_experts={moe.num_experts}")
+    if moe.num_experts > MAX_EXPERTS:
+        raise UnsupportedExperts(f"{where}num_experts={moe.num_experts}: at most {MAX_EXPERTS} are served")
+    if moe.top_k > MAX_TOP_K:
+        raise UnsupportedExperts(f"{where}num_experts_per_tok={moe.top_k}: at most {MAX_TOP_K} are served")
+    if r.get("norm_topk_prob", True) is not True:
+        raise UnsupportedExperts(f"{where}norm_topk_prob={r.get('norm_topk_prob')!r}: the routing "
+                                 "weights are always renormalised over the top-k")
+    for key, plain in (("mlp_only_layers", []), ("decoder_sparse_step", 1)):
+        if r.get(key, plain) not in (plain, None):
+            raise UnsupportedExperts(f"{where}{key}={r.get(key)!r}: every layer must be a "
+                                     "mixture-of-experts layer")
+    return moe
 
 
 class _Reader:

@@ -18,6 +18,11 @@ class UnsupportedMoE(ConfigError):
     pass
 
 
+class UnsupportedExperts(UnsupportedMoE):
+    """A mixture-of-experts setting the routing and expert products do not serve (an expert count
+    or top-k past their limits, routing weights left unnormalised, dense layers among MoE ones)."""
+
+
 class UnknownLayerType(ConfigError):
     pass
 

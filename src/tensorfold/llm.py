@@ -69,11 +69,11 @@ class LLM:
                                for i, r in enumerate(reqs)])
                 for text, ids, reqs in pending]
 
-    def _submit(self, ids: list[int], params: SamplingParams, stream: int):
+    def _submit(self, ids: list[int], params: SamplingParams, choice: int):
         """Adds a request, stepping the engine while its queue is full."""
         while True:
             try:
-                return self.engine.add_request(ids, params, stream=stream)
+                return self.engine.add_request(ids, params, choice=choice)
             except QueueFull:
                 self.engine.step()
 

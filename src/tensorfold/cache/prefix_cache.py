@@ -62,7 +62,7 @@ class PrefixCache:
         return self.budget_bytes > 0
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self.entries.values())
+        return sum(len(v) for v in list(self.entries.values()))   # one copy: /memory reads it live
 
     def lookup(self, tokens: list[int]) -> CacheEntry | None:
         """The longest cached cut that is a prefix of `tokens` and leaves at least one to compute.

@@ -17,11 +17,13 @@ QuantPredicate = Callable[[str, Any], "bool | dict[str, Any]"]
 
 
 def nested_config(flat: dict[str, Any]) -> dict[str, Any]:
-    """mlx_lm refuses model_type qwen3_5_text: wrap a flat config the way released ones nest."""
+    """mlx_lm refuses model_type qwen3_5_text (and qwen3_5_moe_text): wrap a flat config the way
+    released ones nest."""
     text = {k: v for k, v in flat.items() if k not in ("architectures", "transformers_version")}
+    moe = flat.get("model_type") == "qwen3_5_moe_text"
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5_moe" if moe else "qwen3_5",
         "text_config": text,
         "tie_word_embeddings": flat.get("tie_word_embeddings", False),
         "eos_token_id": flat.get("eos_token_id"),
@@ -31,7 +33,7 @@ def nested_config(flat: dict[str, Any]) -> dict[str, Any]:
 def _mlx_source_dir(hf_dir: Path, scratch: Path) -> Path:
     """hf_dir itself when mlx_lm can read it, else a linked copy with a nested config."""
     config = json.loads((hf_dir / "config.json").read_text())
-    if config.get("model_type") != "qwen3_5_text":
+    if config.get("model_type") not in ("qwen3_5_text", "qwen3_5_moe_text"):
         return hf_dir
     src = scratch / "nested_src"
     src.mkdir()

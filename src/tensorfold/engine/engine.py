@@ -19,9 +19,9 @@ from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
-from .request import Request, SamplingParams, Status, TokenEvent
+from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
-from .text import advance_text
+from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
 
 PAGE_SIZE = 16
 
@@ -32,18 +32,11 @@ class EngineConfig(SchedulerConfig):
     prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
     threads: int | None = None           # CPU threads (None: by model size)
     cuda_graphs: bool = True             # on a GPU, replay decode passes as CUDA graphs (one per lane count)
-    exact: bool = True                   # False: the fastest non-exact GPU kernels, to measure what exactness costs
 
 
 class Engine:
     def __init__(self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        if not config.exact:
-            if model.device.type != "cuda":
-                raise ValueError("exact=False selects non-exact GPU kernels; the CPU engine has only the exact path")
-            model.use_inexact_kernels()
-        elif not model.exact:
-            raise ValueError("this model was switched to non-exact kernels; load it again for an exact engine")
         cfg = model.config
         page_bytes = (2 * len(cfg.full_layers) * config.page_size * cfg.num_kv_heads * cfg.head_dim
                       * torch.empty((), dtype=model.dtype).element_size())
@@ -65,18 +58,21 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._passes = 0
         self.wakeup = threading.Event()
 
     # -- admission (any thread) ----------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    *, stream: int = 0, cuts: tuple[int, ...] = (), on_cut=None, on_finish=None,
-                    keep_logits: bool = False) -> Request:
+                    *, choice: int = 0, watch: Watch | None = None) -> Request:
+        """Queues one choice of a prompt (`choice` keys its random numbers with the seed);
+        `watch` observes it without changing a token."""
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
         max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
-        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, max_tokens, seed, stream,
-                      tuple(sorted(set(cuts))), on_cut, on_finish, keep_logits=keep_logits)
+        cuts = tuple(sorted(set(watch.cuts))) if watch is not None else ()
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, max_tokens, seed,
+                      choice, watch, cuts)
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
@@ -112,8 +108,8 @@ class Engine:
         work = self.scheduler.schedule()
         if not work:
             return events
-        keep = {i for i, w in enumerate(work) if w.request.keep_logits}
-        logits = self.runner.execute([(w.request, w.rows) for w in work], keep)
+        logits = self.runner.execute([(w.request, w.rows) for w in work])
+        self._passes += 1
         ready = [(w.request, logits[i][-1]) for i, w in enumerate(work)
                  if self._advance(w.request, w.rows, logits.get(i))]
         for (req, row), token in zip(ready, self._choose(ready)):
@@ -132,7 +128,7 @@ class Engine:
             if req.params.temperature > 0.0:
                 p = req.params
                 tokens[i] = sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p,
-                                       uniform(req.seed, req.num_tokens, req.stream))
+                                       uniform(req.seed, req.num_tokens, req.choice))
         return tokens
 
     def _drain_inbox(self) -> None:
@@ -153,14 +149,10 @@ class Engine:
         """Counts the rows computed; True when the lane now produces its next token."""
         start = req.num_computed
         req.num_computed += rows
-        if req.keep_logits and logits is not None:
-            for j in range(rows):
-                req.logits_by_position[start + j] = logits[j].clone()
-        last = logits[-1] if logits is not None else None
         if req.num_computed in req.cache_cuts:
             self._remember(req)
-        if req.on_cut is not None and req.num_computed in req.cuts:
-            req.on_cut(req, req.num_computed, last)
+        if req.watch is not None:
+            req.watch.passed(req, start, logits)
         return req.num_computed == req.num_tokens
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
@@ -168,7 +160,6 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         req.output_ids.append(token)
-        req.last_logits = logits
         lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
         reason = self._stop_reason(req, token)
         text, stop_hit = self._new_text(req, final=reason is not None)
@@ -191,10 +182,7 @@ class Engine:
     def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
         if self.tokenizer is None:
             return "", False
-        full = req.detok.add(self.tokenizer, req.output_ids, final)
-        text, req.emitted_text_len, hit = advance_text(full, req.emitted_text_len, req.params.stop, final)
-        req.text += text
-        return text, hit
+        return req.reply.advance(self.tokenizer, req.output_ids, req.params.stop, final)
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""
@@ -209,7 +197,7 @@ class Engine:
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.finish(req)
-            req.finish_reason, req.finish_time = "error", time.monotonic()
+            req.finish_reason = "error"
             self._requests.pop(req.request_id, None)
             events.append(TokenEvent(req.request_id, [], "", finished=True, finish_reason="error"))
         return events
@@ -217,10 +205,10 @@ class Engine:
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
         if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
             self._remember(req)              # the end of the reply: the next chat turn resumes here
-        if req.on_finish is not None and req.status == Status.RUNNING:
-            req.on_finish(req, logits)
+        watch = req.watch
+        if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
+            watch.on_finish(req, logits)
         req.finish_reason = reason
-        req.finish_time = time.monotonic()
         self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)
         return TokenEvent(req.request_id, [], "", finished=True, finish_reason=reason)
@@ -231,3 +219,25 @@ class Engine:
     def run_until_done(self) -> None:
         while self.has_work():
             self.step()
+
+    # -- what the server may read (any thread) ----------------------------------------------
+    @property
+    def facts(self) -> EngineFacts:
+        cfg = self.model.config
+        c = self.config
+        return EngineFacts(cfg.vocab_size, c.context, c.parallel, c.max_queue,
+                           str(self.model.device), str(self.model.dtype).removeprefix("torch."))
+
+    def stats(self) -> EngineStats:
+        """Queue, lanes and prompt-cache figures now (exact when read on the engine thread)."""
+        running, cache = list(self.scheduler.running), self.prefix_cache
+        with self._lock:
+            queued = len(self._inbox) + len(self.scheduler.waiting)
+        return EngineStats(queued=queued, busy_lanes=len(running),
+                           prompt_lanes=sum(r.in_prompt for r in running), passes=self._passes,
+                           cache_hits=cache.stats.hits, cache_misses=cache.stats.misses,
+                           cache_evictions=cache.stats.evictions,
+                           cache_inserts=cache.stats.inserts, cache_bytes=cache.nbytes)
+
+    def memory(self) -> MemoryReport:
+        return memory_report(self.model, self.caches, self.prefix_cache)

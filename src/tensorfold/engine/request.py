@@ -6,8 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from ..errors import InvalidRequest
-from .text import Detokenizer
+from .text import ReplyText
 
 
 @dataclass(frozen=True)
@@ -60,35 +62,50 @@ class TokenEvent:
 
 
 @dataclass
+class Watch:
+    """What a tool or test watches in one request (none of it changes a token): seams where
+    `on_cut` fingerprints the lane, the end, and the logits of every computed position."""
+
+    cuts: tuple[int, ...] = ()            # prompt positions where a pass ends and on_cut is called
+    on_cut: Callable[[Request, int, torch.Tensor | None], None] | None = None
+    on_finish: Callable[[Request, torch.Tensor | None], None] | None = None  # before the release
+    keep_logits: bool = False             # keep every computed position's logits (teacher forcing)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)   # position -> logits, if kept
+
+    def passed(self, req: Request, start: int, logits: torch.Tensor | None) -> None:
+        """After a pass over positions [start, req.num_computed) that returned `logits`."""
+        if self.keep_logits and logits is not None:      # kept: one row per position
+            for offset, row in enumerate(logits):
+                self.logits[start + offset] = row.clone()
+        if self.on_cut is not None and req.num_computed in self.cuts:
+            self.on_cut(req, req.num_computed, logits[-1] if logits is not None else None)
+
+
+@dataclass
 class Request:
+    """One choice of one prompt, from admission to its finish. The scheduler sets the lane's
+    slot, pages, rows and cuts at admission; the engine advances the rest."""
+
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     max_tokens: int
     seed: int
-    stream: int = 0                       # which of several choices: keys the random numbers
+    choice: int = 0                       # which of a prompt's n choices: keys the random numbers
+    watch: Watch | None = None
     cuts: tuple[int, ...] = ()            # prompt positions where a pass must end (seams, snapshots)
-    on_cut: Callable | None = None        # called (request, position, logits) after a pass ends at a cut
-    on_finish: Callable | None = None     # called (request, logits) before the lane is released
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     status: Status = Status.WAITING
+    finish_reason: str | None = None
     slot: int = -1
     pages: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    cancelled: bool = False
+    kv_rows: torch.Tensor | None = None   # [capacity] KV cache row of every position
+    cache_cuts: frozenset[int] = frozenset()   # where the lane snapshots into the prompt cache
+    cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    finish_time: float | None = None
-    text: str = ""
-    emitted_text_len: int = 0
-    detok: Detokenizer = field(default_factory=lambda: Detokenizer())
-    last_logits: object = None
-    cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
-    cache_cuts: frozenset = frozenset()
-    kv_rows: object = None                # [capacity] KV cache row of every position, at admission
-    keep_logits: bool = False             # keep the logits of every computed position (teacher forcing)
-    logits_by_position: dict = field(default_factory=dict)
+    reply: ReplyText = field(default_factory=ReplyText)
 
     @property
     def all_ids(self) -> list[int]:
@@ -106,3 +123,19 @@ class Request:
     def capacity(self) -> int:
         """Positions this request may fill: its prompt and every token it may generate."""
         return len(self.prompt_ids) + self.max_tokens
+
+    @property
+    def text(self) -> str:
+        """The reply's text emitted so far (a stop string and what follows it never are)."""
+        return self.reply.text
+
+    def logit_rows(self, n: int) -> range:
+        """Offsets of the rows whose logits a pass of `n` rows from num_computed must return:
+        every row when watched for all logits, else the last row when it yields the next token
+        or ends at a watched cut (a cache cut needs none). The runner and the CUDA graphs ask
+        only this; future drafted verify rows will want several rows per lane."""
+        if self.watch is not None and self.watch.keep_logits:
+            return range(n)
+        end = self.num_computed + n
+        watched = self.watch is not None and end in self.watch.cuts
+        return range(n - 1, n) if end == self.num_tokens or watched else range(0)

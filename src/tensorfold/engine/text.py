@@ -50,3 +50,21 @@ class Detokenizer:
             self.text += window[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         return self.text
+
+
+class ReplyText:
+    """A reply's decoded text and how much of it is emitted; a stop string ends it."""
+
+    def __init__(self) -> None:
+        self.detok, self.emitted = Detokenizer(), 0
+
+    @property
+    def text(self) -> str:
+        return self.detok.text[: self.emitted]
+
+    def advance(self, tokenizer, ids: list[int], stops: tuple[str, ...],
+                final: bool) -> tuple[str, bool]:
+        """Decodes the reply's ids; returns (new text to emit, stop hit)."""
+        full = self.detok.add(tokenizer, ids, final)
+        new, self.emitted, hit = advance_text(full, self.emitted, stops, final)
+        return new, hit

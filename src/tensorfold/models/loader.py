@@ -11,7 +11,9 @@ from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet, GDNShape
 from ..layers.linear import Embedding, Linear, QuantizedWeight
 from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE
 from ..layers.norm import GatedRMSNorm, RMSNorm
+from ..ops.moe import Experts, ExpertStack
 from .checkpoint import Checkpoint
 from .qwen3_5 import DecoderLayer, Qwen35Model
 from .weights import WeightMap
@@ -30,12 +32,25 @@ def validate(cfg: ModelConfig, wm: WeightMap) -> None:
         p = f"layers.{n}."
         wm.check_vector(p + "input_layernorm.weight", h)
         wm.check_vector(p + "post_attention_layernorm.weight", h)
-        for name, rows, cols in (("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)):
-            wm.check_matrix(p + "mlp." + name, rows, cols)
+        if cfg.moe is not None:
+            _check_moe(cfg, wm, p + "mlp.")
+        else:
+            for name, rows, cols in (("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)):
+                wm.check_matrix(p + "mlp." + name, rows, cols)
         if kind == "full":
             _check_attention(cfg, wm, p + "self_attn.")
         else:
             _check_gdn(cfg, wm, p + "linear_attn.")
+
+
+def _check_moe(cfg: ModelConfig, wm: WeightMap, p: str) -> None:
+    h, moe = cfg.hidden_size, cfg.moe
+    s = moe.shared_intermediate_size
+    wm.check_matrix(p + "gate", moe.num_experts, h)
+    wm.check_experts(p, moe.num_experts, moe.expert_intermediate_size, h)
+    for name, rows, cols in (("gate_proj", s, h), ("up_proj", s, h), ("down_proj", h, s)):
+        wm.check_matrix(p + "shared_expert." + name, rows, cols)
+    wm.check_matrix(p + "shared_expert_gate", 1, h)
 
 
 def _check_attention(cfg: ModelConfig, wm: WeightMap, p: str) -> None:
@@ -88,6 +103,26 @@ class _Builder:
     def linear(self, stem: str) -> Linear:
         return Linear(self.weight(stem), self.dtype, self.book)
 
+    def mlp(self, p: str) -> MLP:
+        return MLP(self.linear(p + "gate_proj"), self.linear(p + "up_proj"), self.linear(p + "down_proj"))
+
+    def stack(self, raw) -> ExpertStack:
+        """A stacked expert projection as read, on the device (dense ones in the model dtype)."""
+        if isinstance(raw, torch.Tensor):
+            self.bar.update(raw.numel() * raw.element_size())
+            return ExpertStack(raw.to(self.device, self.dtype))
+        packed, scales, biases, spec = raw
+        self.bar.update(sum(t.numel() * t.element_size() for t in (packed, scales, biases)))
+        return ExpertStack(packed.to(self.device), scales.to(self.device), biases.to(self.device),
+                           spec.bits, spec.group_size)
+
+    def moe(self, p: str) -> SparseMoE:
+        moe = self.cfg.moe
+        raw = self.wm.read_experts(p, moe.expert_intermediate_size)
+        experts = Experts(self.stack(raw["gate"]), self.stack(raw["up"]), self.stack(raw["down"]))
+        return SparseMoE(self.linear(p + "gate"), experts, self.mlp(p + "shared_expert."),
+                         self.linear(p + "shared_expert_gate"), moe.top_k)
+
     def norm(self, local: str) -> RMSNorm:
         return RMSNorm(self.tensor(local, self.acc), self.cfg.rms_norm_eps, self.wm.layout.norm_offset)
 
@@ -111,7 +146,7 @@ class _Builder:
     def layer(self, n: int, kind: str, cache_index: int) -> DecoderLayer:
         p = f"layers.{n}."
         mixer = self.attention(p + "self_attn.") if kind == "full" else self.gdn(p + "linear_attn.")
-        mlp = MLP(self.linear(p + "mlp.gate_proj"), self.linear(p + "mlp.up_proj"), self.linear(p + "mlp.down_proj"))
+        mlp = self.moe(p + "mlp.") if self.cfg.moe else self.mlp(p + "mlp.")
         return DecoderLayer(self.norm(p + "input_layernorm.weight"), mixer,
                             self.norm(p + "post_attention_layernorm.weight"), mlp, cache_index)
 

@@ -1,5 +1,5 @@
-"""The Qwen3.5 dense decoder: Gated DeltaNet layers with gated full attention every few layers
-(docs/model.md).
+"""The Qwen3.5 decoder: Gated DeltaNet layers with gated full attention every few layers
+(docs/model.md); the MLP is dense, or a sparse mixture of experts in every layer of an MoE model.
 
     h = embed(ids)
     for each layer:  h = h + mixer(norm_in(h));  h = h + mlp(norm_post(h))
@@ -17,6 +17,7 @@ from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
 from ..layers.linear import Embedding, Linear
 from ..layers.mlp import MLP
+from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..ops import dispatch as op
 from ..ops.quant import QuantizedWeight
@@ -28,7 +29,7 @@ class DecoderLayer:
     input_norm: RMSNorm
     mixer: GatedDeltaNet | GatedAttention
     post_norm: RMSNorm
-    mlp: MLP
+    mlp: MLP | SparseMoE
     cache_index: int          # index into the KV layers or the state layers of the caches
 
 
@@ -64,15 +65,26 @@ class Qwen35Model:
         return layer.mixer(x, batch, *caches.state_layer(layer.cache_index))
 
     @property
+    def graph_safe(self) -> bool:
+        """Whether a decode pass may be captured as a CUDA graph. Not yet for MoE models: their
+        grouped expert products build the expert tiles on the device (no host sync), but capture
+        awaits its first check on a GPU (docs/exactness.md, 'Experts')."""
+        return not any(isinstance(layer.mlp, SparseMoE) for layer in self.layers)
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
         weights = {id(w): w for w in [self.embed.weight] + [lin.weight for lin in self.linears()]}
-        return sum(w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
-                   for w in weights.values())   # a tied head shares the embedding: counted once
+        experts = sum(layer.mlp.experts.nbytes for layer in self.layers if isinstance(layer.mlp, SparseMoE))
+        return experts + sum(w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
+                             for w in weights.values())   # a tied head shares the embedding: counted once
 
     def linears(self):
         """Every projection of the model (the head first), each once, merged ones as their parts."""
         yield self.lm_head
         for layer in self.layers:
-            for obj in (layer.mixer, layer.mlp):
-                yield from (v for v in vars(obj).values() if isinstance(v, Linear))
+            yield from (v for v in vars(layer.mixer).values() if isinstance(v, Linear))
+            if isinstance(layer.mlp, SparseMoE):   # its routed experts are stacks, not projections
+                yield from layer.mlp.linears()
+            else:
+                yield from (v for v in vars(layer.mlp).values() if isinstance(v, Linear))

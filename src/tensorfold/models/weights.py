@@ -3,12 +3,14 @@
 
 Layouts: Hugging Face (`model.language_model.*` or `model.*`, conv1d [C,1,K], zero-centred
 norms) and MLX (`language_model.model.*`, conv1d [C,K,1], norms stored shifted, affine-packed
-linears with `.scales`/`.biases`). Every expected tensor's dtype and shape is checked from the
-file headers before any data is read.
+linears with `.scales`/`.biases`). MoE experts come fused, one per expert (HF) or stacked (MLX
+`switch_mlp`; docs/model.md, 'Mixture of experts'). Every expected tensor's dtype and shape is
+checked from the file headers before any data is read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +43,7 @@ class WeightMap:
         self.ckpt, self.cfg = ckpt, cfg
         self.layout = self._detect_layout()
         self.quant: dict[str, QuantSpec | None] = {}
+        self.experts: dict[str, str] = {}     # `layers.N.mlp.` -> its experts' layout
 
     def _detect_layout(self) -> Layout:
         names = [n for n in self.ckpt.infos if not n.startswith(SKIPPED)]
@@ -110,6 +113,64 @@ class WeightMap:
         if info.shape != tuple(shape) or info.dtype not in dtypes:
             raise BadTensor(f"{key}: {info.dtype} {list(info.shape)}, expected {'/'.join(dtypes)} {list(shape)}")
 
+    # -- experts (headers only) --------------------------------------------------------
+    def check_experts(self, p: str, e: int, inter: int, h: int) -> None:
+        """The routed experts under `p` (`layers.N.mlp.`) in one of three layouts (docs/model.md,
+        'Mixture of experts'): HF fused, HF per expert, MLX stacked."""
+        layout = self._experts_layout(p)
+        self.experts[p] = layout
+        if layout == "fused":
+            self._check(self.key(p + "experts.gate_up_proj"), (e, 2 * inter, h), FLOAT_DTYPES)
+            self._check(self.key(p + "experts.down_proj"), (e, h, inter), FLOAT_DTYPES)
+            return
+        for name, rows, cols in (("gate_proj", inter, h), ("up_proj", inter, h), ("down_proj", h, inter)):
+            if layout == "stacked":
+                self._check_stack(p + "switch_mlp." + name, e, rows, cols)
+                continue
+            stems = [f"{p}experts.{i}.{name}" for i in range(e)]
+            for stem in stems:
+                self.check_matrix(stem, rows, cols)
+            if len({self.quant[stem] for stem in stems}) > 1:
+                raise BadTensor(f"{self.key(stems[0])}: the experts' {name} differ in quantization")
+
+    def _experts_layout(self, p: str) -> str:
+        for layout, local in (("fused", "experts.gate_up_proj"), ("per_expert", "experts.0.gate_proj.weight"),
+                              ("stacked", "switch_mlp.gate_proj.weight")):
+            if self.key(p + local) in self.ckpt:
+                return layout
+        raise MissingTensor(f"{self.ckpt.folder}: no experts under {self.key(p)[:-1]}: expected "
+                            "experts.gate_up_proj (fused), experts.0.gate_proj.weight (per expert) "
+                            "or switch_mlp.gate_proj.weight (MLX)")
+
+    def _check_stack(self, stem: str, e: int, n: int, k: int) -> None:
+        """A stacked projection [e, n, k]: dense, or packed with scales and biases."""
+        base = self.key(stem)
+        if base + ".scales" not in self.ckpt:
+            self._check(base + ".weight", (e, n, k), FLOAT_DTYPES)
+            self.quant[stem] = None
+            return
+        spec = self._quant_spec(stem, base)
+        if k % spec.group_size:
+            raise BadTensor(f"{base}: in_features {k} is not a multiple of group_size {spec.group_size}")
+        self._check(base + ".weight", (e, n, k * spec.bits // 32), ("U32", "I32"))
+        self._check(base + ".scales", (e, n, k // spec.group_size), FLOAT_DTYPES)
+        self._check(base + ".biases", (e, n, k // spec.group_size), FLOAT_DTYPES)
+        self.quant[stem] = spec
+
+    def read_experts(self, p: str, inter: int) -> dict[str, Any]:
+        """{"gate", "up", "down"}: each stacked over the experts, a dense [E, N, K] tensor or
+        (packed, scales, biases, spec) with the expert axis first."""
+        layout = self.experts[p]
+        if layout == "fused":
+            gate_up = self.read(p + "experts.gate_up_proj")     # [E, 2I, H], the gate half first
+            return {"gate": gate_up[:, :inter], "up": gate_up[:, inter:],
+                    "down": self.read(p + "experts.down_proj")}
+        if layout == "stacked":
+            return {name: self.read_matrix(f"{p}switch_mlp.{name}_proj") for name in ("gate", "up", "down")}
+        e = self.cfg.moe.num_experts
+        return {name: _stack([self.read_matrix(f"{p}experts.{i}.{name}_proj") for i in range(e)])
+                for name in ("gate", "up", "down")}
+
     # -- reading -------------------------------------------------------------------------
     def read(self, local: str) -> torch.Tensor:
         return self.ckpt.read(self.key(local))
@@ -122,3 +183,10 @@ class WeightMap:
             return self.ckpt.read(key)
         base = key[: -len(".weight")]
         return self.ckpt.read(key), self.ckpt.read(base + ".scales"), self.ckpt.read(base + ".biases"), spec
+
+
+def _stack(parts: list) -> Any:
+    """Per-expert matrices stacked over a new first axis (packed ones part by part)."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.stack(parts)
+    return (*(torch.stack([q[i] for q in parts]) for i in range(3)), parts[0][3])

@@ -14,6 +14,7 @@ from . import conv as ref_conv
 from . import gated_delta as ref_gdn
 from . import gates as ref_gates
 from . import linear as ref_linear
+from . import moe as ref_moe
 from . import norm as ref_norm
 from .quant import QuantizedWeight
 from .rope import apply_rope
@@ -122,3 +123,25 @@ def gated_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out = paged_attention(q, k_cache, v_cache, batch.lanes.attention, scale, gate=gate)
         return out.view(q.shape[0], -1)
     return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
+
+
+def moe_route(logits: torch.Tensor, top_k: int) -> ref_moe.Route:
+    """Each row's top-k experts (ascending id) and renormalised weights (docs/exactness.md,
+    'Experts'). Torch ops on either device for now: a row's softmax and sort read that row alone."""
+    return ref_moe.route(logits, top_k)
+
+
+def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: ref_moe.Experts) -> torch.Tensor:
+    """[M, k, H]: each row's output of each of its experts, only the chosen experts read; on the
+    GPU three grouped products (one launch each over every chosen expert) and the SwiGLU kernel."""
+    if x.is_cuda:
+        from .triton.moe import expert_swiglu
+        return expert_swiglu(x, ids, experts)
+    return ref_moe.expert_swiglu(x, ids, experts)
+
+
+def moe_combine(routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor,
+                shared_logit: torch.Tensor) -> torch.Tensor:
+    """Σ w·y over each row's experts in ascending id, then the gated shared expert, in fp32 and
+    rounded once. Elementwise torch ops on either device: each element reads its own row."""
+    return ref_moe.combine(routed, weights, shared, shared_logit)

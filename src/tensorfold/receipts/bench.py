@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .client import Endpoint, Stream
+from .plot import PlotRequest, concurrent_panel, decode_panel, plot_one
 from .prompts import Prompt, RequestStyle
-from .report import median, short, table, write_json
+from .report import median, progress, short, table, write_json
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,14 @@ def _describe(prompt: Prompt, temperature: float, rep: int, s: Stream, **more) -
 
 def run_decode(cfg: BenchConfig) -> list[dict]:
     records = []
-    for temperature in cfg.temperatures:
-        for prompt in cfg.prompts:
-            for rep in range(cfg.reps):
-                body = cfg.body(prompt, temperature, cfg.seed_for(temperature, rep))
-                records.append(_describe(prompt, temperature, rep,
-                                         cfg.endpoint.stream(prompt.path, body)))
+    with progress(len(cfg.temperatures) * len(cfg.prompts) * cfg.reps, "bench decode") as bar:
+        for temperature in cfg.temperatures:
+            for prompt in cfg.prompts:
+                for rep in range(cfg.reps):
+                    body = cfg.body(prompt, temperature, cfg.seed_for(temperature, rep))
+                    records.append(_describe(prompt, temperature, rep,
+                                             cfg.endpoint.stream(prompt.path, body)))
+                    bar.update()
     return records
 
 
@@ -59,7 +62,7 @@ def decode_table(records: list[dict]) -> str:
                   "tokens", "sha"], rows)
 
 
-def decode_command(cfg: BenchConfig, output: str | None) -> int:
+def decode_command(cfg: BenchConfig, output: str | None, plot: PlotRequest | None = None) -> int:
     records = run_decode(cfg)
     print(decode_table(records))
     failed = [r for r in records if r["status"] != 200 or r["error"]]
@@ -69,6 +72,8 @@ def decode_command(cfg: BenchConfig, output: str | None) -> int:
               "(the server may not honour ignore_eos)")
     write_json(output, {"tool": "bench decode", "url": cfg.endpoint.url, "model": cfg.model,
                         "tokens": cfg.tokens, "records": records})
+    if plot is not None:
+        plot_one(decode_panel(records, plot), plot, f"bench decode: {cfg.model}")
     for r in failed:
         print(f"request failed: {r['prompt']} rep {r['rep']}: {r['status']} {r['error']}")
     return 1 if failed else 0
@@ -138,17 +143,21 @@ def run_concurrent(cfg: BenchConfig, levels: tuple[int, ...], alone: bool,
                    serial: bool) -> tuple[list[dict], References]:
     refs = _references(cfg, alone, serial)
     runs = []
-    for temperature in cfg.temperatures:
-        for prompt in cfg.prompts:
-            for level in levels:
-                for rep in range(cfg.reps):
-                    seed = cfg.seed_for(temperature, rep)
-                    streams = run_together(cfg.endpoint, prompt.path,
-                                           cfg.body(prompt, temperature, seed), level)
-                    runs.append({"prompt": prompt.name, "temperature": temperature, "level": level,
-                                 "rep": rep, "seed": seed, "aggregate_tok_s": aggregate(streams),
-                                 "cells": _cells(streams, (prompt.name, temperature, seed), refs),
-                                 "requests": [s.record() for s in streams]})
+    total = len(cfg.temperatures) * len(cfg.prompts) * len(levels) * cfg.reps
+    with progress(total, "bench concurrent") as bar:
+        for temperature in cfg.temperatures:
+            for prompt in cfg.prompts:
+                for level in levels:
+                    for rep in range(cfg.reps):
+                        seed = cfg.seed_for(temperature, rep)
+                        streams = run_together(cfg.endpoint, prompt.path,
+                                               cfg.body(prompt, temperature, seed), level)
+                        runs.append({
+                            "prompt": prompt.name, "temperature": temperature, "level": level,
+                            "rep": rep, "seed": seed, "aggregate_tok_s": aggregate(streams),
+                            "cells": _cells(streams, (prompt.name, temperature, seed), refs),
+                            "requests": [s.record() for s in streams]})
+                        bar.update()
     return runs, refs
 
 
@@ -177,7 +186,7 @@ def _equal(cells: list[dict], kind: str) -> str:
 
 
 def concurrent_command(cfg: BenchConfig, levels: tuple[int, ...], alone: bool, serial: bool,
-                       output: str | None) -> int:
+                       output: str | None, plot: PlotRequest | None = None) -> int:
     runs, refs = run_concurrent(cfg, levels, alone, serial)
     print(concurrent_table(runs))
     failed_requests = sum(not c["ok"] for r in runs for c in r["cells"])
@@ -194,4 +203,6 @@ def concurrent_command(cfg: BenchConfig, levels: tuple[int, ...], alone: bool, s
                         "tokens": cfg.tokens, "levels": list(levels), "runs": runs,
                         "alone": {str(k): v.record() for k, v in refs.alone.items()},
                         "serial": {str(k): v.record() for k, v in refs.serial.items()}})
+    if plot is not None:
+        plot_one(concurrent_panel(runs, plot), plot, f"bench concurrent: {cfg.model}")
     return 1 if failures else 0

@@ -87,7 +87,7 @@ class CancelCheck:
         size = self.cfg.long_prompt
         if self.window:
             size = min(size, self.window - 64)
-        ids = build_arrays(self.tokens, (size,))[:size]
+        ids = build_arrays(self.tokens, (size,), 0)[:size]
         body = {"model": self.cfg.model, "prompt": ids, "max_tokens": 16, "temperature": 0}
         s = self.cfg.endpoint.stream("/v1/completions", body, stop_after=0)
         step = Step("long prompt dropped mid-prompt", detail=f"{size} tokens, left at the headers")
@@ -127,7 +127,7 @@ class CancelCheck:
         if not self.window:
             step.problems.append("the window is unknown: pass --window N")
             return step
-        ids = build_arrays(self.tokens, (self.window + 1,))[: self.window + 1]
+        ids = build_arrays(self.tokens, (self.window + 1,), 0)[: self.window + 1]
         body = {"model": self.cfg.model, "prompt": ids, "max_tokens": 16, "temperature": 0}
         reply = self.cfg.endpoint.post("/v1/completions", body)
         step.detail = (f"{len(ids)} prompt tokens over a window of {self.window}: "

@@ -54,6 +54,25 @@ def _tokenizer_arg(p: argparse.ArgumentParser) -> None:
                    help="checkpoint folder whose tokenizer to use when the server has no /tokenize")
 
 
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the results as a chart")
+    p.add_argument("--label", default="this server", help="our series' name in the chart")
+    p.add_argument("--peer", default=None, metavar="PEER.json",
+                   help="the same tool's --output from another server, drawn beside ours")
+    p.add_argument("--peer-label", default="peer", help="the peer's name in the chart")
+    p.add_argument("--limit", type=float, default=None,
+                   help="the card's limit in tok/s (decode: per lane), drawn as a dashed line")
+
+
+def _plot(args: argparse.Namespace, key: str):
+    """The chart request, checked before the run (matplotlib present, the peer file readable)."""
+    if not args.plot:
+        return None
+    from .plot import PlotRequest, require_matplotlib
+    require_matplotlib()
+    return PlotRequest.of(args.plot, args.label, args.peer, args.peer_label, args.limit, key)
+
+
 def _endpoint(args: argparse.Namespace):
     from .client import Endpoint
     return Endpoint.of(args.url, args.api_key)
@@ -80,17 +99,18 @@ def _bench_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", default="0", help="comma list; 0 is greedy")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled requests")
     p.add_argument("--prompts", default=None, help="comma list of code,chat (default both)")
+    _plot_args(p)
 
 
 def _decode(args: argparse.Namespace) -> int:
     from .bench import decode_command
-    return decode_command(_bench_config(args), args.output)
+    return decode_command(_bench_config(args), args.output, _plot(args, "records"))
 
 
 def _concurrent(args: argparse.Namespace) -> int:
     from .bench import concurrent_command
     return concurrent_command(_bench_config(args), _ints(args.levels), args.alone, args.serial,
-                              args.output)
+                              args.output, _plot(args, "runs"))
 
 
 def _prefill(args: argparse.Namespace) -> int:
@@ -99,7 +119,8 @@ def _prefill(args: argparse.Namespace) -> int:
     endpoint = _endpoint(args)
     model = args.model or endpoint.first_model()
     cfg = PrefillConfig(endpoint, model, _ints(args.sizes), args.rounds, args.warmup, args.as_text)
-    return prefill_command(cfg, Tokens(endpoint, model, args.tokenizer), args.output)
+    return prefill_command(cfg, Tokens(endpoint, model, args.tokenizer), args.output,
+                           _plot(args, "records"))
 
 
 def _bench_parsers(sub) -> None:
@@ -125,6 +146,7 @@ def _bench_parsers(sub) -> None:
     p.add_argument("--warmup", type=int, default=2048, help="tokens of the one warm-up request")
     p.add_argument("--as-text", action="store_true",
                    help="send the arrays decoded as text (for servers that take no token ids)")
+    _plot_args(p)
     p.set_defaults(func=_guarded(_prefill))
 
 
@@ -144,7 +166,7 @@ def _known(args: argparse.Namespace) -> int:
 
 
 def _fidelity(args: argparse.Namespace) -> int:
-    from ..llm import resolve_device, resolve_dtype
+    from ..util import resolve_device, resolve_dtype
     from .fidelity import FidelityConfig, fidelity_command
     device = resolve_device(args.device)
     cfg = FidelityConfig(Path(args.checkpoint), Path(args.history),
@@ -154,7 +176,7 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _precision(args: argparse.Namespace) -> int:
-    from ..llm import resolve_device, resolve_dtype
+    from ..util import resolve_device, resolve_dtype
     from .attention_precision import PrecisionConfig, precision_command
     device = resolve_device(args.device)
     cfg = PrecisionConfig(args.heads, args.kv_heads, args.head_dim, args.length,

@@ -3,10 +3,10 @@
 The history (scripts/reference_history.py: transformers or mlx_lm, greedy, eos ignored) holds
 the reference's chosen token and top two logits at every step. We feed prompt + history in one
 request, so every history token is forced, and read our top two at every history position. A
-top-1 difference is allowed only under the tie policy of design/EXACTNESS.md (both engines'
-top two are the same two tokens, both margins within one bf16 spacing); with --float64 our
-float64 replay may settle the rest: it ranks our token first, or it has the same two
-contenders with a margin that our measured rounding (at that position) can flip.
+top-1 difference is allowed only under the tie policy (docs/exactness.md, 'Fidelity and near
+ties': both engines' top two are the same two tokens, both margins within one bf16 spacing);
+with --float64 our float64 replay may settle the rest: it ranks our token first, or it has the
+same two contenders with a margin that our measured rounding (at that position) can flip.
 """
 from __future__ import annotations
 
@@ -97,15 +97,15 @@ class Teacher:
     def logits(self, prompt_ids: list[int], steps: list[dict]) -> torch.Tensor:
         """[len(steps), V]: our logits before each history token (position pos - 1)."""
         from ..engine.engine import Engine, EngineConfig
-        from ..engine.request import SamplingParams
+        from ..engine.request import SamplingParams, Watch
 
         forced = prompt_ids + [int(s["token"]) for s in steps][:-1]
         engine = Engine(self.model(), None,
                         EngineConfig(parallel=1, context=len(forced) + 8, chunk=128))
-        req = engine.add_request(forced, SamplingParams(max_tokens=1, temperature=0.0),
-                                 keep_logits=True)
+        watch = Watch(keep_logits=True)
+        engine.add_request(forced, SamplingParams(max_tokens=1, temperature=0.0), watch=watch)
         engine.run_until_done()
-        return torch.stack([req.logits_by_position[int(s["pos"]) - 1].float().cpu()
+        return torch.stack([watch.logits[int(s["pos"]) - 1].float().cpu()
                             for s in steps])
 
 

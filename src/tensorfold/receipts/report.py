@@ -35,6 +35,12 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def progress(total: int, desc: str):
+    """A bar on stderr for long runs, shown on a terminal only (the tables go to stdout)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="req", disable=None, leave=False)
+
+
 def median(values: Sequence[float | None]) -> float | None:
     got = [v for v in values if v is not None]
     return statistics.median(got) if got else None

@@ -71,7 +71,7 @@ class DecodeGraph:
         return self.logits
 
 
-def is_decode_pass(work, keep_all) -> bool:
-    """Every lane feeds one row (its last token) and wants its logits: nothing else in the pass."""
-    return not keep_all and all(n == 1 and req.num_computed == req.num_tokens - 1
-                                and req.num_computed + 1 not in req.cuts for req, n in work)
+def is_decode_pass(work) -> bool:
+    """Every lane feeds one row and needs that row's logits (Request.logit_rows): the graph's
+    pass."""
+    return all(n == 1 and req.logit_rows(1) == range(1) for req, n in work)

@@ -5,9 +5,10 @@ import hashlib
 
 import torch
 
+from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
-from .batch import ForwardBatch, GPUMeta, Segment
+from ..ops.dispatch import lane_index
 from .cuda_graph import DecodeGraph, is_decode_pass
 
 
@@ -36,14 +37,13 @@ class ModelRunner:
         self.device = model.device
         if self.device.type == "cpu":
             self.threads = set_cpu_threads(model.weight_bytes, threads)
-        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.use_graphs = cuda_graphs and self.device.type == "cuda" and model.graph_safe
         self.context, self.graphs = context, {}
 
-    def execute(self, work, keep_all: set[int] = frozenset()) -> dict[int, torch.Tensor]:
-        """work: [(request, rows)]. Returns {index in work: logits [r, V]} for the rows that need them:
-        the last row of a segment that reaches the end of its tokens or a cut, or every row of a
-        request in `keep_all` (by index)."""
-        if self.use_graphs and is_decode_pass(work, keep_all):
+    def execute(self, work) -> dict[int, torch.Tensor]:
+        """work: [(request, rows)]. Returns {index in work: logits [r, V]} of the rows each
+        request needs (its logit_rows), for the requests that need any."""
+        if self.use_graphs and is_decode_pass(work):
             return self._replay([req for req, _ in work])
         ids, segments, logit_rows, owners = [], [], [], []
         row = 0
@@ -51,22 +51,19 @@ class ModelRunner:
             start = req.num_computed
             ids += req.all_ids[start:start + n]
             segments.append(Segment(req.slot, start, row, n, req.kv_rows[: start + n]))
-            if i in keep_all:
-                logit_rows += range(row, row + n)
-                owners += [i] * n
-            elif start + n == req.num_tokens or start + n in req.cuts:
-                logit_rows.append(row + n - 1)
-                owners.append(i)
+            wanted = req.logit_rows(n)
+            logit_rows += [row + j for j in wanted]
+            owners += [i] * len(wanted)
             row += n
         dev = self.device
         positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
         batch = ForwardBatch(
             token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=positions,
-            kv_write=torch.cat([s.kv_slots[s.start:] for s in segments]),
+            kv_write=torch.cat([s.kv_rows[s.start:] for s in segments]),
             segments=tuple(segments),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
-            gpu=GPUMeta.build(segments, dev, self.model.config.conv_kernel) if dev.type == "cuda" else None,
+            lanes=lane_index(tuple(segments), dev, self.model.config.conv_kernel),
         )
         with torch.inference_mode():
             logits = self.model.forward(batch, self.caches)

@@ -1,71 +1,68 @@
 """The FastAPI app: OpenAI routes, health, metrics, memory, tokenize; create_app builds one."""
 from __future__ import annotations
 
-import hmac
-import os
-import resource
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..engine.engine import Engine
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
-from .errors import APIError, install_handlers
+from .auth import DOCS_PATHS, MONITORING_PATHS, APIKeyCheck
+from .bodyguard import BodyGuard
+from .connections import ConnectionGuard
+from .errors import APIError, install_handlers, log, refusal_sender
 from .formats import TokenTexts
+from .limits import Limits
+from .logsafe import guard_logger
 from .metrics import Metrics
-from .prompts import encode_chat, encode_prompts
+from .page import PAGE_PATHS, mount_page
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard,
                        ModelList, TokenizeRequest)
 from .serving import SamplingDefaults, ServerState, chat, check_model, complete
+from .textwork import ChatInput, TextWorker
 
-OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
-
-
-class APIKeyCheck:
-    """Bearer-token check before anything else (body parsing included); monitoring stays open."""
-
-    def __init__(self, app: ASGIApp, api_key: str, metrics: Metrics) -> None:
-        self.app, self.expected, self.metrics = app, f"Bearer {api_key}".encode(), metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
-            return await self.app(scope, receive, send)
-        self.metrics.refused("unauthorized")
-        err = APIError(401, "invalid or missing API key (send Authorization: Bearer KEY)",
-                       code="invalid_api_key")
-        await err.response()(scope, receive, send)
+OPEN_PATHS = (*MONITORING_PATHS, *DOCS_PATHS, *PAGE_PATHS)
 
 
 def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: str,
-               api_key: str | None = None, defaults: SamplingDefaults | None = None) -> FastAPI:
-    """The server for one engine; its engine thread runs from startup to shutdown."""
+               api_key: str | None = None, defaults: SamplingDefaults | None = None,
+               web: bool = True, limits: Limits | None = None) -> FastAPI:
+    """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
+    page at GET / (server/page.py)."""
     bridge = AsyncEngine(engine)
-    metrics = Metrics(lambda: bridge.stats, engine.config.parallel)
+    metrics = Metrics(lambda: bridge.stats, bridge.facts.lanes)
+    limits = limits or Limits.for_context(bridge.facts.context, bridge.facts.max_queue)
+    limits.check()
+    text = TextWorker(tokenizer, bridge.facts.vocab_size, limits)
     state = ServerState(bridge, tokenizer, served_model_name, metrics,
-                        defaults or SamplingDefaults(), TokenTexts(tokenizer))
+                        defaults or SamplingDefaults(), TokenTexts(tokenizer), text, limits)
+    guard_logger(log)             # every server log line escaped and bounded
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         bridge.start()
         yield
         bridge.stop()
+        text.close()
 
     app = FastAPI(title="TensorFold", lifespan=lifespan)
     app.state.server = state
+    app.state.connection_guard = ConnectionGuard(limits.connections, metrics.dropped,
+                                                 metrics.refused)
     install_handlers(app)
-    if api_key:
-        app.add_middleware(APIKeyCheck, api_key=api_key, metrics=metrics)
+    app.add_middleware(BodyGuard, limits=limits, refuse=refusal_sender(metrics.refused))
+    if api_key:                   # added last: runs first, before any body is read
+        app.add_middleware(APIKeyCheck, api_key=api_key, count=metrics.refused,
+                           open_paths=OPEN_PATHS)
     _generation_routes(app, state)
     _info_routes(app, state)
     _token_routes(app, state)
+    if web:
+        mount_page(app)
     return app
 
 
@@ -97,31 +94,7 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
 
     @app.get("/memory")
     async def memory() -> dict:
-        return _memory(s.engine.engine)
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):     # not Linux: the peak is the best we have
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _memory(engine: Engine) -> dict:
-    """Bytes by owner. The KV pool includes the pages the prompt cache may hold."""
-    device = engine.model.device
-    cache = engine.prefix_cache
-    out = {"device": str(device), "weights_bytes": engine.model.weight_bytes,
-           "kv_pool_bytes": engine.caches.kv.nbytes,
-           "state_pool_bytes": engine.caches.states.nbytes,
-           "prompt_cache_bytes": cache.nbytes, "prompt_cache_budget_bytes": cache.budget_bytes,
-           "prompt_cache_entries": len(cache), "process_rss_bytes": _rss_bytes(),
-           "device_allocated_bytes": None, "device_peak_bytes": None}
-    if device.type == "cuda":
-        out["device_allocated_bytes"] = torch.cuda.memory_allocated(device)
-        out["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    return out
+        return asdict(s.engine.memory())      # bytes by owner (engine/stats.py MemoryReport)
 
 
 def _token_routes(app: FastAPI, s: ServerState) -> None:
@@ -132,20 +105,12 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
             raise APIError(400, "send exactly one of prompt and messages", "prompt",
                            code="invalid_value")
         if body.messages is not None:
-            ids = encode_chat(body.messages, s.tokenizer, body.chat_template_kwargs,
-                              body.add_generation_prompt)
+            ids = await s.text.chat(ChatInput.of(body))
         else:
-            ids = encode_prompts(body.prompt, s.tokenizer)[0]
+            ids = (await s.text.prompts(body.prompt))[0]
         return {"count": len(ids), "max_model_len": s.context, "tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
         check_model(body.model, s.model_name)
-        vocab = s.engine.engine.model.config.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})",
-                           "tokens", code="invalid_value")
-        if s.tokenizer is None:
-            raise APIError(400, "this checkpoint has no tokenizer", "tokens", code="no_tokenizer")
-        return {"prompt": s.tokenizer.decode(body.tokens)}
+        return {"prompt": await s.text.decode(body.tokens)}

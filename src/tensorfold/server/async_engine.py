@@ -15,32 +15,19 @@ import torch
 
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams, TokenEvent
+from ..engine.stats import EngineFacts, EngineStats, MemoryReport
 
 log = logging.getLogger("tensorfold.server")
 
 
 @dataclass(frozen=True)
-class Lane:
+class Choice:
     """One choice of one prompt: an engine request of its own."""
 
     index: int              # the choice's index in the response
     prompt_ids: list[int]
     params: SamplingParams
-    stream: int = 0         # which choice of its prompt: keys the random numbers with the seed
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """What the engine thread saw after its last pass (read by /metrics from any thread)."""
-
-    busy_lanes: int = 0
-    prompt_lanes: int = 0
-    waiting: int = 0
-    passes: int = 0
-    cache_misses: int = 0        # prompt-cache lookups that found no prefix
-    cache_evictions: int = 0
-    cache_inserts: int = 0
-    cache_bytes: int = 0
+    choice: int = 0         # which choice of its prompt: keys the random numbers with the seed
 
 
 def is_device_fault(exc: BaseException) -> bool:
@@ -63,7 +50,7 @@ class _Route:
 
 
 class Generation:
-    """The lanes of one HTTP request; iterate events() for (choice index, TokenEvent) pairs."""
+    """The choices of one HTTP request; iterate events() for (choice index, TokenEvent) pairs."""
 
     def __init__(self, bridge: AsyncEngine, requests: list[Request], queue: asyncio.Queue) -> None:
         self.bridge, self.requests, self.queue = bridge, requests, queue
@@ -81,7 +68,7 @@ class Generation:
             yield index, event
 
     def cancel(self) -> None:
-        """Frees the lanes at the next pass; safe to call twice or after the end."""
+        """Ends every unfinished choice at the next pass; safe to call twice or after the end."""
         for request_id in self.unfinished:
             self.bridge.engine.cancel(request_id)
 
@@ -89,7 +76,8 @@ class Generation:
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.stats = EngineStats()
+        self.facts: EngineFacts = engine.facts
+        self.stats = EngineStats()        # after the engine thread's last step (read by /metrics)
         self._routes: dict[str, _Route] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -97,22 +85,25 @@ class AsyncEngine:
         self.fault: str | None = None     # set when a device fault ended the engine thread
 
     # -- event loop side ----------------------------------------------------------------------
-    def submit(self, request_id: str, lanes: list[Lane]) -> Generation:
-        """Admits every lane or none: a refusal (InvalidRequest, QueueFull...) withdraws all."""
+    def submit(self, request_id: str, choices: list[Choice]) -> Generation:
+        """Admits every choice or none: a refusal (InvalidRequest, QueueFull...) withdraws all."""
         self.check_alive()
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         requests: list[Request] = []
         try:
-            for lane in lanes:
-                rid = f"{request_id}-{lane.index}"
+            for c in choices:
+                rid = f"{request_id}-{c.index}"
                 with self._lock:     # routed before admission, so no event can miss its queue
-                    self._routes[rid] = _Route(loop, queue, lane.index)
-                requests.append(self.engine.add_request(lane.prompt_ids, lane.params, rid,
-                                                        stream=lane.stream))
+                    self._routes[rid] = _Route(loop, queue, c.index)
+                requests.append(self.engine.add_request(c.prompt_ids, c.params, rid,
+                                                        choice=c.choice))
         except BaseException:
-            self._withdraw([f"{request_id}-{lane.index}" for lane in lanes], requests)
+            self._withdraw([f"{request_id}-{c.index}" for c in choices], requests)
             raise
         return Generation(self, requests, queue)
+
+    def memory(self) -> MemoryReport:
+        return self.engine.memory()
 
     def _withdraw(self, ids: list[str], admitted: list[Request]) -> None:
         with self._lock:
@@ -168,13 +159,14 @@ class AsyncEngine:
                 log.exception("engine pass failed")
                 self._fail_all(exc)
                 self.engine.abandon_all()            # nothing left to retry the failed pass with
+                self.stats = self.engine.stats()
                 if is_device_fault(exc):
                     self.fault = f"{type(exc).__name__}: {exc}"
                     log.error("the device faulted; the engine stops (restart the server): %s", self.fault)
                     return
                 continue
             self._dispatch(events)
-            self._record()
+            self.stats = self.engine.stats()
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
@@ -197,13 +189,3 @@ class AsyncEngine:
             route.loop.call_soon_threadsafe(route.queue.put_nowait, item)
         except RuntimeError:         # the loop is closed: nobody is listening any more
             pass
-
-    def _record(self) -> None:
-        running = list(self.engine.scheduler.running)
-        cache = self.engine.prefix_cache
-        self.stats = EngineStats(busy_lanes=len(running),
-                                 prompt_lanes=sum(r.in_prompt for r in running),
-                                 waiting=len(self.engine.scheduler.waiting),
-                                 passes=self.stats.passes + 1,
-                                 cache_misses=cache.stats.misses, cache_evictions=cache.stats.evictions,
-                                 cache_inserts=cache.stats.inserts, cache_bytes=cache.nbytes)

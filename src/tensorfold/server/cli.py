@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import time
+
+from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
 MIB = 1 << 20
@@ -34,10 +35,11 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the checkpoint folder's name)")
-    p.add_argument("--api-key", default=os.environ.get("TENSORFOLD_API_KEY"),
-                   help="require Authorization: Bearer KEY (default: $TENSORFOLD_API_KEY)")
+    add_limit_flags(p)
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="seconds running requests get to finish on SIGINT/SIGTERM before cancel")
+    p.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
+                   help="the chat page at GET / (--no-web: the API alone)")
     p.set_defaults(func=serve)
 
 
@@ -45,14 +47,21 @@ DEMO_NAME = "tensorfold-demo"
 
 
 def _build(args: argparse.Namespace):
-    from ..cli import default_checkpoint
+    from ..util import default_checkpoint
     from ..engine.engine import Engine, EngineConfig
-    from ..llm import resolve_device, resolve_dtype
+    from ..util import resolve_device, resolve_dtype
     from ..models.loader import load_model
     from ..tokenizer import Tokenizer
     from .api import create_app
+    from .auth import resolve_api_key
+    from .limits import from_args
     from .serving import SamplingDefaults
 
+    try:                     # a bad key file or limit fails before a weight is loaded
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+        limits = from_args(args, args.context, args.max_queue)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tensorfold serve: {exc}") from None
     path = default_checkpoint(args.checkpoint).resolve()
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -68,12 +77,13 @@ def _build(args: argparse.Namespace):
                           max_queue=args.max_queue,
                           prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
     engine = Engine(model, tokenizer, config)
-    defaults = SamplingDefaults.from_checkpoint(path)
+    defaults, memory = SamplingDefaults.from_checkpoint(path), engine.memory()
     log.info("loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
-             "sampling defaults %s", time.monotonic() - start, model.weight_bytes / MIB,
-             engine.caches.kv.nbytes / MIB, engine.caches.states.nbytes / MIB, defaults)
+             "sampling defaults %s", time.monotonic() - start, memory.weights_bytes / MIB,
+             memory.kv_pool_bytes / MIB, memory.state_pool_bytes / MIB, defaults)
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
-    app = create_app(engine, tokenizer, name, api_key=args.api_key, defaults=defaults)
+    app = create_app(engine, tokenizer, name, api_key=api_key, defaults=defaults,
+                     web=args.web, limits=limits)
     return app, name
 
 
@@ -94,14 +104,16 @@ def _graceful_server(config, bridge, grace: float):
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from .connections import server_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     app, name = _build(args)
     log.info("serving %r: parallel %d, context %d, chunk %d, queue %d", name, args.parallel,
              args.context, args.chunk, args.max_queue)
-    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
-                            timeout_graceful_shutdown=args.shutdown_grace + SHUTDOWN_BACKSTOP_S)
+    if args.web:
+        log.info("chat page: http://%s:%d/", args.host, args.port)
+    config = server_config(app, args.host, args.port, access_log=False,
+                           timeout_graceful_shutdown=args.shutdown_grace + SHUTDOWN_BACKSTOP_S)
     # uvicorn re-raises SIGINT/SIGTERM to the previous handler once it has shut down gracefully;
     # a no-op one there lets a signalled server end like any other: exit code 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}

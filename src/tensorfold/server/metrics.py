@@ -5,18 +5,22 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .async_engine import EngineStats
+from ..engine.stats import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES_DOC = ("Choices served, by finish reason (stop, length, cancelled), and requests refused "
-                "(invalid, unauthorized, queue_full, error)")
+                "(invalid, unauthorized, queue_full, overloaded, error)")
+REFUSALS_DOC = ("Requests and connections refused, by reason: the error code of the reply "
+                "(e.g. prompt_too_large, invalid_value, queue_full), or a connection's "
+                "(header_timeout, body_timeout, too_many_connections)")
 
 
 class Metrics:
     def __init__(self, stats: Callable[[], EngineStats], lanes: int) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("tensorfold_requests", OUTCOMES_DOC, ["outcome"], registry=r)
+        self.refusals = Counter("tensorfold_refusals", REFUSALS_DOC, ["reason"], registry=r)
         self.prompt_tokens = Counter("tensorfold_prompt_tokens", "Prompt tokens admitted",
                                      registry=r)
         self.generated_tokens = Counter("tensorfold_generation_tokens", "Tokens generated",
@@ -31,7 +35,7 @@ class Metrics:
                                        "Time between successive tokens of one choice",
                                        buckets=TOKEN_BUCKETS, registry=r)
         self._gauge("tensorfold_queue_depth", "Requests waiting for a lane",
-                    lambda: stats().waiting)
+                    lambda: stats().queued)
         self._gauge("tensorfold_lanes_busy", "Lanes holding a request", lambda: stats().busy_lanes)
         self._gauge("tensorfold_lanes_prompt", "Busy lanes still reading their prompt",
                     lambda: stats().prompt_lanes)
@@ -50,8 +54,14 @@ class Metrics:
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
 
-    def refused(self, outcome: str) -> None:
+    def refused(self, outcome: str, reason: str) -> None:
+        """A request refused: counted by outcome and by its reason (the error code)."""
         self.requests.labels(outcome=outcome).inc()
+        self.refusals.labels(reason=reason).inc()
+
+    def dropped(self, reason: str) -> None:
+        """A connection closed before it made a request (a read timeout)."""
+        self.refusals.labels(reason=reason).inc()
 
     def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int,
                  cached: int) -> None:

@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-TokenIds = list[StrictInt]
-Prompt = str | TokenIds | list[str] | list[TokenIds]
+from .limits import MAX_TEMPERATURE
+
+# A list stops at its first bad item: a 2 MB list of bad items must not cost a million errors.
+FAIL_FAST = Field(fail_fast=True)
+TokenIds = Annotated[list[StrictInt], FAIL_FAST]
+Prompt = str | TokenIds | Annotated[list[str], FAIL_FAST] | Annotated[list[TokenIds], FAIL_FAST]
+# JSON's numbers only (Python's parser also takes Infinity and NaN); a bool is never "yes".
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Temperature = Annotated[float, Field(allow_inf_nan=False, le=MAX_TEMPERATURE)]
+Seed = Annotated[StrictInt, Field(ge=-(1 << 63), le=(1 << 63) - 1)]     # int64, as vLLM
 
 # Fields that would change the output: refused when set to anything but their no-op value.
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -17,8 +25,8 @@ IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class GenerationRequest(BaseModel):
@@ -28,26 +36,26 @@ class GenerationRequest(BaseModel):
 
     model: str | None = None
     max_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Temperature | None = None
+    top_p: Finite | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
-    seed: StrictInt | None = None
-    stop: str | list[str] | None = None
+    min_p: Finite | None = None
+    seed: Seed | None = None
+    stop: str | Annotated[list[str], FAIL_FAST] | None = None   # sizes: serving.check_stops
     stop_token_ids: TokenIds | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     n: StrictInt = 1
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    draft: bool | None = None              # no drafter yet: every request is served plain
-    return_token_ids: bool = False         # adds token_ids to each choice (and chunk)
+    draft: StrictBool | None = None        # no drafter yet: every request is served plain
+    return_token_ids: StrictBool = False   # adds token_ids to each choice (and chunk)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Any] | None = None      # refused unless empty
     user: str | None = None
     metadata: dict[str, Any] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -67,7 +75,7 @@ class GenerationRequest(BaseModel):
 class CompletionRequest(GenerationRequest):
     prompt: Prompt
     logprobs: StrictInt | None = None
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
 
@@ -88,20 +96,21 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], FAIL_FAST] | None = None
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], FAIL_FAST]
     max_completion_tokens: StrictInt | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None       # only with --trust-request-chat-template
+    add_generation_prompt: StrictBool = True
+    tools: Annotated[list[dict[str, Any]], FAIL_FAST] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     def unsupported(self) -> str | None:
         if self.tools:
@@ -116,9 +125,10 @@ class ChatCompletionRequest(GenerationRequest):
 class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    messages: Annotated[list[ChatMessage], FAIL_FAST] | None = None
+    add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
 
 
 class DetokenizeRequest(BaseModel):

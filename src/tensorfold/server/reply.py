@@ -1,5 +1,5 @@
-"""One request's answer: events from its lanes become a JSON response or an SSE stream, and a
-client that leaves (or a server that stops) cancels the lanes still running."""
+"""One request's answer: events from its choices become a JSON response or an SSE stream, and a
+client that leaves (or a server that stops) cancels the choices still running."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine.request import TokenEvent
-from .async_engine import EngineFailed, Generation, Lane
+from .async_engine import Choice, EngineFailed, Generation
 from .errors import APIError
 from .formats import ChatFormat, ChoiceState, CompletionFormat, usage
 from .metrics import Metrics
@@ -27,14 +27,14 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 class Reply:
     """Drives one Generation to its end, keeping per-choice state, metrics and the log line."""
 
-    def __init__(self, request_id: str, lanes: list[Lane], gen: Generation,
+    def __init__(self, request_id: str, asked: list[Choice], gen: Generation,
                  fmt: CompletionFormat | ChatFormat, metrics: Metrics,
                  prefixes: dict[int, str]) -> None:
         self.request_id, self.gen, self.fmt, self.metrics = request_id, gen, fmt, metrics
-        self.lanes = lanes
-        self.requests = {lane.index: req for lane, req in zip(lanes, gen.requests)}
-        self.choices = {lane.index: ChoiceState(lane.index, len(lane.prompt_ids),
-                                                prefixes.get(lane.index, "")) for lane in lanes}
+        self.asked = asked
+        self.requests = {c.index: req for c, req in zip(asked, gen.requests)}
+        self.choices = {c.index: ChoiceState(c.index, len(c.prompt_ids), prefixes.get(c.index, ""))
+                        for c in asked}
 
     def add(self, index: int, event: TokenEvent) -> ChoiceState:
         c, now = self.choices[index], time.monotonic()
@@ -57,7 +57,7 @@ class Reply:
         self.metrics.finished(reason, c.prompt_tokens, len(c.token_ids), req.cached_tokens)
 
     def close(self, status: int) -> None:
-        """Cancels lanes still running (the client left) and writes the request's log line."""
+        """Cancels choices still running (the client left) and writes the request's log line."""
         self.gen.cancel()
         for c in self.choices.values():
             if c.finish_reason is None:
@@ -65,10 +65,10 @@ class Reply:
         self._log(status)
 
     def usage(self) -> Usage:
-        """Each prompt counts once (its first choice's lane), however many choices it has."""
-        firsts = [lane for lane in self.lanes if lane.stream == 0]
-        prompt = sum(len(lane.prompt_ids) for lane in firsts)
-        cached = sum(self.requests[lane.index].cached_tokens for lane in firsts)
+        """Each prompt counts once (its first choice), however many choices it has."""
+        firsts = [c for c in self.asked if c.choice == 0]
+        prompt = sum(len(c.prompt_ids) for c in firsts)
+        cached = sum(self.requests[c.index].cached_tokens for c in firsts)
         return usage(list(self.choices.values()), prompt, cached)
 
     def _log(self, status: int) -> None:

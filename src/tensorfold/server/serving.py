@@ -1,4 +1,4 @@
-"""The two generation endpoints: checks, prompt ids, sampling parameters, lanes, then the reply."""
+"""The two generation endpoints: checks, prompt ids, sampling parameters, choices, the reply."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,16 @@ from fastapi import Request
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
-from .async_engine import AsyncEngine, EngineFailed, Lane
+from .async_engine import AsyncEngine, Choice, EngineFailed
 from .errors import APIError, from_engine
 from .formats import ChatFormat, CompletionFormat, TokenTexts
+from .limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Limits
+from .logsafe import names
 from .metrics import Metrics
-from .prompts import encode_chat, encode_prompts
+from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
+from .textwork import ChatInput, TextWorker
 
 log = logging.getLogger("tensorfold.server")
 MAX_N = 128
@@ -52,18 +55,20 @@ class ServerState:
     metrics: Metrics
     defaults: SamplingDefaults
     texts: TokenTexts
+    text: TextWorker                     # tokenizing and templates, off the event loop
+    limits: Limits
 
     @property
     def context(self) -> int:
-        return self.engine.engine.config.context
+        return self.engine.facts.context
 
 
 @dataclass(frozen=True)
 class Job:
-    """A request ready for the engine: its lanes and how to answer."""
+    """A request ready for the engine: its choices and how to answer."""
 
     request_id: str
-    lanes: list[Lane]
+    choices: list[Choice]
     stream: bool
     include_usage: bool
     prefixes: dict[int, str]             # echoed prompt text by choice index
@@ -71,18 +76,21 @@ class Job:
 
 
 async def complete(s: ServerState, body: CompletionRequest, request: Request):
-    check_common(body, s.model_name)
+    check_common(body, s)
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported",
                        "echo", code="unsupported")
-    prompts = encode_prompts(body.prompt, s.tokenizer)
+    check_choices(len(split_prompt(body.prompt)), body.n, "prompt", s)   # before tokenizing
+    prompts = await s.text.prompts(body.prompt)
+    check_context(prompts, "prompt", s)
     renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
     params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
-    lanes = lanes_for(prompts, params, body.n)
+    choices = choices_for(prompts, params, body.n)
     prefixes = {}
     if body.echo and s.tokenizer is not None:
-        prefixes = {lane.index: s.tokenizer.decode(lane.prompt_ids) for lane in lanes}
-    job = Job(f"cmpl-{uuid.uuid4().hex}", lanes, body.stream, body.include_usage, prefixes,
+        texts = [await s.text.decode(ids) for ids in prompts]
+        prefixes = {c.index: texts[c.index // body.n] for c in choices}
+    job = Job(f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes,
               renames)
     fmt = CompletionFormat(job.request_id, s.model_name, s.texts, body.logprobs is not None,
                            body.return_token_ids)
@@ -90,19 +98,20 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
 
 
 async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
-    check_common(body, s.model_name)
+    check_common(body, s)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs",
                        code="invalid_value")
-    ids = encode_chat(body.messages, s.tokenizer, body.chat_template_kwargs,
-                      body.add_generation_prompt)
+    check_choices(1, body.n, "messages", s)
+    ids = await s.text.chat(ChatInput.of(body))
+    check_context([ids], "messages", s)
     limit_name = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     limit = getattr(body, limit_name)
     renames = {"logprobs": "top_logprobs", "prompt": "messages",
                "max_tokens": limit_name if limit is not None else "messages"}
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, s.defaults, limit, top, renames)
-    job = Job(f"chatcmpl-{uuid.uuid4().hex}", lanes_for([ids], params, body.n), body.stream,
+    job = Job(f"chatcmpl-{uuid.uuid4().hex}", choices_for([ids], params, body.n), body.stream,
               body.include_usage, {}, renames)
     fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
     return await respond(s, job, fmt, request)
@@ -130,35 +139,76 @@ def check_model(name: str | None, served: str) -> None:
                        "model", code="model_not_found", type="not_found_error")
 
 
-def check_common(req: GenerationRequest, served: str) -> None:
-    """Refusals that do not need the engine: wrong model, n out of range, unsupported fields."""
-    check_model(req.model, served)
+def check_common(req: GenerationRequest, s: ServerState) -> None:
+    """Refusals that do not need the prompt: wrong model, n out of range, unsupported fields,
+    stops the engine could not check cheaply at every token."""
+    check_model(req.model, s.model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n",
                        code="invalid_value")
     bad = req.unsupported()
     if bad is not None:
         raise APIError(400, f"{bad} is not supported by this server", bad, code="unsupported")
+    check_stops(req, s.text.vocab_size)
     if req.model_extra:
-        log.warning("ignoring unknown fields: %s", ", ".join(sorted(req.model_extra)))
+        log.warning("ignoring %d unknown field(s): %s", len(req.model_extra),
+                    names(sorted(req.model_extra)))
 
 
-def lanes_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Lane]:
-    """Choice i of prompt p has index p * n + i and stream i, whatever else is in the batch."""
-    return [Lane(p * n + i, ids, params, stream=i)
+def check_stops(req: GenerationRequest, vocab_size: int) -> None:
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS}", "stop",
+                       code="invalid_value")
+    for stop in stops:
+        if not 1 <= len(stop) <= MAX_STOP_CHARS:
+            raise APIError(400, f"a stop string must have 1 to {MAX_STOP_CHARS} characters, "
+                           f"not {len(stop)}", "stop", code="invalid_value")
+    ids = req.stop_token_ids or []
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}",
+                       "stop_token_ids", code="invalid_value")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"stop token id {bad} is outside the vocabulary [0, {vocab_size})",
+                       "stop_token_ids", code="invalid_value")
+
+
+def check_choices(prompts: int, n: int, param: str, s: ServerState) -> None:
+    """More choices than the queue holds can never be admitted: a 400, not a 429 to retry."""
+    choices, queue = prompts * n, s.limits.max_queue
+    if choices > queue:
+        who = "n" if n > 1 else param
+        raise APIError(400, f"{prompts} prompt(s) x n={n} = {choices} choices can never wait "
+                       f"in a queue of {queue} (--max-queue); send at most {queue}", who,
+                       code="too_many_choices")
+
+
+def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
+    """A prompt past the context on its own is the prompt's fault, not max_tokens'."""
+    longest = max((len(ids) for ids in prompts), default=0)
+    if longest >= s.context:
+        raise APIError(413, f"the prompt is {longest} tokens; the context is {s.context} tokens "
+                       "and at least one must be generated", param,
+                       code="context_length_exceeded")
+
+
+def choices_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Choice]:
+    """Choice i of prompt p has index p * n + i and choice i, whatever else is in the batch."""
+    return [Choice(p * n + i, ids, params, choice=i)
             for p, ids in enumerate(prompts) for i in range(n)]
 
 
 async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat,
                   request: Request):
-    """Admits the job's lanes (or refuses with the engine's reason), then answers."""
+    """Admits the job's choices (or refuses with the engine's reason), then answers."""
     try:
-        gen = s.engine.submit(job.request_id, job.lanes)
+        gen = s.engine.submit(job.request_id, job.choices)
     except (RequestError, QueueFull) as exc:
         raise from_engine(exc, job.renames) from exc
     except EngineFailed as exc:             # the engine has stopped: nothing can be served
         raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
-    reply = Reply(job.request_id, job.lanes, gen, fmt, s.metrics, job.prefixes)
+    reply = Reply(job.request_id, job.choices, gen, fmt, s.metrics, job.prefixes)
     if job.stream:
         return EventStream(stream_events(reply, job.include_usage), headers=SSE_HEADERS)
     return await collect(reply, request)

@@ -1,8 +1,10 @@
 """`tensorfold make-random OUT --shape 9b`: a loadable checkpoint of a released shape with random
 weights, for benchmarks without downloads. Timings do not depend on weight values.
 
-bf16 files use the Hugging Face layout; quantized ones (--quantize 4 or mixed) the MLX layout with
-affine-packed weights (random words, small signed scales) and a `quantization` block."""
+bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--quantize 4 or mixed)
+the MLX layout with affine-packed weights (random words, small signed scales) and a `quantization`
+block (MoE experts stacked as `switch_mlp`, the router and the shared-expert gate at 8 bits, as
+mlx_lm makes them)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .shapes import SHAPES, text_config
+from .shapes import SHAPES, model_types, text_config
 
 SHARD_BYTES = 4 << 30
 MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")   # 6-bit in the mixed recipe
@@ -51,9 +53,10 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copyfile(src / name, dst / name)
 
 
-def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
-    """(local name, shape, kind) of every text tensor; kind: linear, norm (zero-centred), or raw."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+def _tensors(cfg: dict, mlx: bool = False) -> list[tuple[str, tuple[int, ...], str]]:
+    """(local name, shape, kind) of every text tensor; kind: linear, router (a projection kept at 8
+    bits when packed), experts (fused HF experts), norm (zero-centred), or raw."""
+    h, i = cfg["hidden_size"], cfg.get("intermediate_size", 0)
     d, hq, hkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hv, dk, dv = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     key_dim, value_dim = cfg["linear_num_key_heads"] * dk, hv * dv
@@ -63,9 +66,10 @@ def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
         out.append(("lm_head", (cfg["vocab_size"], h), "linear"))
     for n, kind in enumerate(cfg["layer_types"]):
         p = f"layers.{n}."
-        out += [(p + "input_layernorm.weight", (h,), "norm"), (p + "post_attention_layernorm.weight", (h,), "norm"),
-                (p + "mlp.gate_proj", (i, h), "linear"), (p + "mlp.up_proj", (i, h), "linear"),
-                (p + "mlp.down_proj", (h, i), "linear")]
+        out += [(p + "input_layernorm.weight", (h,), "norm"), (p + "post_attention_layernorm.weight", (h,), "norm")]
+        out += _moe_tensors(cfg, p + "mlp.", mlx) if "num_experts" in cfg else [
+            (p + "mlp.gate_proj", (i, h), "linear"), (p + "mlp.up_proj", (i, h), "linear"),
+            (p + "mlp.down_proj", (h, i), "linear")]
         if kind == "full_attention":
             a = p + "self_attn."
             out += [(a + "q_proj", (2 * hq * d, h), "linear"), (a + "k_proj", (hkv * d, h), "linear"),
@@ -79,6 +83,19 @@ def _tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
                     (g + "A_log", (hv,), "a_log"), (g + "dt_bias", (hv,), "raw"),
                     (g + "norm.weight", (dv,), "gnorm")]
     return out
+
+
+def _moe_tensors(cfg: dict, p: str, mlx: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    h, e = cfg["hidden_size"], cfg["num_experts"]
+    i, s = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    if mlx:
+        experts = [(p + "switch_mlp.gate_proj", (e, i, h), "linear"), (p + "switch_mlp.up_proj", (e, i, h), "linear"),
+                   (p + "switch_mlp.down_proj", (e, h, i), "linear")]
+    else:
+        experts = [(p + "experts.gate_up_proj", (e, 2 * i, h), "experts"), (p + "experts.down_proj", (e, h, i), "experts")]
+    return [(p + "gate", (e, h), "router"), *experts,
+            (p + "shared_expert.gate_proj", (s, h), "linear"), (p + "shared_expert.up_proj", (s, h), "linear"),
+            (p + "shared_expert.down_proj", (h, s), "linear"), (p + "shared_expert_gate", (1, h), "router")]
 
 
 class _Writer:
@@ -114,27 +131,37 @@ def make_random(out: str | Path, shape: str, quantize: str | None = None, group_
     cfg = text_config(shape)
     g = torch.Generator(device=device).manual_seed(seed)
     mlx = quantize is not None
+    top_type, text_type = model_types(shape)
     prefix, head = ("language_model.model.", "language_model.lm_head") if mlx else ("model.", "lm_head")
     writer = _Writer(out)
     quant: dict = {"group_size": group_size, "bits": 4, "mode": "affine"} if mlx else {}
-    for local, dims, kind in tqdm(_tensors(cfg), desc=f"random {shape}", unit="tensor"):
+    for local, dims, kind in tqdm(_tensors(cfg, mlx), desc=f"random {shape}", unit="tensor"):
         stem = head if local == "lm_head" else prefix + local
-        if kind == "linear" and mlx:
-            bits = 6 if quantize == "mixed" and any(s in local for s in MIXED_HIGH) else 4
-            if bits != 4:
-                quant[stem] = {"group_size": group_size, "bits": bits, "mode": "affine"}
-            for suffix, t in _packed(dims, bits, group_size, g, device).items():
+        if kind in ("linear", "router") and mlx:
+            bits, gs = _bits(local, kind, quantize), 64 if kind == "router" else group_size
+            if (bits, gs) != (4, group_size):
+                quant[stem] = {"group_size": gs, "bits": bits, "mode": "affine"}
+            for suffix, t in _packed(dims, bits, gs, g, device).items():
                 writer.add(f"{stem}.{suffix}", t)
         else:
-            writer.add(stem if kind != "linear" else stem + ".weight", _dense(dims, kind, mlx, g, device))
+            suffix = ".weight" if kind in ("linear", "router") else ""
+            writer.add(stem + suffix, _dense(dims, kind, mlx, g, device))
     writer.close()
-    config = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-              "text_config": dict(cfg, model_type="qwen3_5_text"),
+    arch = "Qwen3_5MoeForConditionalGeneration" if top_type.endswith("moe") else "Qwen3_5ForConditionalGeneration"
+    config = {"model_type": top_type, "architectures": [arch],
+              "text_config": dict(cfg, model_type=text_type),
               "tie_word_embeddings": cfg["tie_word_embeddings"], "eos_token_id": 248046}
     if mlx:
         config["quantization"] = config["quantization_config"] = quant
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
+
+
+def _bits(local: str, kind: str, quantize: str) -> int:
+    """The router and the shared-expert gate at 8 bits g64 (routing decides which experts run)."""
+    if kind == "router":
+        return 8
+    return 6 if quantize == "mixed" and any(s in local for s in MIXED_HIGH) else 4
 
 
 def _dense(dims, kind, mlx, g, device) -> torch.Tensor:
@@ -147,16 +174,16 @@ def _dense(dims, kind, mlx, g, device) -> torch.Tensor:
         t = torch.randn(dims, generator=g, device=device) * 0.05
         shifted = kind == "gnorm" or mlx              # MLX stores 1 + w; the gated norm is plain
         return (t + 1.0 if shifted else t).to(torch.bfloat16 if kind == "norm" or mlx else torch.float32)
-    std = dims[-1] ** -0.5 if kind == "linear" else 0.5
+    std = dims[-1] ** -0.5 if kind in ("linear", "router", "experts") else 0.5
     return (torch.randn(dims, generator=g, device=device) * std).to(torch.bfloat16)
 
 
 def _packed(dims, bits, group_size, g, device) -> dict[str, torch.Tensor]:
-    n, k = dims
-    words = torch.randint(-(1 << 31), (1 << 31) - 1, (n, k * bits // 32), generator=g, device=device,
+    *lead, k = dims                                 # [N, K], or [E, N, K] for stacked experts
+    words = torch.randint(-(1 << 31), (1 << 31) - 1, (*lead, k * bits // 32), generator=g, device=device,
                           dtype=torch.int64).to(torch.int32).view(torch.uint32)
     step = (2.0 * k ** -0.5) / ((1 << bits) - 1)
-    sign = torch.where(torch.rand((n, k // group_size), generator=g, device=device) < 0.5, -1.0, 1.0)
+    sign = torch.where(torch.rand((*lead, k // group_size), generator=g, device=device) < 0.5, -1.0, 1.0)
     scales = (sign * step).to(torch.bfloat16)
     biases = (-scales.float() * ((1 << bits) - 1) / 2).to(torch.bfloat16)
     return {"weight": words, "scales": scales, "biases": biases}

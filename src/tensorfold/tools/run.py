@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..util import default_checkpoint, resolve_device, resolve_dtype, token_sha
 from ..engine.engine import Engine, EngineConfig
-from ..engine.request import SamplingParams
+from ..engine.request import SamplingParams, Watch
 from ..models.loader import load_model
 from ..tokenizer import Tokenizer
 
@@ -43,8 +43,8 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
     def on_finish(req, logits):
         prints.append(("reply end", req.num_computed, engine.fingerprint(req, logits)))
 
-    req = engine.add_request(ids, params, cuts=cuts, on_cut=on_cut if seams else None,
-                             on_finish=on_finish if seams else None)
+    watch = Watch(cuts=cuts, on_cut=on_cut, on_finish=on_finish) if seams else None
+    req = engine.add_request(ids, params, watch=watch)
     engine.run_until_done()
     return req, prints
 

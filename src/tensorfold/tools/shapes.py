@@ -1,4 +1,5 @@
-"""The released dense Qwen3.5 shapes (docs/model.md, 'Released shapes') as text_config dicts."""
+"""The released Qwen3.5 shapes, dense and MoE (docs/model.md, 'Released shapes' and 'Mixture of
+experts'), as text_config dicts."""
 from __future__ import annotations
 
 COMMON = {
@@ -16,7 +17,20 @@ SHAPES = {  # hidden, intermediate, layers, q heads, kv heads, GDN value heads, 
     "9b": (4096, 12288, 32, 16, 4, 32, False),
     "27b": (5120, 17408, 64, 24, 4, 48, False),
     "tiny": (128, 256, 8, 4, 2, 4, False),
+    "35b-a3b": (2048, 0, 40, 16, 2, 32, False),
+    "122b-a10b": (3072, 0, 48, 32, 2, 64, False),
+    "tiny-moe": (128, 0, 4, 4, 2, 4, False),
 }
+MOE_SHAPES = {  # experts, top-k, expert intermediate, shared-expert intermediate
+    "35b-a3b": (256, 8, 512, 512),
+    "122b-a10b": (256, 8, 1024, 1024),
+    "tiny-moe": (8, 2, 64, 128),
+}
+
+
+def model_types(shape: str) -> tuple[str, str]:
+    """(model_type, text_config.model_type) of the shape's config.json."""
+    return ("qwen3_5_moe", "qwen3_5_moe_text") if shape in MOE_SHAPES else ("qwen3_5", "qwen3_5_text")
 
 
 def text_config(shape: str) -> dict:
@@ -25,7 +39,12 @@ def text_config(shape: str) -> dict:
                num_attention_heads=heads, num_key_value_heads=kv, linear_num_value_heads=v_heads,
                tie_word_embeddings=tied)
     cfg["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-    if shape == "tiny":
+    if shape.startswith("tiny"):
         cfg.update(vocab_size=512, head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32,
                    linear_num_key_heads=2)
+    if shape in MOE_SHAPES:
+        experts, top_k, inter, shared = MOE_SHAPES[shape]
+        del cfg["intermediate_size"]
+        cfg.update(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=inter,
+                   shared_expert_intermediate_size=shared)
     return cfg

@@ -1,0 +1,117 @@
+"""cache/prefix_cache.py alone, over a tiny KV pool: lookup of the longest cached cut, insert,
+least-recently-used eviction under a byte budget, and the pages' reference counts."""
+import torch
+
+from tensorfold.cache import KVPool, StatePool
+from tensorfold.cache.prefix_cache import PrefixCache
+
+PAGE = 4
+
+
+def pools(pages: int = 64) -> tuple[KVPool, StatePool]:
+    kv = KVPool(1, pages, PAGE, 1, 2, torch.float32, torch.device("cpu"))
+    states = StatePool(1, 2, 3, 2, 1, 2, 2, torch.float32, torch.device("cpu"))
+    return kv, states
+
+
+def entry_bytes(kv: KVPool, states: StatePool, cut: int) -> int:
+    return kv.pages_for(cut) * kv.page_bytes + states.snapshot(0).nbytes
+
+
+def cache_with(budget: int = 1 << 20, pages: int = 64):
+    kv, states = pools(pages)
+    return PrefixCache(kv, budget), kv, states
+
+
+def lane(kv: KVPool, tokens: int) -> list[int]:
+    return kv.allocate(kv.pages_for(tokens))
+
+
+PROMPT = list(range(100, 140))
+
+
+def test_lookup_finds_the_longest_cached_cut_that_prefixes_the_prompt():
+    cache, kv, states = cache_with()
+    pages = lane(kv, 40)
+    for cut in (8, 10, 16):
+        assert cache.insert(PROMPT[:cut], pages, states.snapshot(0))
+    assert cache.insert([7] * 20, pages, states.snapshot(0))        # another prompt
+    assert cache.lookup(PROMPT).cut == 16
+    assert cache.lookup(PROMPT[:16]).cut == 10        # at least one token is left to compute
+    assert cache.lookup(PROMPT[:11]).cut == 10
+    assert cache.lookup(PROMPT[:10] + [0] * 9).cut == 10
+    assert cache.lookup(PROMPT[:9] + [0] * 9).cut == 8     # 10 shares the page hash, not its tail
+    assert cache.lookup(PROMPT[:6] + [0] * 9) is None
+    assert cache.lookup([7] * 25).cut == 20
+
+
+def test_insert_shares_pages_and_refuses_duplicates_and_the_oversized():
+    kv, states = pools()
+    snap = states.snapshot(0)
+    cache = PrefixCache(kv, entry_bytes(kv, states, 12))
+    pages = lane(kv, 40)
+    free = kv.free_pages
+    assert cache.insert(PROMPT[:12], pages, snap)
+    assert not cache.insert(PROMPT[:12], pages, snap)
+    assert not cache.insert(PROMPT[:13], pages, snap)             # over the whole budget
+    assert len(cache) == 1 and cache.nbytes == entry_bytes(kv, states, 12)
+    assert cache.stats.inserts == 1 and cache.stats.evictions == 0
+    kv.release(pages)                                               # the lane ends
+    assert kv.free_pages == free + len(pages) - 3                   # the cache holds 3 pages
+    cache.clear()
+    assert kv.free_pages == kv.num_pages and cache.nbytes == 0 and len(cache) == 0
+
+
+def test_eviction_is_least_recently_used_within_the_byte_budget():
+    kv, states = pools()
+    snap = states.snapshot(0)
+    size = entry_bytes(kv, states, 8)
+    cache = PrefixCache(kv, 2 * size)
+    pages = lane(kv, 8)
+    a, b, c = [[t] * 8 for t in (1, 2, 3)]
+    cache.insert(a, pages, snap)
+    cache.insert(b, pages, snap)
+    assert cache.lookup(a + [0]).cut == 8          # a is now the most recently used
+    cache.insert(c, pages, snap)
+    assert cache.nbytes <= 2 * size and cache.stats.evictions == 1
+    assert cache.lookup(b + [0]) is None
+    assert cache.lookup(a + [0]) is not None and cache.lookup(c + [0]) is not None
+
+
+def test_make_room_for_pages_evicts_oldest_first_and_frees_their_pages():
+    cache, kv, states = cache_with(pages=8)
+    snap = states.snapshot(0)
+    for t in (1, 2, 3):
+        pages = lane(kv, 8)
+        cache.insert([t] * 8, pages, snap)
+        kv.release(pages)                           # each lane ends; the cache keeps its pages
+    assert kv.free_pages == 2
+    cache.make_room(pages=4)
+    assert kv.free_pages == 4 and len(cache) == 2
+    assert cache.lookup([1] * 9) is None and cache.lookup([3] * 9) is not None
+
+
+def test_an_entry_evicted_while_a_lane_reads_it_keeps_the_pages_until_the_lane_ends():
+    cache, kv, states = cache_with()
+    pages = lane(kv, 8)
+    cache.insert(PROMPT[:8], pages, states.snapshot(0))
+    kv.release(pages)
+    entry = cache.lookup(PROMPT)
+    held = kv.share(entry.pages)                   # a lane resumes from it
+    cache.clear()
+    assert kv.free_pages == kv.num_pages - 2
+    kv.release(held)
+    assert kv.free_pages == kv.num_pages
+
+
+def test_record_counts_hits_and_misses_and_a_disabled_cache_does_nothing():
+    cache, kv, states = cache_with()
+    pages = lane(kv, 8)
+    cache.insert(PROMPT[:8], pages, states.snapshot(0))
+    cache.record(cache.lookup(PROMPT))
+    cache.record(cache.lookup([0] * 9))
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens) == (1, 1, 8)
+    off = PrefixCache(kv, 0)
+    assert not off.enabled and not off.insert(PROMPT[:8], pages, states.snapshot(0))
+    off.record(None)
+    assert off.lookup(PROMPT) is None and off.stats.misses == 0
