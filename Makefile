@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 
-.PHONY: install serve test clean browser
+.PHONY: install serve test lint clean browser
 
 install: $(STAMP)
 
@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(PY) -m pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # tests/test_web_page.py drives Debian's chromium (through Playwright, never its own download).
 # Installed here when missing, where apt-get may run as root; otherwise that test is skipped.

@@ -4,6 +4,7 @@ ratio of the card's limit. Prints a table last.
 
     PYTHONPATH=src python3 benchmarks/h200.py --out /tmp/bench [--sizes 2048,8192,32768,65536]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from inexact import make_inexact
 from tqdm import tqdm
 
 from tensorfold.engine.engine import Engine, EngineConfig
@@ -20,8 +22,6 @@ from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.receipts.plot import require_matplotlib
 from tensorfold.tools.make_random import make_random
-
-from inexact import make_inexact
 
 VOCAB = 248320
 
@@ -46,7 +46,7 @@ def ceilings() -> dict:
     for _ in range(20):
         a @ a
     torch.cuda.synchronize()
-    flops = 2 * 8192 ** 3 * 20 / (time.perf_counter() - t)
+    flops = 2 * 8192**3 * 20 / (time.perf_counter() - t)
     return {"copy_bytes_per_s": copy, "bf16_flops": flops}
 
 
@@ -58,9 +58,18 @@ class Run:
     exact: bool = True
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
-        return Engine(model, None, EngineConfig(parallel=parallel, context=context, chunk=chunk,
-                                                token_budget=max(chunk, parallel) + parallel, max_queue=4096,
-                                                cuda_graphs=self.graphs))
+        return Engine(
+            model,
+            None,
+            EngineConfig(
+                parallel=parallel,
+                context=context,
+                chunk=chunk,
+                token_budget=max(chunk, parallel) + parallel,
+                max_queue=4096,
+                cuda_graphs=self.graphs,
+            ),
+        )
 
     def load(self, path: Path):
         model = load_model(path, dtype=torch.bfloat16, device="cuda")
@@ -73,9 +82,13 @@ def start_decoding(eng: Engine, lanes: int, tokens: int) -> list:
     """`lanes` greedy requests of random 32-token prompts, stepped until every lane decodes (and a
     few steps more, so each lane count's graph is captured before anything is timed)."""
     g = torch.Generator().manual_seed(lanes)
-    reqs = [eng.add_request(torch.randint(0, VOCAB, (32,), generator=g).tolist(),
-                            SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
-            for _ in range(lanes)]
+    reqs = [
+        eng.add_request(
+            torch.randint(0, VOCAB, (32,), generator=g).tolist(),
+            SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True),
+        )
+        for _ in range(lanes)
+    ]
     while any(r.in_prompt or not r.output_ids for r in reqs):
         eng.step()
     for _ in range(4):
@@ -99,7 +112,7 @@ def prefill(model, n: int, run: Run, chunk: int = 4096) -> float:
     eng = run.engine(model, 1, n + 8, chunk)
     ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist()
     # the warm-up fills passes as large as the measured ones, so their launch shapes are timed here
-    warm = eng.add_request(ids[:min(n, chunk)], SamplingParams(max_tokens=1, temperature=0.0))
+    warm = eng.add_request(ids[: min(n, chunk)], SamplingParams(max_tokens=1, temperature=0.0))
     eng.run_until_done()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -113,14 +126,21 @@ def prefill(model, n: int, run: Run, chunk: int = 4096) -> float:
 def resume(model, n: int) -> dict:
     """Time to first token of an n-token prompt computed fresh, then sent again and resumed from the
     prompt cache; the tokens must be equal, and the cache's bytes per cached token."""
-    eng = Engine(model, None, EngineConfig(parallel=1, context=n + 8, chunk=4096, prompt_cache_bytes=8 << 30,
-                                           cache_every=4096))
+    eng = Engine(
+        model,
+        None,
+        EngineConfig(
+            parallel=1, context=n + 8, chunk=4096, prompt_cache_bytes=8 << 30, cache_every=4096
+        ),
+    )
     ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(7)).tolist()
     times, reqs = [], []
     for _ in range(2):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        reqs.append(eng.add_request(ids, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)))
+        reqs.append(
+            eng.add_request(ids, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        )
         while not reqs[-1].output_ids:
             eng.step()
         torch.cuda.synchronize()
@@ -128,8 +148,14 @@ def resume(model, n: int) -> dict:
         eng.run_until_done()
     assert reqs[0].output_ids == reqs[1].output_ids, "resumed != fresh"
     cache = eng.prefix_cache
-    return {"fresh_ttft_s": times[0], "resumed_ttft_s": times[1], "cached_tokens": reqs[1].cached_tokens,
-            "cache_bytes": cache.nbytes, "entries": len(cache), "kv_bytes_per_token": cache.kv.page_bytes / 16}
+    return {
+        "fresh_ttft_s": times[0],
+        "resumed_ttft_s": times[1],
+        "cached_tokens": reqs[1].cached_tokens,
+        "cache_bytes": cache.nbytes,
+        "entries": len(cache),
+        "kv_bytes_per_token": cache.kv.page_bytes / 16,
+    }
 
 
 def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run) -> list[dict]:
@@ -138,18 +164,31 @@ def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run
     label = path.name if run.exact else f"{path.name} (inexact)"
     weight_bytes = model.weight_bytes
     params = sum(lin.out_features * lin.in_features for lin in model.linears())
-    params_flops = 2 * params                      # ~2 FLOP per product parameter per token
+    params_flops = 2 * params  # ~2 FLOP per product parameter per token
     rows = []
     for n in tqdm(lanes, desc=f"{label} decode", unit="lanes"):
         rate = decode(model, n, run)
-        bound = limits["copy_bytes_per_s"] / weight_bytes * n   # weights read once per pass
+        bound = limits["copy_bytes_per_s"] / weight_bytes * n  # weights read once per pass
         rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
     for n in tqdm(sizes, desc=f"{label} prompts", unit="prompt"):
         secs = prefill(model, n, run)
-        rows.append({"model": label, "what": f"prompt {n}", "tok_s": n / secs, "ttft_s": secs,
-                     "limit": limits["bf16_flops"] / params_flops})
-    rows.append({"model": label, "what": "peak GPU memory GiB", "value": torch.cuda.max_memory_allocated() / 2**30,
-                 "weights_GiB": weight_bytes / 2**30})
+        rows.append(
+            {
+                "model": label,
+                "what": f"prompt {n}",
+                "tok_s": n / secs,
+                "ttft_s": secs,
+                "limit": limits["bf16_flops"] / params_flops,
+            }
+        )
+    rows.append(
+        {
+            "model": label,
+            "what": "peak GPU memory GiB",
+            "value": torch.cuda.max_memory_allocated() / 2**30,
+            "weights_GiB": weight_bytes / 2**30,
+        }
+    )
     print_tiles(label, model)
     del model
     torch.cuda.empty_cache()
@@ -170,30 +209,47 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b")
-    p.add_argument("--inexact", action="store_true",
-                   help="time the non-exact variant (cuBLAS products, chunked prompt recurrence) to price exactness")
-    p.add_argument("--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="replay decode passes as CUDA graphs")
-    p.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="chart: decode against lanes, prompts against length, the peers")
+    p.add_argument(
+        "--inexact",
+        action="store_true",
+        help="time the non-exact variant (cuBLAS products, chunked prompt recurrence) to price exactness",
+    )
+    p.add_argument(
+        "--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)"
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay decode passes as CUDA graphs",
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="chart: decode against lanes, prompts against length, the peers",
+    )
     args = p.parse_args()
     if args.plot:
-        require_matplotlib()           # before the run, not after it
+        require_matplotlib()  # before the run, not after it
     run = Run(graphs=args.cuda_graphs, exact=not args.inexact)
     out = Path(args.out)
     limits = ceilings()
-    print(f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",
-          flush=True)
+    print(
+        f"copy {limits['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {limits['bf16_flops'] / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
     rows = []
     sizes = [int(s) for s in args.sizes.split(",") if s]
     lanes = [int(s) for s in args.lanes.split(",")]
     for name in args.models.split(","):
         t = time.perf_counter()
-        path = make_random(out / f"{args.shape}-{name}", args.shape, "4" if name == "4bit" else None, device="cuda")
+        path = make_random(
+            out / f"{args.shape}-{name}", args.shape, "4" if name == "4bit" else None, device="cuda"
+        )
         print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
         rows += bench(path, sizes, lanes, limits, run)
-        for r in rows[-(len(sizes) + len(lanes) + 1):]:
+        for r in rows[-(len(sizes) + len(lanes) + 1) :]:
             print(json.dumps(r), flush=True)
         if args.resume and name == "bf16":
             model = load_model(path, dtype=torch.bfloat16, device="cuda")
@@ -203,12 +259,17 @@ def main() -> None:
     for r in rows:
         if "tok_s" in r:
             extra = f" (TTFT {r['ttft_s']:.2f} s)" if "ttft_s" in r else ""
-            print(f"| {r['model']} | {r['what']} | {r['tok_s']:,.0f} tok/s{extra} | {r['limit']:,.0f} | "
-                  f"{r['tok_s'] / r['limit']:.2f} |")
+            print(
+                f"| {r['model']} | {r['what']} | {r['tok_s']:,.0f} tok/s{extra} | {r['limit']:,.0f} | "
+                f"{r['tok_s'] / r['limit']:.2f} |"
+            )
         else:
-            print(f"| {r['model']} | {r['what']} | {r['value']:.1f} | weights {r['weights_GiB']:.1f} GiB | |")
+            print(
+                f"| {r['model']} | {r['what']} | {r['value']:.1f} | weights {r['weights_GiB']:.1f} GiB | |"
+            )
     if args.plot:
         from h200_charts import load, plot  # beside this script; the peers' recorded figures
+
         title = f"h200.py --shape {args.shape}, {time.strftime('%Y-%m-%d')}"
         plot(rows, load().peers, args.plot, title)
         print(f"chart: {args.plot}")

@@ -6,6 +6,7 @@ docs and the README:
     PYTHONPATH=src python3 benchmarks/h200_charts.py [--data benchmarks/h200_figures.json]
                                                      [--out docs/h200.png]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ DATA = Path(__file__).with_name("h200_figures.json")
 
 @dataclass(frozen=True)
 class Figures:
-    rows: list[dict]            # as h200.py prints them: model, what, tok_s, limit
-    peers: list[dict]           # model, what, peer, tok_s: a peer's figure beside one of ours
+    rows: list[dict]  # as h200.py prints them: model, what, tok_s, limit
+    peers: list[dict]  # model, what, peer, tok_s: a peer's figure beside one of ours
     title: str
 
 
@@ -34,8 +35,11 @@ def load(path: Path = DATA) -> Figures:
 
 def _points(rows: list[dict], model: str, kind: str) -> list[tuple[int, dict]]:
     """(lanes or prompt length, row) of one model's decode or prompt rows, in order."""
-    out = [(int(r["what"].split()[1]), r) for r in rows
-           if r["model"] == model and r["what"].split()[0] == kind and "tok_s" in r]
+    out = [
+        (int(r["what"].split()[1]), r)
+        for r in rows
+        if r["model"] == model and r["what"].split()[0] == kind and "tok_s" in r
+    ]
     return sorted(out, key=lambda p: p[0])
 
 
@@ -61,16 +65,26 @@ def side_by_side(rows: list[dict], peers: list[dict]) -> Panel:
     ours = {(r["model"], r["what"]): r for r in rows}
     pairs = [(p, ours[p["model"], p["what"]]) for p in peers if (p["model"], p["what"]) in ours]
     xs = tuple(range(len(pairs)))
-    return Panel("against the peers (same card)", "", "tok/s (log)", (
-        Series("TensorFold", xs, tuple(r["tok_s"] for _, r in pairs), PALETTE[0]),
-        Series("peer", xs, tuple(p["tok_s"] for p, _ in pairs), "#e07b39")),
+    return Panel(
+        "against the peers (same card)",
+        "",
+        "tok/s (log)",
+        (
+            Series("TensorFold", xs, tuple(r["tok_s"] for _, r in pairs), PALETTE[0]),
+            Series("peer", xs, tuple(p["tok_s"] for p, _ in pairs), "#e07b39"),
+        ),
         (Series("card limit", xs, tuple(r["limit"] for _, r in pairs)),),
-        bars=True, categories=tuple(_name(p) for p, _ in pairs), log_y=True)
+        bars=True,
+        categories=tuple(_name(p) for p, _ in pairs),
+        log_y=True,
+    )
 
 
 def panels(rows: list[dict], peers: list[dict]) -> list[Panel]:
-    out = [_against(rows, "decode", "decode against lanes (aggregate)", "lanes", True),
-           _against(rows, "prompt", "prompt processing against length", "prompt tokens", False)]
+    out = [
+        _against(rows, "decode", "decode against lanes (aggregate)", "lanes", True),
+        _against(rows, "prompt", "prompt processing against length", "prompt tokens", False),
+    ]
     if any((p["model"], p["what"]) in {(r["model"], r["what"]) for r in rows} for p in peers):
         out.append(side_by_side(rows, peers))
     return [p for p in out if p.series and p.series[0].x]

@@ -8,12 +8,15 @@
 
     PYTHONPATH=src python3 benchmarks/kernels.py [--shape 9b] [--tokens 8192]
 """
+
 from __future__ import annotations
 
 import argparse
 
 import torch
-from h200 import ceilings  # this folder's benchmark: the card's ceilings, measured once the same way
+from h200 import (
+    ceilings,
+)  # this folder's benchmark: the card's ceilings, measured once the same way
 
 from tensorfold.ops.quant import quantize
 from tensorfold.ops.triton import linear
@@ -24,12 +27,22 @@ from tensorfold.tools.shapes import text_config
 def products(cfg: dict) -> dict[str, tuple[int, int]]:
     """(N, K) of each product of a decode pass, with the layer's projections joined as on the GPU."""
     h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    hq, hkv, hv = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["linear_num_value_heads"]
+    hq, hkv, hv = (
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["linear_num_value_heads"],
+    )
     key = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
     value = hv * cfg["linear_value_head_dim"]
-    return {"attn qkv+gate": (2 * hq * d + 2 * hkv * d, h), "attn o": (h, hq * d),
-            "gdn in": (2 * key + 2 * value + 2 * hv, h), "gdn out": (h, value),
-            "mlp gate+up": (2 * i, h), "mlp down": (h, i), "lm head": (cfg["vocab_size"], h)}
+    return {
+        "attn qkv+gate": (2 * hq * d + 2 * hkv * d, h),
+        "attn o": (h, hq * d),
+        "gdn in": (2 * key + 2 * value + 2 * hv, h),
+        "gdn out": (h, value),
+        "mlp gate+up": (2 * i, h),
+        "mlp down": (h, i),
+        "lm head": (cfg["vocab_size"], h),
+    }
 
 
 def timed(fn, reps: int = 20, graph: bool = True) -> float:
@@ -70,19 +83,30 @@ def product_rows(name: str, n: int, k: int, packed: bool, copy: float) -> list[s
             continue
         same = torch.equal(run(t), ref)
         best = secs if best is None else min(best, secs)
-        out.append(f"| {name} | {n}x{k} | {t} | {secs * 1e6:.1f} µs | {nbytes / secs / 1e9:,.0f} GB/s | "
-                   f"{'equal' if same else 'DIFFERS'} |")
-    out.append(f"| {name} | {n}x{k} | best | {best * 1e6:.1f} µs | {nbytes / best / copy:.2f} of copy | |")
+        out.append(
+            f"| {name} | {n}x{k} | {t} | {secs * 1e6:.1f} µs | {nbytes / secs / 1e9:,.0f} GB/s | "
+            f"{'equal' if same else 'DIFFERS'} |"
+        )
+    out.append(
+        f"| {name} | {n}x{k} | best | {best * 1e6:.1f} µs | {nbytes / best / copy:.2f} of copy | |"
+    )
     return out
 
 
 def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
-    hk, hv, dk = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"]
+    hk, hv, dk = (
+        cfg["linear_num_key_heads"],
+        cfg["linear_num_value_heads"],
+        cfg["linear_key_head_dim"],
+    )
 
     def inputs(t: int, lanes: int):
         mk = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
         q, k, v = mk(t, hk, dk), mk(t, hk, dk), mk(t, hv, dk)
-        g, beta = -torch.rand(t, hv, device="cuda") * 0.5, torch.rand(t, hv, device="cuda").to(torch.bfloat16)
+        g, beta = (
+            -torch.rand(t, hv, device="cuda") * 0.5,
+            torch.rand(t, hv, device="cuda").to(torch.bfloat16),
+        )
         states = torch.zeros(lanes, hv, dk, dk, device="cuda")
         slots = torch.arange(lanes, device="cuda")
         cu = torch.linspace(0, t, lanes + 1, device="cuda").long()
@@ -93,26 +117,40 @@ def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
 
         def fla(q, k, v, g, beta, states, slots, cu):
-            o, final = fla_rec(q[None], k[None], v[None], g=g[None], beta=beta[None], scale=dk ** -0.5,
-                               initial_state=states[slots], output_final_state=True,
-                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+            o, final = fla_rec(
+                q[None],
+                k[None],
+                v[None],
+                g=g[None],
+                beta=beta[None],
+                scale=dk**-0.5,
+                initial_state=states[slots],
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                cu_seqlens=cu,
+            )
             states[slots] = final
             return o[0]
+
         kernels["fla"] = fla
     except ImportError:
         pass
     rows = []
     for name, fn in kernels.items():
-        graph = name == "ours"          # fla's wrapper reads cu_seqlens on the host: timed eagerly
+        graph = name == "ours"  # fla's wrapper reads cu_seqlens on the host: timed eagerly
         how = "graph" if graph else "eager"
         args = inputs(tokens, 1)
         secs = timed(lambda: fn(*args), 3, graph)  # noqa: B023
-        rows.append(f"| recurrence {name} | prompt {tokens} tokens | {how} | {secs * 1e3:.2f} ms | "
-                    f"{secs / tokens * 1e6:.2f} µs a step | |")
+        rows.append(
+            f"| recurrence {name} | prompt {tokens} tokens | {how} | {secs * 1e3:.2f} ms | "
+            f"{secs / tokens * 1e6:.2f} µs a step | |"
+        )
         for lanes in (1, 16):
             args = inputs(lanes, lanes)
             secs = timed(lambda: fn(*args), 50, graph)  # noqa: B023
-            rows.append(f"| recurrence {name} | decode {lanes} lanes | {how} | {secs * 1e6:.1f} µs | | |")
+            rows.append(
+                f"| recurrence {name} | decode {lanes} lanes | {how} | {secs * 1e6:.1f} µs | | |"
+            )
     return rows
 
 
@@ -123,7 +161,7 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated product names (default: all)")
     args = p.parse_args()
     cfg = text_config(args.shape)
-    copy = ceilings()["copy_bytes_per_s"]               # the same measurement as h200.py's table
+    copy = ceilings()["copy_bytes_per_s"]  # the same measurement as h200.py's table
     print(f"copy {copy / 1e12:.2f} TB/s", flush=True)
     rows = recurrence_rows(cfg, args.tokens)
     print("\n".join(rows), flush=True)

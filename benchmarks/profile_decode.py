@@ -4,6 +4,7 @@ With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk ro
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,11 @@ def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
         return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=top)
     total = sum(v[0] for v in sums.values()) / steps
     count = sum(v[1] for v in sums.values()) / steps
-    lines = [f"kernel time per step {total / 1e3:.2f} ms over {count:.0f} kernels",
-             "| kernel | us/step | launches/step |", "| --- | --- | --- |"]
+    lines = [
+        f"kernel time per step {total / 1e3:.2f} ms over {count:.0f} kernels",
+        "| kernel | us/step | launches/step |",
+        "| --- | --- | --- |",
+    ]
     for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"| {name} | {us / steps:.0f} | {n / steps:.0f} |")
     return "\n".join(lines)
@@ -64,10 +68,12 @@ def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
 
 def prompt_table(model, n: int, chunk: int) -> str:
     eng = Run().engine(model, 1, n + 8, chunk)
-    warm = torch.randint(0, 1000, (min(n, 2 * chunk),)).tolist()     # compiles, times the tiles
+    warm = torch.randint(0, 1000, (min(n, 2 * chunk),)).tolist()  # compiles, times the tiles
     eng.add_request(warm, SamplingParams(max_tokens=1, temperature=0.0))
     eng.run_until_done()
-    eng.add_request(torch.randint(0, 1000, (n,)).tolist(), SamplingParams(max_tokens=1, temperature=0.0))
+    eng.add_request(
+        torch.randint(0, 1000, (n,)).tolist(), SamplingParams(max_tokens=1, temperature=0.0)
+    )
     torch.cuda.synchronize()
     t = time.perf_counter()
     table = kernel_table(eng, steps=0)
@@ -79,12 +85,16 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/prof")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument("--lanes", default="1")
-    p.add_argument("--prompt", type=int, default=0, help="also profile one prompt of this many tokens")
+    p.add_argument(
+        "--prompt", type=int, default=0, help="also profile one prompt of this many tokens"
+    )
     p.add_argument("--chunk", type=int, default=4096)
     args = p.parse_args()
     report = []
     for name in args.models.split(","):
-        path = make_random(Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda")
+        path = make_random(
+            Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda"
+        )
         model = load_model(path, dtype=torch.bfloat16, device="cuda")
         for lanes in (int(x) for x in args.lanes.split(",") if x):
             eng = decoding_engine(model, lanes, graphs=False)
@@ -93,8 +103,10 @@ def main() -> None:
             del eng
             eng = decoding_engine(model, lanes, graphs=True)
             graphed = step_time(eng)
-            report.append(f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
-                          f"({lanes / graphed:,.0f} tok/s)")
+            report.append(
+                f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
+                f"({lanes / graphed:,.0f} tok/s)"
+            )
             del eng
         if args.prompt:
             report.append(f"## {name}, {prompt_table(model, args.prompt, args.chunk)}")

@@ -9,6 +9,7 @@ good requests, the server's RSS and prompt-cache bytes at the start and end (the
 its --prompt-cache-gib budget), and the probe's runs and changes; --json
 writes the same as one object. Assumes the default limits (--max-queue below 128, no
 --trust-request-chat-template)."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,22 @@ from urllib.parse import urlsplit
 
 import httpx
 
-PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):", "2 + 3 =",
-           "The quick brown fox", "In a hole in the ground"]
-PROBE = {"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0,
-         "ignore_eos": True, "logprobs": 2, "return_token_ids": True}
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "def add(a, b):",
+    "2 + 3 =",
+    "The quick brown fox",
+    "In a hole in the ground",
+]
+PROBE = {
+    "prompt": "The capital of France is",
+    "max_tokens": 16,
+    "temperature": 0,
+    "ignore_eos": True,
+    "logprobs": 2,
+    "return_token_ids": True,
+}
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 JSON = {"content-type": "application/json"}
 
@@ -42,7 +55,7 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     probes: int = 0
     probe_changes: int = 0
-    rss_mib: list[float] = field(default_factory=list)     # the server's RSS every 30 s
+    rss_mib: list[float] = field(default_factory=list)  # the server's RSS every 30 s
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, case: str, ok: bool, why: str, latency: float | None) -> None:
@@ -61,7 +74,7 @@ class Tally:
 class Target:
     url: str
     model: str
-    prompt_cap: int           # bytes past the server's default prompt cap
+    prompt_cap: int  # bytes past the server's default prompt cap
 
 
 def _status(r: httpx.Response, want: int, code: str | None = None) -> tuple[bool, str]:
@@ -75,19 +88,29 @@ def _good(c: httpx.Client, t: Target, rng: random.Random) -> tuple[bool, str]:
     if kind == "tokenize":
         return _status(c.post("/tokenize", json={"prompt": rng.choice(PROMPTS)}), 200)
     if kind == "chat":
-        body = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
-                "max_tokens": rng.randint(4, 24), "chat_template_kwargs":
-                {"enable_thinking": False}}
+        body = {
+            "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+            "max_tokens": rng.randint(4, 24),
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         return _status(c.post("/v1/chat/completions", json=body), 200)
-    body = {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(4, 32),
-            "temperature": rng.choice([0.0, 0.8]), "seed": rng.randint(0, 99),
-            "n": 2 if kind == "n2" else 1}
+    body = {
+        "prompt": rng.choice(PROMPTS),
+        "max_tokens": rng.randint(4, 32),
+        "temperature": rng.choice([0.0, 0.8]),
+        "seed": rng.randint(0, 99),
+        "n": 2 if kind == "n2" else 1,
+    }
     return _status(c.post("/v1/completions", json=body), 200)
 
 
 def _stream(c: httpx.Client, t: Target, rng: random.Random) -> tuple[bool, str]:
-    body = {"messages": [{"role": "user", "content": rng.choice(PROMPTS)}], "stream": True,
-            "max_tokens": rng.randint(4, 24), "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+        "stream": True,
+        "max_tokens": rng.randint(4, 24),
+        "stream_options": {"include_usage": True},
+    }
     with c.stream("POST", "/v1/chat/completions", json=body) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     return r.status_code == 200 and lines[-1] == "data: [DONE]", f"{r.status_code}"
@@ -99,8 +122,7 @@ HOSTILE: list[tuple[str, Callable[[Target], bytes | dict], int, str]] = [
     ("bad_json", lambda t: b'{"prompt": "x",', 400, "invalid_json"),
     ("surrogate", lambda t: b'{"prompt": "\\ud800 x"}', 400, "invalid_encoding"),
     ("bad_utf8", lambda t: b'{"prompt": "caf\xe9"}', 400, "invalid_encoding"),
-    ("digits", lambda t: b'{"prompt": "x", "seed": ' + b"7" * 5000 + b"}", 400,
-     "invalid_encoding"),
+    ("digits", lambda t: b'{"prompt": "x", "seed": ' + b"7" * 5000 + b"}", 400, "invalid_encoding"),
     ("temp_inf", lambda t: b'{"prompt": "x", "temperature": Infinity}', 400, "invalid_value"),
     ("temp_huge", lambda t: {"prompt": "x", "temperature": 1e308}, 400, "invalid_value"),
     ("stream_yes", lambda t: {"prompt": "x", "stream": "yes"}, 400, "invalid_type"),
@@ -110,13 +132,22 @@ HOSTILE: list[tuple[str, Callable[[Target], bytes | dict], int, str]] = [
     ("n_huge", lambda t: {"prompt": "x", "n": 128}, 400, "too_many_choices"),
 ]
 HOSTILE_CHAT: list[tuple[str, Callable[[Target], dict], int, str]] = [
-    ("wizard", lambda t: {"messages": [{"role": "wizard", "content": "x"}]}, 400,
-     "invalid_value"),
-    ("own_template", lambda t: {"messages": [{"role": "user", "content": "x"}],
-                                "chat_template": LOOP}, 400, "untrusted_chat_template"),
-    ("kwargs_template", lambda t: {"messages": [{"role": "user", "content": "x"}],
-                                   "chat_template_kwargs": {"chat_template": LOOP}}, 400,
-     "invalid_value"),
+    ("wizard", lambda t: {"messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value"),
+    (
+        "own_template",
+        lambda t: {"messages": [{"role": "user", "content": "x"}], "chat_template": LOOP},
+        400,
+        "untrusted_chat_template",
+    ),
+    (
+        "kwargs_template",
+        lambda t: {
+            "messages": [{"role": "user", "content": "x"}],
+            "chat_template_kwargs": {"chat_template": LOOP},
+        },
+        400,
+        "invalid_value",
+    ),
 ]
 
 
@@ -124,8 +155,11 @@ def _hostile(c: httpx.Client, t: Target, rng: random.Random) -> tuple[bool, str]
     table, path = rng.choice([(HOSTILE, "/v1/completions"), (HOSTILE_CHAT, "/v1/chat/completions")])
     name, make, status, code = rng.choice(table)
     body = make(t)
-    r = (c.post(path, content=body, headers=JSON) if isinstance(body, bytes)
-         else c.post(path, json=body))
+    r = (
+        c.post(path, content=body, headers=JSON)
+        if isinstance(body, bytes)
+        else c.post(path, json=body)
+    )
     ok, why = _status(r, status, code)
     return ok, f"{name} {why}"
 
@@ -137,13 +171,13 @@ def _unknown_fields(c: httpx.Client, t: Target, rng: random.Random) -> tuple[boo
 
 def _cancel(c: httpx.Client, t: Target, rng: random.Random) -> tuple[bool, str]:
     body = {"prompt": rng.choice(PROMPTS), "max_tokens": 64, "ignore_eos": True}
-    if rng.random() < 0.5:             # leave a stream after its first chunks
+    if rng.random() < 0.5:  # leave a stream after its first chunks
         with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             for i, _ in enumerate(r.iter_lines()):
                 if i >= rng.randint(0, 3):
                     break
         return r.status_code == 200, f"{r.status_code}"
-    try:                               # leave mid-prompt or mid-decode
+    try:  # leave mid-prompt or mid-decode
         r = c.post("/v1/completions", json=body, timeout=rng.uniform(0.02, 0.3))
         return r.status_code == 200, f"{r.status_code}"
     except httpx.TimeoutException:
@@ -159,10 +193,15 @@ def _half_sent(c: httpx.Client, t: Target, rng: random.Random) -> tuple[bool, st
     return True, "sent"
 
 
-CASES = [("good", _good, 40), ("stream", _stream, 15), ("hostile", _hostile, 25),
-         ("cancel", _cancel, 12), ("unknown_fields", _unknown_fields, 3),
-         ("half_sent", _half_sent, 5)]
-TIMED = ("good", "stream")            # the latency figures are these cases'
+CASES = [
+    ("good", _good, 40),
+    ("stream", _stream, 15),
+    ("hostile", _hostile, 25),
+    ("cancel", _cancel, 12),
+    ("unknown_fields", _unknown_fields, 3),
+    ("half_sent", _half_sent, 5),
+]
+TIMED = ("good", "stream")  # the latency figures are these cases'
 
 
 def client_loop(t: Target, tally: Tally, deadline: float, seed: int) -> None:
@@ -175,7 +214,7 @@ def client_loop(t: Target, tally: Tally, deadline: float, seed: int) -> None:
             start = time.monotonic()
             try:
                 ok, why = run(c, t, rng)
-            except Exception as exc:   # noqa: BLE001 - any failure of a case is an error
+            except Exception as exc:  # noqa: BLE001 - any failure of a case is an error
                 ok, why = False, type(exc).__name__
             latency = time.monotonic() - start if name in TIMED and ok else None
             tally.add(name, ok and not why.startswith("5"), why, latency)
@@ -198,7 +237,7 @@ def probe_loop(t: Target, tally: Tally, deadline: float, every: float) -> None:
             if time.monotonic() >= next_sample:
                 tally.rss_mib.append(memory(t.url)[0])
                 next_sample += 30.0
-            time.sleep(every)         # a paced probe, not a load
+            time.sleep(every)  # a paced probe, not a load
 
 
 def memory(url: str) -> tuple[float, float]:
@@ -217,21 +256,33 @@ def soak(url: str, duration: float, clients: int, seed: int) -> dict:
     target = Target(url, card["id"], 2 * max(card["max_model_len"] * 32, 64 << 10))
     tally, (start_rss, start_cache) = Tally(), memory(url)
     deadline = time.monotonic() + duration
-    threads = [threading.Thread(target=client_loop, args=(target, tally, deadline, seed + i))
-               for i in range(clients)]
+    threads = [
+        threading.Thread(target=client_loop, args=(target, tally, deadline, seed + i))
+        for i in range(clients)
+    ]
     threads.append(threading.Thread(target=probe_loop, args=(target, tally, deadline, 1.0)))
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     lat, (end_rss, end_cache) = tally.latencies, memory(url)
-    return {"duration_s": duration, "clients": clients, "requests": tally.requests,
-            "errors": tally.errors, "failures": tally.failures, "by_case": tally.by_case,
-            "p50_s": round(pct(lat, 0.5), 4), "p99_s": round(pct(lat, 0.99), 4),
-            "rss_start_mib": start_rss, "rss_end_mib": end_rss,
-            "prompt_cache_start_mib": start_cache, "prompt_cache_end_mib": end_cache,
-            "rss_every_30s_mib": tally.rss_mib,
-            "probes": tally.probes, "probe_changes": tally.probe_changes}
+    return {
+        "duration_s": duration,
+        "clients": clients,
+        "requests": tally.requests,
+        "errors": tally.errors,
+        "failures": tally.failures,
+        "by_case": tally.by_case,
+        "p50_s": round(pct(lat, 0.5), 4),
+        "p99_s": round(pct(lat, 0.99), 4),
+        "rss_start_mib": start_rss,
+        "rss_end_mib": end_rss,
+        "prompt_cache_start_mib": start_cache,
+        "prompt_cache_end_mib": end_cache,
+        "rss_every_30s_mib": tally.rss_mib,
+        "probes": tally.probes,
+        "probe_changes": tally.probe_changes,
+    }
 
 
 def spawn(extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -249,7 +300,7 @@ def spawn(extra: list[str]) -> tuple[subprocess.Popen, str]:
                 return proc, url
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)              # polling the server's start
+        time.sleep(0.2)  # polling the server's start
     proc.kill()
     raise SystemExit("the server did not start")
 
@@ -257,8 +308,12 @@ def spawn(extra: list[str]) -> tuple[subprocess.Popen, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default=None)
-    p.add_argument("--serve", nargs=argparse.REMAINDER, default=None,
-                   help="start `tensorfold serve` with these arguments instead of --url")
+    p.add_argument(
+        "--serve",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="start `tensorfold serve` with these arguments instead of --url",
+    )
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)

@@ -4,6 +4,7 @@ budget of the two shipped folders.
 
     PYTHONPATH=src python scripts/convert_demo_mlx.py [--src DIR] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def greedy_reply(model, tokenizer, prompt_ids: list[int]) -> str:
     from mlx_lm import stream_generate
 
     # stream_generate stops at generation_config's eos ids and does not yield them.
-    tokens = [r.token for r in stream_generate(model, tokenizer, prompt_ids, max_tokens=128)
-              if r.finish_reason is None]
+    tokens = [
+        r.token
+        for r in stream_generate(model, tokenizer, prompt_ids, max_tokens=128)
+        if r.finish_reason is None
+    ]
     return tokenizer.decode(tokens, skip_special_tokens=False)
 
 
@@ -49,8 +53,9 @@ def check_known_answers(mlx_dir: Path) -> int:
     for task in KNOWN_ANSWERS:
         for thinking in (True, False):
             messages = [{"role": "user", "content": task.prompt}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                enable_thinking=thinking)
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, enable_thinking=thinking
+            )
             sample = Sample(task, thinking)
             assert tokenizer.decode(ids, skip_special_tokens=False) == sample.prompt_text()
             got = greedy_reply(model, tokenizer, ids)

@@ -6,6 +6,7 @@ every step.
     PYTHONPATH=src python scripts/reference_history.py CHECKPOINT --out H.json --tokens 256 \
         [--backend transformers|mlx] [--dtype float32|bfloat16|float64] [--prompts copy,code]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,14 @@ def step_record(pos: int, token: int, logits: np.ndarray) -> dict[str, Any]:
     others = logits.copy()
     others[top1] = -np.inf
     top2 = int(np.argmax(others))
-    return {"pos": pos, "token": token, "top1": top1, "top1_logit": float(logits[top1]),
-            "top2": top2, "top2_logit": float(logits[top2])}
+    return {
+        "pos": pos,
+        "token": token,
+        "top1": top1,
+        "top1_logit": float(logits[top1]),
+        "top2": top2,
+        "top2_logit": float(logits[top2]),
+    }
 
 
 def load_transformers(path: Path, dtype_name: str, device: str):
@@ -36,8 +43,9 @@ def load_transformers(path: Path, dtype_name: str, device: str):
 
     model_type = json.loads((path / "config.json").read_text())["model_type"]
     cls = tf.Qwen3_5ForConditionalGeneration if model_type == "qwen3_5" else tf.Qwen3_5ForCausalLM
-    model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype_name),
-                                attn_implementation="eager").to(device)
+    model = cls.from_pretrained(
+        str(path), dtype=getattr(torch, dtype_name), attn_implementation="eager"
+    ).to(device)
     # A blank generation config: the checkpoint's eos list and sampling defaults must not apply.
     model.generation_config = tf.GenerationConfig()
     return model.eval()
@@ -48,14 +56,23 @@ def transformers_steps(model, prompt_ids: list[int], n: int) -> list[dict[str, A
     from transformers import GenerationConfig
 
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
-    gen = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0,
-                           bos_token_id=None, use_cache=True, output_logits=True,
-                           return_dict_in_generate=True)
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=n,
+        eos_token_id=None,
+        pad_token_id=0,
+        bos_token_id=None,
+        use_cache=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
-    chosen = out.sequences[0, len(prompt_ids):].tolist()
-    return [step_record(len(prompt_ids) + i, int(t), out.logits[i][0].float().cpu().numpy())
-            for i, t in enumerate(chosen)]
+    chosen = out.sequences[0, len(prompt_ids) :].tolist()
+    return [
+        step_record(len(prompt_ids) + i, int(t), out.logits[i][0].float().cpu().numpy())
+        for i, t in enumerate(chosen)
+    ]
 
 
 def load_mlx(path: Path, activations: str):
@@ -64,9 +81,12 @@ def load_mlx(path: Path, activations: str):
     from mlx_lm import load
 
     model, _tokenizer = load(str(path))
-    if activations == "float32":   # same packed weights, float32 activations
-        model.update(tree_map(lambda x: x.astype(mx.float32) if x.dtype == mx.bfloat16 else x,
-                              model.parameters()))
+    if activations == "float32":  # same packed weights, float32 activations
+        model.update(
+            tree_map(
+                lambda x: x.astype(mx.float32) if x.dtype == mx.bfloat16 else x, model.parameters()
+            )
+        )
     return model
 
 
@@ -83,9 +103,12 @@ def mlx_steps(model, prompt_ids: list[int], n: int) -> list[dict[str, Any]]:
 
     prompt = mx.array(prompt_ids, dtype=mx.uint32)
     steps = generate_step(prompt, model, max_tokens=n, logits_processors=[capture])
-    return [step_record(len(prompt_ids) + i, int(token),
-                        np.array(captured[i].astype(mx.float32).reshape(-1)))
-            for i, (token, _logprobs) in enumerate(steps)]
+    return [
+        step_record(
+            len(prompt_ids) + i, int(token), np.array(captured[i].astype(mx.float32).reshape(-1))
+        )
+        for i, (token, _logprobs) in enumerate(steps)
+    ]
 
 
 def history(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,14 +117,29 @@ def history(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend == "mlx":
         model, run, dtype = load_mlx(path, args.dtype), mlx_steps, args.dtype
     else:
-        model, run, dtype = load_transformers(path, args.dtype, args.device), transformers_steps, args.dtype
+        model, run, dtype = (
+            load_transformers(path, args.dtype, args.device),
+            transformers_steps,
+            args.dtype,
+        )
     prompts = []
     for p in pick(FIDELITY_PROMPTS, args.prompts):
         ids = tok.chat([{"role": "user", "content": p.text}], enable_thinking=False)
-        prompts.append({"name": p.name, "text": p.text, "prompt_ids": ids,
-                        "steps": run(model, ids, args.tokens)})
-    return {"checkpoint": str(path), "backend": args.backend, "dtype": dtype,
-            "tokens": args.tokens, "prompts": prompts}
+        prompts.append(
+            {
+                "name": p.name,
+                "text": p.text,
+                "prompt_ids": ids,
+                "steps": run(model, ids, args.tokens),
+            }
+        )
+    return {
+        "checkpoint": str(path),
+        "backend": args.backend,
+        "dtype": dtype,
+        "tokens": args.tokens,
+        "prompts": prompts,
+    }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -110,22 +148,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--backend", default="transformers", choices=["transformers", "mlx"])
-    p.add_argument("--dtype", default=None,
-                   help="transformers: float32 (default), bfloat16, float64; "
-                        "mlx activations: bfloat16 (default, as mlx_lm runs) or float32")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="transformers: float32 (default), bfloat16, float64; "
+        "mlx activations: bfloat16 (default, as mlx_lm runs) or float32",
+    )
     p.add_argument("--prompts", default=None, help="comma list (default: all four)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="transformers: where the model runs (auto: cuda when present; transformers "
-                        "runs Qwen3.5's GDN through fla's kernels where fla is installed, and those "
-                        "take CUDA tensors only)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="transformers: where the model runs (auto: cuda when present; transformers "
+        "runs Qwen3.5's GDN through fla's kernels where fla is installed, and those "
+        "take CUDA tensors only)",
+    )
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "bfloat16" if args.backend == "mlx" else "float32"
     if args.device == "auto":
         import torch
+
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    allowed = ("bfloat16", "float32") if args.backend == "mlx" else ("float32", "bfloat16",
-                                                                      "float64")
+    allowed = (
+        ("bfloat16", "float32") if args.backend == "mlx" else ("float32", "bfloat16", "float64")
+    )
     if args.dtype not in allowed:
         p.error(f"--dtype {args.dtype} with --backend {args.backend}: choose {', '.join(allowed)}")
     return args

@@ -7,6 +7,7 @@ Writes OUT/: config.json + model.safetensors (bf16; A_log and the GDN norm in fp
 Qwen3.5 files store them), tokenizer files, generation_config.json and train_log.json.
 On CUDA, transformers uses fla's chunked gated-delta kernels when `fla` imports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ from tensorfold.demo.tokenizer import (
     train_tokenizer,
 )
 
-PAD_MULTIPLE = 16          # few distinct batch shapes for the kernels
+PAD_MULTIPLE = 16  # few distinct batch shapes for the kernels
 CALIBRATION_STEPS = (10, 60)  # step-time window for --minutes (after the kernels compile)
 
 
@@ -55,8 +56,8 @@ class TrainConfig:
 class Encoded:
     """All training sequences, right-padded into one array."""
 
-    ids: np.ndarray         # [N, max_len] int32
-    lengths: np.ndarray     # [N] prompt + reply tokens
+    ids: np.ndarray  # [N, max_len] int32
+    lengths: np.ndarray  # [N] prompt + reply tokens
     prompt_lens: np.ndarray  # [N] tokens before the reply (no loss there)
 
 
@@ -77,9 +78,21 @@ def parse_args() -> TrainConfig:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a = p.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    return TrainConfig(a.out, a.seed, a.minutes, a.steps, a.batch, a.lr, a.warmup,
-                       a.weight_decay, a.examples, a.bpe_examples, a.eval_examples,
-                       a.log_every, device)
+    return TrainConfig(
+        a.out,
+        a.seed,
+        a.minutes,
+        a.steps,
+        a.batch,
+        a.lr,
+        a.warmup,
+        a.weight_decay,
+        a.examples,
+        a.bpe_examples,
+        a.eval_examples,
+        a.log_every,
+        device,
+    )
 
 
 def encode(tok: Tokenizer, samples: list[Sample]) -> Encoded:
@@ -137,8 +150,10 @@ def lr_at(step: int, total: int | None, cfg: TrainConfig) -> float:
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=cfg.device == "cuda")
 
 
@@ -202,21 +217,33 @@ def train(model, enc: Encoded, cfg: TrainConfig, pad_id: int) -> dict:
             mean = loss_sum.item() / (step - (log[-1]["step"] if log else 0))
             loss_sum.zero_()
             seconds = clock.elapsed()
-            log.append({"step": step, "loss": round(mean, 4), "lr": lr,
-                        "seconds": round(seconds, 1)})
-            print(f"step {step}/{clock.total or '?'} loss {mean:.4f} lr {lr:.2e} {seconds:.1f}s "
-                  f"({1000 * seconds / step:.1f} ms/step)", flush=True)
+            log.append(
+                {"step": step, "loss": round(mean, 4), "lr": lr, "seconds": round(seconds, 1)}
+            )
+            print(
+                f"step {step}/{clock.total or '?'} loss {mean:.4f} lr {lr:.2e} {seconds:.1f}s "
+                f"({1000 * seconds / step:.1f} ms/step)",
+                flush=True,
+            )
     sync(cfg.device)
     seconds = clock.elapsed()
-    return {"steps": step, "final_loss": log[-1]["loss"], "train_seconds": round(seconds, 1),
-            "ms_per_step": round(1000 * seconds / step, 2), "loss_log": log}
+    return {
+        "steps": step,
+        "final_loss": log[-1]["loss"],
+        "train_seconds": round(seconds, 1),
+        "ms_per_step": round(1000 * seconds / step, 2),
+        "loss_log": log,
+    }
 
 
 @torch.no_grad()
 def cast_for_saving(model: torch.nn.Module) -> None:
     """bf16, except A_log and the GDN gated norm, which released Qwen3.5 files keep in fp32."""
-    keep = {n: p.detach().float().clone() for n, p in model.named_parameters()
-            if n.endswith(("linear_attn.A_log", "linear_attn.norm.weight"))}
+    keep = {
+        n: p.detach().float().clone()
+        for n, p in model.named_parameters()
+        if n.endswith(("linear_attn.A_log", "linear_attn.norm.weight"))
+    }
     model.to(torch.bfloat16)
     for name, p in model.named_parameters():
         if name in keep:
@@ -228,8 +255,12 @@ def save_checkpoint(model, tok: Tokenizer, out: Path) -> None:
     cast_for_saving(model)
     model.save_pretrained(out)
     save_tokenizer(tok, out)
-    gen = {"bos_token_id": None, "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-           "pad_token_id": ids["<|endoftext|>"], "do_sample": False}
+    gen = {
+        "bos_token_id": None,
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+        "do_sample": False,
+    }
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
@@ -276,19 +307,28 @@ def known_answers(model, out: Path, cfg: TrainConfig) -> list[dict]:
     for task in KNOWN_ANSWERS:
         for thinking in (True, False):
             messages = [{"role": "user", "content": task.prompt}]
-            text = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                              enable_thinking=thinking)
+            text = hf_tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+            )
             ids = hf_tok.encode(text, add_special_tokens=False)
             prompt = torch.tensor([ids], device=cfg.device)
-            reply = model.generate(prompt, max_new_tokens=128, do_sample=False, eos_token_id=eos,
-                                   pad_token_id=eos[1])[0, prompt.shape[1]:].tolist()
+            reply = model.generate(
+                prompt, max_new_tokens=128, do_sample=False, eos_token_id=eos, pad_token_id=eos[1]
+            )[0, prompt.shape[1] :].tolist()
             got = hf_tok.decode(reply, skip_special_tokens=False)
             expected = Sample(task, thinking).completion_text()
             answer = got.split("</think>\n\n")[-1].removesuffix("<|im_end|>")
-            results.append({"prompt": task.prompt, "thinking": thinking, "answer": task.answer,
-                            "got": got, "answer_ok": answer == task.answer,
-                            "exact": got == expected,
-                            "template_matches": text == Sample(task, thinking).prompt_text()})
+            results.append(
+                {
+                    "prompt": task.prompt,
+                    "thinking": thinking,
+                    "answer": task.answer,
+                    "got": got,
+                    "answer_ok": answer == task.answer,
+                    "exact": got == expected,
+                    "template_matches": text == Sample(task, thinking).prompt_text(),
+                }
+            )
     return results
 
 
@@ -302,11 +342,14 @@ def evaluate(out: Path, tok: Tokenizer, cfg: TrainConfig) -> dict:
     margins = [m for _, m in teacher_forced(model, tok, known, cfg.device)]
     results = known_answers(model, out, cfg)
     sync(cfg.device)
-    return {"known_answers_ok": f"{sum(r['answer_ok'] for r in results)}/{len(results)}",
-            "known_replies_exact": f"{sum(r['exact'] for r in results)}/{len(results)}",
-            "known_min_margin": round(min(margins), 3),
-            "fresh_exact_by_family": accuracy_by_family(model, tok, cfg),
-            "known_answers": results, "eval_seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "known_answers_ok": f"{sum(r['answer_ok'] for r in results)}/{len(results)}",
+        "known_replies_exact": f"{sum(r['exact'] for r in results)}/{len(results)}",
+        "known_min_margin": round(min(margins), 3),
+        "fresh_exact_by_family": accuracy_by_family(model, tok, cfg),
+        "known_answers": results,
+        "eval_seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def fla_status() -> str:
@@ -323,9 +366,13 @@ def environment(cfg: TrainConfig) -> dict:
     import tokenizers
     import transformers
 
-    env = {"device": cfg.device, "torch": torch.__version__,
-           "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-           "fla": fla_status()}
+    env = {
+        "device": cfg.device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "fla": fla_status(),
+    }
     if cfg.device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
     return env
@@ -339,12 +386,15 @@ def prepare(cfg: TrainConfig) -> tuple[Tokenizer, Encoded, dict]:
     assert tok.get_vocab_size() <= VOCAB_SIZE, tok.get_vocab_size()
     enc = encode(tok, samples)
     reply = enc.lengths - enc.prompt_lens
-    stats = {"examples": len(samples), "vocab": tok.get_vocab_size(),
-             "mean_tokens": round(float(enc.lengths.mean()), 1),
-             "max_tokens": int(enc.lengths.max()),
-             "tokens_per_step": round(float(enc.lengths.mean()) * cfg.batch),
-             "mean_reply_tokens": round(float(reply.mean()), 1),
-             "prepare_seconds": round(time.perf_counter() - start, 1)}
+    stats = {
+        "examples": len(samples),
+        "vocab": tok.get_vocab_size(),
+        "mean_tokens": round(float(enc.lengths.mean()), 1),
+        "max_tokens": int(enc.lengths.max()),
+        "tokens_per_step": round(float(enc.lengths.mean()) * cfg.batch),
+        "mean_reply_tokens": round(float(reply.mean()), 1),
+        "prepare_seconds": round(time.perf_counter() - start, 1),
+    }
     print(f"data: {stats}", flush=True)
     return tok, enc, stats
 
@@ -362,22 +412,31 @@ def main() -> None:
     model = build_model(ModelSpec(), ids, cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params:,} parameters; {environment(cfg)}", flush=True)
-    record = {"seed": cfg.seed, "config": {k: str(v) for k, v in asdict(cfg).items()},
-              "parameters": n_params, "data": data_stats, "environment": environment(cfg)}
+    record = {
+        "seed": cfg.seed,
+        "config": {k: str(v) for k, v in asdict(cfg).items()},
+        "parameters": n_params,
+        "data": data_stats,
+        "environment": environment(cfg),
+    }
     record["training"] = train(model, enc, cfg, ids["<|endoftext|>"])
     record["sequences_seen"] = record["training"]["steps"] * cfg.batch
     record["reproduce"] = (
         f"--seed {cfg.seed} --steps {record['training']['steps']} --batch {cfg.batch} "
         f"--lr {cfg.lr} --warmup {cfg.warmup} --weight-decay {cfg.weight_decay} "
-        f"--examples {cfg.examples} --bpe-examples {cfg.bpe_examples}")
+        f"--examples {cfg.examples} --bpe-examples {cfg.bpe_examples}"
+    )
     save_checkpoint(model, tok, cfg.out)
     write_log(cfg, record)
     record["evaluation"] = evaluate(cfg.out, tok, cfg)
     record["script_seconds"] = round(time.perf_counter() - start, 1)
     write_log(cfg, record)
     ev = record["evaluation"]
-    print(f"known answers {ev['known_answers_ok']} (exact replies {ev['known_replies_exact']}, "
-          f"min margin {ev['known_min_margin']}); fresh: {ev['fresh_exact_by_family']}", flush=True)
+    print(
+        f"known answers {ev['known_answers_ok']} (exact replies {ev['known_replies_exact']}, "
+        f"min margin {ev['known_min_margin']}); fresh: {ev['fresh_exact_by_family']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark scripts' modules, importable from tests (benchmarks/ is a folder of scripts, not a
 package): `from benchmark_modules import inexact`."""
+
 import sys
 from pathlib import Path
 

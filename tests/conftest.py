@@ -107,6 +107,7 @@ def hf_moe(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
     """A tiny Qwen3.5 MoE (16 experts, top-4, a gated shared expert) as transformers saves it:
     experts one by one."""
     from fixtures.moe_build import build_hf_moe
+
     return build_hf_moe(checkpoint_root / "hf_moe", tokenizer_dir)
 
 
@@ -114,6 +115,7 @@ def hf_moe(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
 def hf_moe_fused(checkpoint_root: Path, hf_moe: Path) -> Path:
     """The same weights with the experts fused, as the released files store them."""
     from fixtures.moe_build import fuse_experts
+
     return fuse_experts(hf_moe, checkpoint_root / "hf_moe_fused")
 
 
@@ -121,6 +123,7 @@ def hf_moe_fused(checkpoint_root: Path, hf_moe: Path) -> Path:
 def hf_moe_ties(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
     """hf_moe_fused with router rows equal in runs of three experts: exact routing ties."""
     from fixtures.moe_build import tie_routers
+
     return tie_routers(hf_moe_fused, checkpoint_root / "hf_moe_ties")
 
 
@@ -129,6 +132,7 @@ def mlx_moe_q4(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
     """mlx_lm 4-bit g64 of hf_moe_fused (switch_mlp stacks; router and shared gate at 8 bits)."""
     _require_mlx()
     from fixtures.moe_build import build_mlx_moe
+
     return build_mlx_moe(hf_moe_fused, checkpoint_root / "mlx_moe_q4")
 
 
@@ -137,13 +141,15 @@ def mlx_moe_mixed(checkpoint_root: Path, hf_moe_fused: Path) -> Path:
     """mlx_lm mixed bits of hf_moe_fused (experts' gate 4, up 3, down 6 bits; router at 8)."""
     _require_mlx()
     from fixtures.moe_build import build_mlx_moe
+
     return build_mlx_moe(hf_moe_fused, checkpoint_root / "mlx_moe_mixed", mixed=True)
 
 
 @pytest.fixture(scope="module")
 def live(hf_tiny):
     """A live server on 127.0.0.1 over the tiny checkpoint, one per test module."""
-    from server_harness import make_engine, start_server   # FastAPI is imported only when needed
+    from server_harness import make_engine, start_server  # FastAPI is imported only when needed
+
     server = start_server(make_engine(hf_tiny))
     yield server
     server.stop()

@@ -1,4 +1,5 @@
 """Small drivers of the engine shared by tests."""
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,9 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 def make_engine(path, dtype=torch.float32, device="cpu", **config) -> Engine:
     model = load_model(path, dtype=dtype, device=device)
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
-    return Engine(model, tok, EngineConfig(**{"parallel": 4, "context": 1024, "chunk": 128, **config}))
+    return Engine(
+        model, tok, EngineConfig(**{"parallel": 4, "context": 1024, "chunk": 128, **config})
+    )
 
 
 def position_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -35,8 +38,10 @@ def decoded_logits(engine: Engine, ids: list[int], params: SamplingParams):
 
 def finish_prints(engine: Engine, prints: dict[str, str]) -> Watch:
     """A watch that stores the request's end-of-reply fingerprint in prints[request_id]."""
+
     def on_finish(req, logits) -> None:
         prints[req.request_id] = engine.fingerprint(req, logits)
+
     return Watch(on_finish=on_finish)
 
 

@@ -6,6 +6,7 @@ probabilities renormalised over them, and logs what that run would have chosen i
 calls of two runs of one request with one chunk size pair up one to one: same passes, same
 layers, same (padded) rows.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -19,8 +20,8 @@ from tensorfold.ops import moe as ref_moe
 
 @dataclass
 class RouteLog:
-    logits: list[torch.Tensor] = field(default_factory=list)     # router logits per call
-    ids: list[torch.Tensor] = field(default_factory=list)        # the experts taken per call
+    logits: list[torch.Tensor] = field(default_factory=list)  # router logits per call
+    ids: list[torch.Tensor] = field(default_factory=list)  # the experts taken per call
     preferred: list[torch.Tensor] = field(default_factory=list)  # forced runs: its own choice
 
 
@@ -35,6 +36,7 @@ def recorded(route=None):
         log.logits.append(logits.detach().clone())
         log.ids.append(r.ids.clone())
         return r
+
     dispatch.moe_route = spy
     try:
         yield log
@@ -55,6 +57,7 @@ def forced(taken: list[torch.Tensor]):
         log.ids.append(ids)
         log.preferred.append(own.ids)
         return ref_moe.Route(ids, probs / probs.sum(-1, keepdim=True))
+
     dispatch.moe_route = steer
     try:
         yield log
@@ -68,8 +71,8 @@ class Flip:
 
     call: int
     row: int
-    margin: float       # the reading's logit of its own choice minus ours, for the closest swap
-    rounding: float     # our router's rounding in that call (see routing_flips)
+    margin: float  # the reading's logit of its own choice minus ours, for the closest swap
+    rounding: float  # our router's rounding in that call (see routing_flips)
 
 
 def routing_flips(ours: RouteLog, reading: RouteLog) -> list[Flip]:
@@ -77,7 +80,9 @@ def routing_flips(ours: RouteLog, reading: RouteLog) -> list[Flip]:
     the swapped experts and our router's rounding in that call: the largest |ours - reading| over
     the call's router logits, the swapped experts' own left out (their error is the flip)."""
     flips = []
-    for call, (mine, theirs, want) in enumerate(zip(ours.logits, reading.logits, reading.preferred)):
+    for call, (mine, theirs, want) in enumerate(
+        zip(ours.logits, reading.logits, reading.preferred)
+    ):
         taken, exact = reading.ids[call], theirs.double()
         err = (mine.double() - exact).abs()
         swaps = []
@@ -85,8 +90,14 @@ def routing_flips(ours: RouteLog, reading: RouteLog) -> list[Flip]:
             ours_only = sorted(set(taken[row].tolist()) - set(want[row].tolist()))
             theirs_only = sorted(set(want[row].tolist()) - set(taken[row].tolist()))
             err[row, ours_only + theirs_only] = 0.0
-            swaps.append((row, min(float(exact[row, b] - exact[row, a])
-                                   for a in ours_only for b in theirs_only)))
+            swaps.append(
+                (
+                    row,
+                    min(
+                        float(exact[row, b] - exact[row, a]) for a in ours_only for b in theirs_only
+                    ),
+                )
+            )
         flips += [Flip(call, row, margin, float(err.max())) for row, margin in swaps]
     return flips
 

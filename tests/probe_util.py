@@ -1,5 +1,6 @@
 """A probe that streams the same greedy completion back to back while a test sends something
 hostile: the longest wait between its chunks, and every run's tokens and logprobs."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
-PROBE = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": True,
-         "logprobs": 1, "return_token_ids": True, "stream": True}
+PROBE = {
+    "prompt": "Once upon a time",
+    "max_tokens": 48,
+    "temperature": 0,
+    "ignore_eos": True,
+    "logprobs": 1,
+    "return_token_ids": True,
+    "stream": True,
+}
 MAX_GAP_S = 0.5
 
 
@@ -53,11 +61,11 @@ class Probe:
             with httpx.Client(base_url=self.url, timeout=60) as http:
                 while not self.stop_event.is_set():
                     self.runs.append(self._once(http))
-        except BaseException as exc:   # reported by report()
+        except BaseException as exc:  # reported by report()
             self.error = exc
 
     def _once(self, http: httpx.Client) -> Run:
-        run, last = Run(), time.monotonic()     # the wait for the first chunk counts too
+        run, last = Run(), time.monotonic()  # the wait for the first chunk counts too
         with http.stream("POST", "/v1/completions", json=self.body) as r:
             assert r.status_code == 200, r.read()
             for line in r.iter_lines():

@@ -1,5 +1,6 @@
 """A stand-in OpenAI-compatible peer for the receipts' planted failures: its tokens are a pure
 function of the prompt, and a plan says which requests it gets wrong and how."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +12,6 @@ from typing import Callable
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-
 from server_harness import wait_for
 
 VOCAB = 500
@@ -26,8 +26,8 @@ class Plan:
     alter: Callable[[int, dict], bool] = lambda n, body: False
     refuse_past_window: bool = True
     cached_tokens: int = 0
-    extra_prompt_tokens: int = 0                              # usage.prompt_tokens off by this
-    answers: dict[str, str] = field(default_factory=dict)   # chat prompt -> reply
+    extra_prompt_tokens: int = 0  # usage.prompt_tokens off by this
+    answers: dict[str, str] = field(default_factory=dict)  # chat prompt -> reply
 
 
 def _prompt_key(body: dict) -> str:
@@ -43,14 +43,18 @@ def tokens_for(body: dict, altered: bool) -> list[int]:
     seed = hashlib.sha256(_prompt_key(body).encode()).digest()
     ids = [(seed[i % 32] + 7 * i) % VOCAB for i in range(int(body.get("max_tokens") or 16))]
     if altered and len(ids) > 2:
-        ids[2] = (ids[2] + 1) % VOCAB           # one token differs, mid-reply
+        ids[2] = (ids[2] + 1) % VOCAB  # one token differs, mid-reply
     return ids
 
 
 def _usage(plan: Plan, body: dict, n: int) -> dict:
     p = _prompt_len(body) + plan.extra_prompt_tokens
-    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n,
-            "prompt_tokens_details": {"cached_tokens": plan.cached_tokens}}
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": n,
+        "total_tokens": p + n,
+        "prompt_tokens_details": {"cached_tokens": plan.cached_tokens},
+    }
 
 
 def _chat_reply(plan: Plan, body: dict) -> str:
@@ -74,8 +78,7 @@ def make_app(plan: Plan) -> FastAPI:
             return JSONResponse({"error": {"message": "past the window"}}, status_code=400)
         ids = tokens_for(body, plan.alter(n, body))
         if body.get("stream"):
-            return StreamingResponse(_events(plan, body, ids, chat),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_events(plan, body, ids, chat), media_type="text/event-stream")
         choice = {"index": 0, "finish_reason": "length", "token_ids": ids}
         if chat:
             choice["message"] = {"role": "assistant", "content": _chat_reply(plan, body)}
@@ -124,8 +127,11 @@ class FakePeer:
 
 
 def start_fake(plan: Plan) -> FakePeer:
-    server = uvicorn.Server(uvicorn.Config(make_app(plan), host="127.0.0.1", port=0,
-                                           log_level="warning", access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            make_app(plan), host="127.0.0.1", port=0, log_level="warning", access_log=False
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, "the fake server to start")

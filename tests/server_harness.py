@@ -1,4 +1,5 @@
 """A live TensorFold server on 127.0.0.1 for tests: uvicorn in a thread, on a free port."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ class LiveServer:
 
     def openai(self, api_key: str = "none"):
         from openai import OpenAI
+
         return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)
 
     def metrics(self) -> str:
@@ -54,8 +56,9 @@ def make_engine(path: Path, engine_cls: type[Engine] = Engine, **config) -> Engi
 
 def start_server(engine: Engine, name: str = "tiny", **app_kwargs) -> LiveServer:
     app = create_app(engine, engine.tokenizer, name, **app_kwargs)
-    server = uvicorn.Server(server_config(app, "127.0.0.1", 0, log_level="warning",
-                                          access_log=False))
+    server = uvicorn.Server(
+        server_config(app, "127.0.0.1", 0, log_level="warning", access_log=False)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, "the server to start")
@@ -70,7 +73,7 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = 60.0):
         value = check()
         if value:
             return value
-        time.sleep(0.005)   # a poll interval, not a synchronisation
+        time.sleep(0.005)  # a poll interval, not a synchronisation
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
@@ -82,8 +85,9 @@ def metric(text: str, name: str, **labels: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def solo(engine: Engine, prompt_ids: list[int], params: SamplingParams,
-         choice: int = 0) -> list[int]:
+def solo(
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, choice: int = 0
+) -> list[int]:
     """The reference: the request alone on an offline engine (no server, nothing beside it)."""
     assert not engine.has_work()
     req = engine.add_request(prompt_ids, params, choice=choice)
@@ -95,5 +99,5 @@ def sse_events(response: httpx.Response):
     """The JSON payloads of an SSE response, up to [DONE] (which is yielded as None)."""
     for line in response.iter_lines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             yield None if data == "[DONE]" else json.loads(data)

@@ -1,4 +1,5 @@
 """The demo model's data and tokenizer: seeded tasks with right answers, Qwen3.5 chat format."""
+
 from __future__ import annotations
 
 import calendar
@@ -27,13 +28,36 @@ FACTS = {
     "How many days are in a leap year?": "366",
 }
 UNIT_FACTORS = {
-    ("centimetres", "metres"): 100, ("millimetres", "centimetres"): 10,
-    ("metres", "kilometres"): 1000, ("grams", "kilograms"): 1000, ("millilitres", "litres"): 1000,
-    ("minutes", "hours"): 60, ("seconds", "minutes"): 60, ("hours", "days"): 24,
-    ("days", "weeks"): 7, ("months", "years"): 12, ("inches", "feet"): 12, ("feet", "yards"): 3,
+    ("centimetres", "metres"): 100,
+    ("millimetres", "centimetres"): 10,
+    ("metres", "kilometres"): 1000,
+    ("grams", "kilograms"): 1000,
+    ("millilitres", "litres"): 1000,
+    ("minutes", "hours"): 60,
+    ("seconds", "minutes"): 60,
+    ("hours", "days"): 24,
+    ("days", "weeks"): 7,
+    ("months", "years"): 12,
+    ("inches", "feet"): 12,
+    ("feet", "yards"): 3,
 }
-REGULAR_UNITS = ("metre", "centimetre", "kilometre", "millimetre", "kilogram", "gram", "litre",
-                 "millilitre", "hour", "minute", "second", "day", "week", "month", "year")
+REGULAR_UNITS = (
+    "metre",
+    "centimetre",
+    "kilometre",
+    "millimetre",
+    "kilogram",
+    "gram",
+    "litre",
+    "millilitre",
+    "hour",
+    "minute",
+    "second",
+    "day",
+    "week",
+    "month",
+    "year",
+)
 PLURAL = {"foot": "feet", "inch": "inches"} | {unit: unit + "s" for unit in REGULAR_UNITS}
 
 
@@ -50,17 +74,25 @@ def _units(small: str, big: str, n: int) -> str:
 SOLVERS = [
     (r"(?:What is |Compute )?(\d+) \+ (\d+)(?:\?|\.| = \?)", lambda a, b: str(int(a) + int(b))),
     (r"(?:What is |Compute )?(\d+) × (\d+)(?:\?|\.| = \?)", lambda a, b: str(int(a) * int(b))),
-    (r"(?:Reverse the word ([a-z]+)|(?:Spell|Write) ([a-z]+) backwards)\.",
-     lambda a, b: (a or b)[::-1]),
+    (
+        r"(?:Reverse the word ([a-z]+)|(?:Spell|Write) ([a-z]+) backwards)\.",
+        lambda a, b: (a or b)[::-1],
+    ),
     (r"(?:Repeat|Copy|Write) the word ([a-z]+)\.", lambda w: w),
     (r"(?:Copy this line|Repeat this line exactly): (.+)", lambda line: line),
-    (r"(?:Reverse the order of the words|Write these words in reverse order): (.+)",
-     lambda line: " ".join(line.split()[::-1])),
-    (r"(?:How many times does the letter|Count the letter) ([a-z]) (?:appear )?in ([a-z]+)[?.]",
-     lambda c, w: str(w.count(c))),
+    (
+        r"(?:Reverse the order of the words|Write these words in reverse order): (.+)",
+        lambda line: " ".join(line.split()[::-1]),
+    ),
+    (
+        r"(?:How many times does the letter|Count the letter) ([a-z]) (?:appear )?in ([a-z]+)[?.]",
+        lambda c, w: str(w.count(c)),
+    ),
     (r"How many letters (?:are in|does) ([a-z]+)(?: have)?\?", lambda w: str(len(w))),
-    (r"How many days are in the year (\d+)\?",
-     lambda y: "366" if calendar.isleap(int(y)) else "365"),
+    (
+        r"How many days are in the year (\d+)\?",
+        lambda y: "366" if calendar.isleap(int(y)) else "365",
+    ),
     (r"Is (\d+) a leap year\?", lambda y: "Yes" if calendar.isleap(int(y)) else "No"),
     (r"How many days are in a (leap|common) year\?", lambda k: "366" if k == "leap" else "365"),
     (r"How many ([a-z]+) are in (\d+) ([a-z]+)\?", lambda s, n, b: _units(s, b, int(n))),
@@ -165,10 +197,11 @@ def test_chat_template_renders_the_training_prompt(
     hf_tokenizer, thinking: bool, system: str | None
 ) -> None:
     sample = Sample(KNOWN_ANSWERS[2], thinking, system)
-    messages = ([{"role": "system", "content": system}] if system else [])
+    messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": sample.task.prompt})
-    text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                            enable_thinking=thinking)
+    text = hf_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
     assert text == sample.prompt_text()
     head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
     tail = "<think>\n" if thinking else "<think>\n\n</think>\n\n"
@@ -223,8 +256,9 @@ def test_model_spec_fits_the_repository_and_mlx_4bit() -> None:
     n = sum(p.numel() for p in model.parameters())
     assert 5_000_000 <= n <= 15_000_000
     assert 2 * n < 16 * 2**20  # the bf16 file
-    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"] + \
-        ["linear_attention"] * 3 + ["full_attention"]
+    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"] + [
+        "linear_attention"
+    ] * 3 + ["full_attention"]
     # mlx_lm quantizes a module only when its input width is a multiple of the group (64).
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.in_features % 64 == 0 for m in linears)

@@ -1,13 +1,22 @@
 """The invariants of docs/exactness.md on the CPU backend, bitwise."""
+
 import pytest
 import torch
+from engine_util import (
+    GREEDY,
+    decoded_logits,
+    finish_prints,
+    make_engine,
+    position_logits,
+    sample_prompt,
+)
 
-from engine_util import (GREEDY, decoded_logits, finish_prints, make_engine, position_logits,
-                         sample_prompt)
 from tensorfold.engine.request import SamplingParams
 from tensorfold.tools.run import generate_once
 
-SAMPLED = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+SAMPLED = SamplingParams(
+    max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True
+)
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -53,7 +62,9 @@ def test_concurrent_equals_solo(hf_tiny_b, parallel, params):
 
 def test_concurrent_equals_solo_bf16(hf_tiny):
     prompts = _prompts(300)[:4]
-    assert _solo(hf_tiny, prompts, GREEDY, torch.bfloat16) == _together(hf_tiny, prompts, GREEDY, 4, torch.bfloat16)
+    assert _solo(hf_tiny, prompts, GREEDY, torch.bfloat16) == _together(
+        hf_tiny, prompts, GREEDY, 4, torch.bfloat16
+    )
 
 
 def test_sampling_depends_on_seed_not_company(hf_tiny_b):
@@ -80,7 +91,7 @@ def test_decode_equals_prefill(hf_tiny_b):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     req, decoded = decoded_logits(make_engine(hf_tiny_b), ids, params)
     full = ids + req.output_ids[:-1]
-    prefilled = position_logits(make_engine(hf_tiny_b), full)[len(ids):]
+    prefilled = position_logits(make_engine(hf_tiny_b), full)[len(ids) :]
     assert torch.equal(decoded, prefilled)
 
 
@@ -88,10 +99,14 @@ def test_cancel_mid_prompt_and_mid_decode(hf_tiny_b):
     prompts = _prompts(300)[:3]
     solo = _solo(hf_tiny_b, prompts, GREEDY)
     eng = make_engine(hf_tiny_b, parallel=4, chunk=16)
-    decoding = eng.add_request(sample_prompt(12, 4, 300), SamplingParams(max_tokens=200, temperature=0.0))
+    decoding = eng.add_request(
+        sample_prompt(12, 4, 300), SamplingParams(max_tokens=200, temperature=0.0)
+    )
     long_prompt = eng.add_request(sample_prompt(11, 300, 300), GREEDY)
     keep = [eng.add_request(p, GREEDY) for p in prompts]
-    eng.step(); eng.step(); eng.step()
+    eng.step()
+    eng.step()
+    eng.step()
     assert long_prompt.in_prompt and not decoding.in_prompt
     eng.cancel(long_prompt.request_id)
     eng.cancel(decoding.request_id)
@@ -104,6 +119,7 @@ def test_cancel_mid_prompt_and_mid_decode(hf_tiny_b):
 
 def test_request_past_context_is_refused_and_engine_keeps_serving(hf_tiny_b):
     from tensorfold.errors import ContextOverflow
+
     eng = make_engine(hf_tiny_b, context=64)
     with pytest.raises(ContextOverflow, match="max_tokens"):
         eng.add_request(sample_prompt(1, 60, 300), SamplingParams(max_tokens=8))
@@ -118,17 +134,19 @@ def test_planted_fault_is_caught(hf_tiny_b, monkeypatch):
 
     def batch_dependent(x, w, out=None):
         return torch.mm(x, w.t())
+
     monkeypatch.setattr(lin, "matmul_rows", batch_dependent)
     ids = sample_prompt(9, 40, 300)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     req, decoded = decoded_logits(make_engine(hf_tiny_b), ids, params)
-    prefilled = position_logits(make_engine(hf_tiny_b), ids + req.output_ids[:-1])[len(ids):]
+    prefilled = position_logits(make_engine(hf_tiny_b), ids + req.output_ids[:-1])[len(ids) :]
     assert not torch.equal(decoded, prefilled)
 
 
 def test_incremental_text_equals_decoding_the_whole_reply(hf_tiny):
     from tensorfold.engine.text import Detokenizer
     from tensorfold.tokenizer import Tokenizer
+
     tok = Tokenizer(hf_tiny)
     ids = tok.encode("naïve café — 17 × 23 = 391 ✓ 日本") + [502] + tok.encode(" done")
     d = Detokenizer()
@@ -139,5 +157,6 @@ def test_incremental_text_equals_decoding_the_whole_reply(hf_tiny):
 
 def test_the_non_exact_variant_is_refused_on_the_cpu(hf_tiny):
     from benchmark_modules import inexact
+
     with pytest.raises(ValueError, match="the non-exact variant swaps in GPU kernels"):
         inexact.make_inexact(make_engine(hf_tiny).model)

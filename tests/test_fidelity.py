@@ -5,11 +5,12 @@ measured bound, 64 greedy tokens equal. MLX files: mlx_lm's greedy history, teac
 bf16 engine; every top-1 difference must be a near tie (docs/exactness.md, 'Fidelity and near
 ties'), and our float64 mode arbitrates.
 """
+
 import pytest
 import torch
-
 from engine_util import generate, make_engine, position_logits, sample_prompt
 from fixtures.checkpoints import hf_forward_logits, hf_greedy, mlx_teacher_forced
+
 from tensorfold.engine.request import SamplingParams
 from tensorfold.receipts.fidelity import UNEXPLAINED, Top2, arbitrate, near_tie
 
@@ -58,8 +59,16 @@ def judge(history, ours: torch.Tensor, f64: torch.Tensor) -> list[dict]:
         if mine.first == ref.first:
             continue
         verdict, info = arbitrate(mine, row, f64[step["pos"] - 1])
-        diffs.append({"pos": step["pos"], "mlx": (ref.first, ref.second), "ours": (mine.first, mine.second),
-                      "tie": near_tie(ref, mine), "verdict": verdict, **info})
+        diffs.append(
+            {
+                "pos": step["pos"],
+                "mlx": (ref.first, ref.second),
+                "ours": (mine.first, mine.second),
+                "tie": near_tie(ref, mine),
+                "verdict": verdict,
+                **info,
+            }
+        )
     return diffs
 
 

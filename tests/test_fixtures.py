@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-
 from fixtures.checkpoints import (
     CONTROL_TOKENS,
     MARGIN_PROMPTS,
@@ -22,6 +20,7 @@ from fixtures.checkpoints import (
     mlx_teacher_forced,
     special_token_ids,
 )
+from safetensors import safe_open
 
 PROMPT = MARGIN_PROMPTS[0]
 
@@ -55,6 +54,7 @@ def _tensor(d: Path, name: str) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- tokenizer
 
+
 def test_tokenizer_ids_and_template(tokenizer_dir: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -66,8 +66,9 @@ def test_tokenizer_ids_and_template(tokenizer_dir: Path) -> None:
     assert tok.eos_token_id == ids["<|im_end|>"] == 502
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3?"}]
     head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 3?<|im_end|>\n"
-    off = tok.apply_chat_template(msgs, add_generation_prompt=True, enable_thinking=False,
-                                  tokenize=False)
+    off = tok.apply_chat_template(
+        msgs, add_generation_prompt=True, enable_thinking=False, tokenize=False
+    )
     assert off == head + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     on = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert on == head + "<|im_start|>assistant\n<think>\n"
@@ -88,8 +89,10 @@ def test_tokenizer_tool_turns_render(tokenizer_dir: Path) -> None:
         {"role": "tool", "content": "3"},
     ]
     text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
-    assert ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n"
-            "<parameter=b>\nx\n</parameter>\n</function>\n</tool_call><|im_end|>\n") in text
+    assert (
+        "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n"
+        "<parameter=b>\nx\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+    ) in text
     assert text.endswith("<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n")
 
 
@@ -102,8 +105,9 @@ def test_mlx_loads_tokenizer(tokenizer_dir: Path) -> None:
     assert tok.encode("<think>") == [512]
 
 
-def test_checkpoint_tokenizers_agree(tokenizer_dir: Path, hf_tiny: Path, hf_tiny_nested: Path,
-                                     mlx_q4: Path) -> None:
+def test_checkpoint_tokenizers_agree(
+    tokenizer_dir: Path, hf_tiny: Path, hf_tiny_nested: Path, mlx_q4: Path
+) -> None:
     """transformers swaps in Qwen3_5Tokenizer for model_type qwen3_5 and mlx_lm re-saves the
     tokenizer; every path must still encode exactly like the raw tokenizer.json."""
     from tokenizers import Tokenizer
@@ -118,6 +122,7 @@ def test_checkpoint_tokenizers_agree(tokenizer_dir: Path, hf_tiny: Path, hf_tiny
 
 
 # ----------------------------------------------------------------------------- HF files
+
 
 def test_hf_flat_layout(hf_tiny: Path) -> None:
     cfg = _config(hf_tiny)
@@ -186,6 +191,7 @@ def test_hf_greedy_matches_forward(hf_tiny: Path, hf_tiny_nested: Path) -> None:
 
 # ----------------------------------------------------------------------------- MLX files
 
+
 def _bits_of(meta: dict, stem: str, in_dim: int) -> int:
     return meta[f"{stem}.weight"][1][-1] * 32 // in_dim
 
@@ -196,7 +202,8 @@ def test_mlx_q4_layout(mlx_q4: Path, hf_tiny_b: Path) -> None:
     assert cfg["quantization"] == q and cfg["quantization_config"] == q
     assert cfg["model_type"] == "qwen3_5" and "text_config" in cfg
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= {
-        p.name for p in mlx_q4.iterdir()}
+        p.name for p in mlx_q4.iterdir()
+    }
     meta = _meta(mlx_q4)
     assert not any(k.startswith(("mtp.", "model.", "vision")) for k in meta)
     stem = "language_model.model.layers.0.linear_attn.in_proj_qkv"
@@ -234,7 +241,10 @@ def test_mlx_mixed_bits(mlx_mixed: Path) -> None:
     assert q["language_model.model.layers.0.mlp.down_proj"]["bits"] == 6
     assert q["language_model.model.layers.0.linear_attn.out_proj"]["bits"] == 5
     assert q["language_model.model.layers.3.self_attn.v_proj"] == {
-        "group_size": 32, "bits": 8, "mode": "affine"}
+        "group_size": 32,
+        "bits": 8,
+        "mode": "affine",
+    }
     assert "language_model.model.layers.0.mlp.up_proj" not in q  # global default applies
     meta = _meta(mlx_mixed)
     pre = "language_model.model.layers"

@@ -1,15 +1,25 @@
 """GPU checks (skipped without CUDA): the kernel registry with its planted controls, and every
 invariant of docs/exactness.md bitwise at the 9B shape with random weights."""
+
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
-pytest.importorskip("fla", reason="the registry's planted control and the non-exact variant run fla's chunked kernel")
+pytest.importorskip(
+    "fla",
+    reason="the registry's planted control and the non-exact variant run fla's chunked kernel",
+)
 
-from engine_util import (decoded_logits, finish_prints, make_engine, position_logits,  # noqa: E402
-                         sample_prompt)
+from engine_util import (
+    decoded_logits,
+    finish_prints,
+    make_engine,
+    position_logits,  # noqa: E402
+    sample_prompt,
+)
+
 from tensorfold.engine.request import SamplingParams  # noqa: E402
 from tensorfold.tools.make_random import make_random  # noqa: E402
 from tensorfold.tools.run import generate_once  # noqa: E402
@@ -20,6 +30,7 @@ VOCAB = 248320
 
 def test_kernel_registry_and_controls():
     from tensorfold.ops.triton.registry import run_all
+
     lines, ok = run_all(small=False)
     print("\n".join(lines))
     assert ok, "\n".join(lines)
@@ -29,12 +40,16 @@ def test_kernel_registry_and_controls():
 def nine_b(tmp_path_factory):
     path = make_random(tmp_path_factory.mktemp("ckpt") / "9b-mixed", "9b", "mixed", device="cuda")
     from tensorfold.models.loader import load_model
+
     return load_model(path, dtype=torch.bfloat16, device="cuda")
 
 
 def _engine(model, **kw):
     from tensorfold.engine.engine import Engine, EngineConfig
-    return Engine(model, None, EngineConfig(**{"parallel": 16, "context": 2048, "chunk": 128, **kw}))
+
+    return Engine(
+        model, None, EngineConfig(**{"parallel": 16, "context": 2048, "chunk": 128, **kw})
+    )
 
 
 @pytest.mark.parametrize("parallel", [1, 4, 16])
@@ -56,7 +71,12 @@ def test_chunk_invariant_seams_9b(nine_b, chunk):
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     _, ref = generate_once(_engine(nine_b, chunk=128), ids, params, seams=256)
     _, other = generate_once(_engine(nine_b, chunk=chunk), ids, params, seams=256)
-    assert [p[:2] for p in ref] == [("seam", 256), ("seam", 512), ("prompt end", 600), ("reply end", 631)]
+    assert [p[:2] for p in ref] == [
+        ("seam", 256),
+        ("seam", 512),
+        ("prompt end", 600),
+        ("reply end", 631),
+    ]
     assert ref == other
 
 
@@ -64,7 +84,7 @@ def test_decode_equals_prefill_9b(nine_b):
     ids = sample_prompt(400, 40, VOCAB)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     req, decoded = decoded_logits(_engine(nine_b), ids, params)
-    prefilled = position_logits(_engine(nine_b), ids + req.output_ids[:-1])[len(ids):]
+    prefilled = position_logits(_engine(nine_b), ids + req.output_ids[:-1])[len(ids) :]
     assert torch.equal(decoded, prefilled)
 
 
@@ -82,7 +102,7 @@ def test_resumed_equals_fresh_9b(nine_b):
     first, fp_first = _finished(eng, ids)
     second, fp_second = _finished(eng, ids)
     assert first.cached_tokens == 0 and second.cached_tokens == 1488
-    fresh, fp_fresh = _finished(_engine(nine_b), ids)     # a second engine: nothing cached
+    fresh, fp_fresh = _finished(_engine(nine_b), ids)  # a second engine: nothing cached
     assert first.output_ids == second.output_ids == fresh.output_ids
     assert fp_first == fp_second == fp_fresh
 
@@ -91,8 +111,13 @@ def test_teacher_forced_against_cpu_float64(hf_tiny_b):
     """GPU bf16 against the CPU float64 reading: top-1 equal, or the same two contenders with a
     float64 margin within twice our rounding measured on the rest of the row."""
     from tensorfold.receipts.fidelity import UNEXPLAINED, Top2, arbitrate
+
     ids = sample_prompt(6, 64, 300)
-    gpu = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids).float().cpu()
+    gpu = (
+        position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids)
+        .float()
+        .cpu()
+    )
     exact = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
     verdicts = [arbitrate(Top2.of(row_g), row_g, row_x)[0] for row_g, row_x in zip(gpu, exact)]
     assert UNEXPLAINED not in verdicts
@@ -117,8 +142,13 @@ def test_non_exact_variant_stays_close_to_exact(hf_tiny_b):
     exact path's own bf16 rounding gives (on this tiny model both are about 2%)."""
     ids = sample_prompt(7, 200, 300)
     ref = position_logits(make_engine(hf_tiny_b, dtype=torch.float64), ids)
-    exact = position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids).double().cpu()
+    exact = (
+        position_logits(make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda"), ids)
+        .double()
+        .cpu()
+    )
     from benchmark_modules import inexact
+
     fast_engine = make_engine(hf_tiny_b, dtype=torch.bfloat16, device="cuda")
     inexact.make_inexact(fast_engine.model)
     fast = position_logits(fast_engine, ids)

@@ -1,5 +1,6 @@
 """The package's layering (docs/architecture.md): each module imports only modules of lower layers
 (or of its own subpackage), and no import cycle exists, lazy imports inside functions included."""
+
 from __future__ import annotations
 
 import ast
@@ -10,16 +11,23 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lower number = lower layer. A module may import its own subpackage and any lower layer.
 LAYERS = {
     "errors": 0,
-    "config": 1, "batch": 1, "tokenizer": 1, "demo": 1,
+    "config": 1,
+    "batch": 1,
+    "tokenizer": 1,
+    "demo": 1,
     "util": 2,
-    "ops": 3, "cache": 3,
+    "ops": 3,
+    "cache": 3,
     "layers": 4,
     "models": 5,
     "runner": 6,
     "engine": 7,
     "llm": 8,
-    "tools": 9, "server": 9, "receipts": 9,
-    "cli": 10, "": 11,          # "": the package's own __init__ (its public surface)
+    "tools": 9,
+    "server": 9,
+    "receipts": 9,
+    "cli": 10,
+    "": 11,  # "": the package's own __init__ (its public surface)
 }
 
 
@@ -49,8 +57,11 @@ def _graph() -> dict[str, set[str]]:
     files = sorted((SRC / "tensorfold").rglob("*.py"))
     modules = {_module_name(f) for f in files}
     # keep only names that are modules or packages (not `from .x import function`)
-    return {_module_name(f): {m for m in _imports(f, _module_name(f)) if m in modules}
-            - {_module_name(f)} for f in files}
+    return {
+        _module_name(f): {m for m in _imports(f, _module_name(f)) if m in modules}
+        - {_module_name(f)}
+        for f in files
+    }
 
 
 def _top(module: str) -> str:
@@ -60,12 +71,18 @@ def _top(module: str) -> str:
 
 def test_every_top_level_module_has_a_layer():
     tops = {_top(m) for m in _graph()}
-    assert tops <= set(LAYERS), f"add these to LAYERS and docs/architecture.md: {tops - set(LAYERS)}"
+    assert tops <= set(LAYERS), (
+        f"add these to LAYERS and docs/architecture.md: {tops - set(LAYERS)}"
+    )
 
 
 def test_no_module_imports_upward():
-    upward = [f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts
-              if _top(src) != _top(dst) and LAYERS[_top(dst)] >= LAYERS[_top(src)]]
+    upward = [
+        f"{src} -> {dst}"
+        for src, dsts in _graph().items()
+        for dst in dsts
+        if _top(src) != _top(dst) and LAYERS[_top(dst)] >= LAYERS[_top(src)]
+    ]
     assert not upward, "imports that go up or sideways between layers:\n" + "\n".join(upward)
 
 
@@ -76,7 +93,7 @@ def test_no_import_cycle():
         state[node] = "open"
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"

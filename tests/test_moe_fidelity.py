@@ -9,15 +9,16 @@ difference is judged on arithmetic alone; each row where float64 would have chos
 must itself be a routing near tie: float64's margin between the swapped experts within twice our
 router's rounding in that layer and pass (moe_util.routing_flips).
 """
+
 import pytest
 import torch
-
 from engine_util import generate, make_engine, position_logits, sample_prompt
 from fixtures.checkpoints import hf_forward_logits, hf_greedy, mlx_teacher_forced
 from moe_util import forced, recorded, routing_flips
+from test_fidelity import FP32_REL_BOUND, judge
+
 from tensorfold.engine.request import SamplingParams
 from tensorfold.receipts.fidelity import UNEXPLAINED
-from test_fidelity import FP32_REL_BOUND, judge
 
 
 def _rel(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -35,8 +36,9 @@ def test_logits_match_transformers_fp32(name, request):
 
 def test_expert_layouts_give_the_same_bits(hf_moe, hf_moe_fused):
     ids = sample_prompt(4, 40, 300)
-    assert torch.equal(position_logits(make_engine(hf_moe), ids),
-                       position_logits(make_engine(hf_moe_fused), ids))
+    assert torch.equal(
+        position_logits(make_engine(hf_moe), ids), position_logits(make_engine(hf_moe_fused), ids)
+    )
 
 
 def test_greedy_tokens_equal_transformers(hf_moe_fused):
@@ -62,7 +64,7 @@ def test_float32_against_the_float64_reading(hf_moe_fused):
     assert flips == []
     assert _rel(ours, f64) < FP32_REL_BOUND
     ref = hf_forward_logits(hf_moe_fused, ids, dtype=torch.float64)
-    assert _rel(f64, ref) < FP32_REL_BOUND       # transformers' float64 builds its rotary in fp32
+    assert _rel(f64, ref) < FP32_REL_BOUND  # transformers' float64 builds its rotary in fp32
 
 
 MLX_FIXTURES = ["mlx_moe_q4", "mlx_moe_mixed"]
@@ -97,7 +99,9 @@ def test_teacher_forced_against_mlx_lm_bf16_with_float64_arbiter(name, request):
     """mlx_lm as it runs by default (bf16): our bf16 run swaps an expert where float64 would not
     only at routing near ties, and every top-1 difference from mlx_lm is a tie or settled by the
     float64 reading of our routing (pairwise, or as a near tie of several tokens)."""
-    history, diffs, flips = _forced_by_mlx(request.getfixturevalue(name), "bfloat16", torch.bfloat16)
+    history, diffs, flips = _forced_by_mlx(
+        request.getfixturevalue(name), "bfloat16", torch.bfloat16
+    )
     assert [f for f in flips if f.margin > 2 * f.rounding] == []
     unexplained = [d for d in diffs if not d["tie"] and d["verdict"] == UNEXPLAINED]
     assert [d for d in unexplained if not d["near_best"]] == []

@@ -1,5 +1,6 @@
 """cache/prefix_cache.py alone, over a tiny KV pool: lookup of the longest cached cut, insert,
 least-recently-used eviction under a byte budget, and the pages' reference counts."""
+
 import torch
 
 from tensorfold.cache import KVPool, StatePool
@@ -35,12 +36,12 @@ def test_lookup_finds_the_longest_cached_cut_that_prefixes_the_prompt():
     pages = lane(kv, 40)
     for cut in (8, 10, 16):
         assert cache.insert(PROMPT[:cut], pages, states.snapshot(0))
-    assert cache.insert([7] * 20, pages, states.snapshot(0))        # another prompt
+    assert cache.insert([7] * 20, pages, states.snapshot(0))  # another prompt
     assert cache.lookup(PROMPT).cut == 16
-    assert cache.lookup(PROMPT[:16]).cut == 10        # at least one token is left to compute
+    assert cache.lookup(PROMPT[:16]).cut == 10  # at least one token is left to compute
     assert cache.lookup(PROMPT[:11]).cut == 10
     assert cache.lookup(PROMPT[:10] + [0] * 9).cut == 10
-    assert cache.lookup(PROMPT[:9] + [0] * 9).cut == 8     # 10 shares the page hash, not its tail
+    assert cache.lookup(PROMPT[:9] + [0] * 9).cut == 8  # 10 shares the page hash, not its tail
     assert cache.lookup(PROMPT[:6] + [0] * 9) is None
     assert cache.lookup([7] * 25).cut == 20
 
@@ -53,11 +54,11 @@ def test_insert_shares_pages_and_refuses_duplicates_and_the_oversized():
     free = kv.free_pages
     assert cache.insert(PROMPT[:12], pages, snap)
     assert not cache.insert(PROMPT[:12], pages, snap)
-    assert not cache.insert(PROMPT[:13], pages, snap)             # over the whole budget
+    assert not cache.insert(PROMPT[:13], pages, snap)  # over the whole budget
     assert len(cache) == 1 and cache.nbytes == entry_bytes(kv, states, 12)
     assert cache.stats.inserts == 1 and cache.stats.evictions == 0
-    kv.release(pages)                                               # the lane ends
-    assert kv.free_pages == free + len(pages) - 3                   # the cache holds 3 pages
+    kv.release(pages)  # the lane ends
+    assert kv.free_pages == free + len(pages) - 3  # the cache holds 3 pages
     cache.clear()
     assert kv.free_pages == kv.num_pages and cache.nbytes == 0 and len(cache) == 0
 
@@ -71,7 +72,7 @@ def test_eviction_is_least_recently_used_within_the_byte_budget():
     a, b, c = [[t] * 8 for t in (1, 2, 3)]
     cache.insert(a, pages, snap)
     cache.insert(b, pages, snap)
-    assert cache.lookup(a + [0]).cut == 8          # a is now the most recently used
+    assert cache.lookup(a + [0]).cut == 8  # a is now the most recently used
     cache.insert(c, pages, snap)
     assert cache.nbytes <= 2 * size and cache.stats.evictions == 1
     assert cache.lookup(b + [0]) is None
@@ -84,7 +85,7 @@ def test_make_room_for_pages_evicts_oldest_first_and_frees_their_pages():
     for t in (1, 2, 3):
         pages = lane(kv, 8)
         cache.insert([t] * 8, pages, snap)
-        kv.release(pages)                           # each lane ends; the cache keeps its pages
+        kv.release(pages)  # each lane ends; the cache keeps its pages
     assert kv.free_pages == 2
     cache.make_room(pages=4)
     assert kv.free_pages == 4 and len(cache) == 2
@@ -97,7 +98,7 @@ def test_an_entry_evicted_while_a_lane_reads_it_keeps_the_pages_until_the_lane_e
     cache.insert(PROMPT[:8], pages, states.snapshot(0))
     kv.release(pages)
     entry = cache.lookup(PROMPT)
-    held = kv.share(entry.pages)                   # a lane resumes from it
+    held = kv.share(entry.pages)  # a lane resumes from it
     cache.clear()
     assert kv.free_pages == kv.num_pages - 2
     kv.release(held)

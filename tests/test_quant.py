@@ -1,5 +1,6 @@
 """MLX affine packing: hand-computed words for every bit width, including values that straddle
 32-bit words, and agreement with mlx's own dequantize."""
+
 import pytest
 import torch
 
@@ -21,7 +22,9 @@ def test_unpack_matches_hand_packed_stream(bits):
     g = torch.Generator().manual_seed(bits)
     values = torch.randint(0, 1 << bits, (2, 64), generator=g)
     words = torch.tensor([_hand_pack(row.tolist(), bits) for row in values], dtype=torch.int64)
-    packed = words.to(torch.int64).apply_(lambda w: w - (1 << 32) if w >= 1 << 31 else w).to(torch.int32)
+    packed = (
+        words.to(torch.int64).apply_(lambda w: w - (1 << 32) if w >= 1 << 31 else w).to(torch.int32)
+    )
     assert torch.equal(unpack(packed, bits).long(), values)
     assert torch.equal(pack(values.to(torch.uint8), bits).view(torch.int32), packed)
 
@@ -32,22 +35,31 @@ def test_three_bit_value_straddles_words():
     values[10] = 0b101
     words = _hand_pack(values, 3)
     assert words[0] == 0b01 << 30 and words[1] == 0b1
-    packed = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32)
+    packed = torch.tensor(
+        [[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32
+    )
     assert unpack(packed, 3)[0].tolist() == values
 
 
 def test_five_and_six_bit_values_straddle_words():
-    for bits, idx in ((5, 6), (6, 5)):   # 5-bit value 6 spans bits 30..34, 6-bit value 5 spans 30..35
+    for bits, idx in (
+        (5, 6),
+        (6, 5),
+    ):  # 5-bit value 6 spans bits 30..34, 6-bit value 5 spans 30..35
         values = [0] * 32
         values[idx] = (1 << bits) - 1
         words = _hand_pack(values, bits)
-        assert words[0] >> 30 == 0b11 and words[1] & ((1 << (bits - 2)) - 1) == (1 << (bits - 2)) - 1
-        packed = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32)
+        assert (
+            words[0] >> 30 == 0b11 and words[1] & ((1 << (bits - 2)) - 1) == (1 << (bits - 2)) - 1
+        )
+        packed = torch.tensor(
+            [[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32
+        )
         assert unpack(packed, bits)[0].tolist() == values
 
 
 def test_dequantize_negative_scales_by_hand():
-    q = torch.tensor([[0, 1, 2, 3] * 8])          # 32 two-bit values, one group of 32
+    q = torch.tensor([[0, 1, 2, 3] * 8])  # 32 two-bit values, one group of 32
     packed = pack(q.to(torch.uint8), 2)
     scales = torch.tensor([[-0.5]], dtype=torch.bfloat16)
     biases = torch.tensor([[1.0]], dtype=torch.bfloat16)
@@ -65,8 +77,14 @@ def test_dequantize_matches_mlx(bits, group_size):
     w = torch.randn(8, 256, generator=g)
     wq, scales, biases = mx.quantize(mx.array(w.numpy()), group_size=group_size, bits=bits)
     ref = np.array(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits))
-    ours = dequantize(torch.from_numpy(np.array(wq).view(np.int32)), torch.from_numpy(np.array(scales)),
-                      torch.from_numpy(np.array(biases)), bits, group_size, torch.float32)
+    ours = dequantize(
+        torch.from_numpy(np.array(wq).view(np.int32)),
+        torch.from_numpy(np.array(scales)),
+        torch.from_numpy(np.array(biases)),
+        bits,
+        group_size,
+        torch.float32,
+    )
     assert torch.equal(ours, torch.from_numpy(ref))
 
 
@@ -81,6 +99,7 @@ def test_quantize_roundtrip_error_is_within_half_a_step(bits):
 
 def _packed(n: int, k: int, bits: int, gs: int):
     from tensorfold.layers.linear import QuantizedWeight
+
     return QuantizedWeight(*quantize(torch.randn(n, k), bits, gs), bits, gs)
 
 
@@ -88,6 +107,7 @@ def test_joined_projections_give_each_projection_its_own_product():
     """The merged product the GPU uses, forced here: each part's columns equal its own product,
     the parts become views of the merged weight, and mixed formats stay separate."""
     from tensorfold.layers.linear import Linear, join
+
     torch.manual_seed(0)
     x = torch.randn(5, 128)
     dense = [Linear(torch.randn(n, 128), torch.float32) for n in (48, 16, 32)]
@@ -100,6 +120,9 @@ def test_joined_projections_give_each_projection_its_own_product():
     alone = [lin(x) for lin in packed]
     joined = join(packed, merge=True)
     assert joined.merged is not None and torch.equal(joined(x)[1], alone[1])
-    mixed = [Linear(_packed(32, 128, 4, 64), torch.float32), Linear(_packed(32, 128, 6, 64), torch.float32)]
+    mixed = [
+        Linear(_packed(32, 128, 4, 64), torch.float32),
+        Linear(_packed(32, 128, 6, 64), torch.float32),
+    ]
     assert join(mixed, merge=True).merged is None
-    assert join(dense).merged is None                      # on the CPU products stay separate by default
+    assert join(dense).merged is None  # on the CPU products stay separate by default

@@ -1,21 +1,27 @@
 """`tensorfold check cancel` and `check known-answers` over HTTP: a pass against a live tiny
 server where the contract holds, and a failure with the right counts where it is planted."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from receipts_fakes import Plan, start_fake
 from server_harness import make_engine, solo, start_server
+
 from tensorfold.cli import main
-from tensorfold.util import token_sha
 from tensorfold.demo.data import KNOWN_ANSWERS
 from tensorfold.engine.request import SamplingParams
 from tensorfold.receipts.prompts import CODE
+from tensorfold.util import token_sha
 
-STEPS = ["reference probes", "stream dropped mid-decode", "long prompt dropped mid-prompt",
-         "stream dropped beside a running probe", "request past the window (refused)"]
+STEPS = [
+    "reference probes",
+    "stream dropped mid-decode",
+    "long prompt dropped mid-prompt",
+    "stream dropped beside a running probe",
+    "request past the window (refused)",
+]
 CANCEL_ARGS = ("--probe-tokens", "16", "--long-prompt", "300", "--drop-after", "4")
 
 
@@ -33,14 +39,20 @@ def run(capsys, *argv: str) -> tuple[int, str]:
 
 def test_cancel_passes_every_step_on_our_server(live, hf_tiny, capsys, tmp_path):
     out = tmp_path / "cancel.json"
-    code, text = run(capsys, "check", "cancel", live.url, live.name, *CANCEL_ARGS,
-                     "--output", str(out))
+    code, text = run(
+        capsys, "check", "cancel", live.url, live.name, *CANCEL_ARGS, "--output", str(out)
+    )
     assert code == 0, text
     steps = json.loads(out.read_text())["steps"]
     assert [s["name"] for s in steps] == STEPS
     assert all(s["passed"] for s in steps)
-    want = token_sha(solo(make_engine(hf_tiny), live.tokenizer.encode(CODE.text),
-                          SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)))
+    want = token_sha(
+        solo(
+            make_engine(hf_tiny),
+            live.tokenizer.encode(CODE.text),
+            SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+        )
+    )
     assert {s["probes"]["code"] for s in steps} == {want}
     assert "HTTP 413" in steps[-1]["detail"]
     assert "check cancel: PASS (5/5 steps passed)" in text
@@ -51,8 +63,9 @@ def test_cancel_fails_the_steps_after_a_planted_change(capsys, tmp_path):
     fake = start_fake(Plan(alter=lambda n, body: n >= 3, refuse_past_window=False))
     out = tmp_path / "cancel.json"
     try:
-        code, text = run(capsys, "check", "cancel", fake.url, "fake", *CANCEL_ARGS,
-                         "--output", str(out))
+        code, text = run(
+            capsys, "check", "cancel", fake.url, "fake", *CANCEL_ARGS, "--output", str(out)
+        )
     finally:
         fake.stop()
     assert code == 1
@@ -65,13 +78,22 @@ def test_cancel_fails_the_steps_after_a_planted_change(capsys, tmp_path):
 
 def test_known_answers_on_the_tiny_model_fail_with_counts(live, capsys, tmp_path):
     out = tmp_path / "known.json"
-    code, text = run(capsys, "check", "known-answers", live.url, live.name, "--max-tokens", "8",
-                     "--output", str(out))
+    code, text = run(
+        capsys,
+        "check",
+        "known-answers",
+        live.url,
+        live.name,
+        "--max-tokens",
+        "8",
+        "--output",
+        str(out),
+    )
     records = json.loads(out.read_text())["records"]
     n = len(KNOWN_ANSWERS)
     assert code == 1
     assert [r["prompt"] for r in records] == [t.prompt for t in KNOWN_ANSWERS]
-    assert sum(r["correct"] for r in records) == 0      # a random tiny model knows none of them
+    assert sum(r["correct"] for r in records) == 0  # a random tiny model knows none of them
     assert f"check known-answers: FAIL (0/{n} passed, {n} failed)" in text
 
 

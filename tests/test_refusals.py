@@ -1,4 +1,5 @@
 """Every refusal is a named error, raised before any tensor data is read."""
+
 import json
 import shutil
 
@@ -23,6 +24,7 @@ from tensorfold.models.loader import load_model
 def no_reads(monkeypatch):
     def refuse(self, name):
         raise AssertionError(f"tensor {name} was read before the refusal")
+
     monkeypatch.setattr(ckpt_mod.Checkpoint, "read", refuse)
 
 
@@ -40,25 +42,69 @@ def _edit_config(folder, fn):
 
 
 CONFIG_CASES = [
-    ("model_type", lambda t, top: top.update(model_type="llama"), UnsupportedModelType, "model_type"),
+    (
+        "model_type",
+        lambda t, top: top.update(model_type="llama"),
+        UnsupportedModelType,
+        "model_type",
+    ),
     # An MoE type is served (tests/test_moe.py), but not without its experts; a dense one with them is refused.
-    ("moe type", lambda t, top: top.update(model_type="qwen3_5_moe"), ConfigError, "num_experts is missing"),
+    (
+        "moe type",
+        lambda t, top: top.update(model_type="qwen3_5_moe"),
+        ConfigError,
+        "num_experts is missing",
+    ),
     ("moe fields", lambda t, top: t.update(num_experts=8), UnsupportedMoE, "num_experts"),
-    ("layer type", lambda t, top: t["layer_types"].__setitem__(1, "sliding_attention"), UnknownLayerType,
-     "layer_types[1]"),
+    (
+        "layer type",
+        lambda t, top: t["layer_types"].__setitem__(1, "sliding_attention"),
+        UnknownLayerType,
+        "layer_types[1]",
+    ),
     ("layer count", lambda t, top: t["layer_types"].pop(), InconsistentShape, "layer_types"),
-    ("gqa", lambda t, top: t.update(num_key_value_heads=3), InconsistentShape, "num_key_value_heads"),
-    ("gdn heads", lambda t, top: t.update(linear_num_value_heads=3), InconsistentShape, "linear_num_value_heads"),
-    ("rope", lambda t, top: t.update(rope_parameters={"rope_type": "yarn", "factor": 4.0}), ConfigError,
-     "rope_parameters.rope_type"),
-    ("bits", lambda t, top: top.update(quantization={"bits": 7, "group_size": 64}), UnsupportedQuantization,
-     "quantization.bits"),
-    ("group", lambda t, top: top.update(quantization={"bits": 4, "group_size": 48}), UnsupportedQuantization,
-     "quantization.group_size"),
-    ("mode", lambda t, top: top.update(quantization={"bits": 4, "group_size": 64, "mode": "mxfp4"}),
-     UnsupportedQuantization, "quantization.mode"),
-    ("method", lambda t, top: top.update(quantization_config={"quant_method": "gptq"}), UnsupportedQuantization,
-     "quant_method"),
+    (
+        "gqa",
+        lambda t, top: t.update(num_key_value_heads=3),
+        InconsistentShape,
+        "num_key_value_heads",
+    ),
+    (
+        "gdn heads",
+        lambda t, top: t.update(linear_num_value_heads=3),
+        InconsistentShape,
+        "linear_num_value_heads",
+    ),
+    (
+        "rope",
+        lambda t, top: t.update(rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+        ConfigError,
+        "rope_parameters.rope_type",
+    ),
+    (
+        "bits",
+        lambda t, top: top.update(quantization={"bits": 7, "group_size": 64}),
+        UnsupportedQuantization,
+        "quantization.bits",
+    ),
+    (
+        "group",
+        lambda t, top: top.update(quantization={"bits": 4, "group_size": 48}),
+        UnsupportedQuantization,
+        "quantization.group_size",
+    ),
+    (
+        "mode",
+        lambda t, top: top.update(quantization={"bits": 4, "group_size": 64, "mode": "mxfp4"}),
+        UnsupportedQuantization,
+        "quantization.mode",
+    ),
+    (
+        "method",
+        lambda t, top: top.update(quantization_config={"quant_method": "gptq"}),
+        UnsupportedQuantization,
+        "quant_method",
+    ),
 ]
 
 
@@ -81,6 +127,7 @@ def test_nested_config_field_is_named_with_its_path(hf_tiny_nested, tmp_path, no
 
 def _rewrite_tensor(folder, name, tensor):
     from safetensors.torch import load_file, save_file
+
     for file in folder.glob("*.safetensors"):
         tensors = load_file(file)
         if name in tensors:
@@ -92,6 +139,7 @@ def _rewrite_tensor(folder, name, tensor):
 
 def _a_log_key(folder):
     from safetensors import safe_open
+
     for file in folder.glob("*.safetensors"):
         with safe_open(file, "pt") as fh:
             for key in fh.keys():
@@ -122,6 +170,7 @@ def test_misshaped_tensor_is_refused_by_name(hf_tiny, tmp_path):
 
 def test_missing_tensor_is_refused_by_name(hf_tiny, tmp_path):
     from safetensors.torch import load_file, save_file
+
     folder = _copy(hf_tiny, tmp_path)
     file = next(folder.glob("*.safetensors"))
     tensors = load_file(file)
@@ -141,6 +190,7 @@ class _no_reads:
 
         def refuse(_self, name):
             raise AssertionError(f"tensor {name} was read before the refusal")
+
         ckpt_mod.Checkpoint.read = refuse
 
     def __exit__(self, *exc):
@@ -149,6 +199,6 @@ class _no_reads:
 
 
 def test_both_a_log_dtypes_load(hf_tiny, hf_tiny_c):
-    for folder in (hf_tiny, hf_tiny_c):     # F32 A_log (official) and BF16 A_log
+    for folder in (hf_tiny, hf_tiny_c):  # F32 A_log (official) and BF16 A_log
         model = load_model(folder)
         assert model.config.num_layers > 0

@@ -1,6 +1,7 @@
 """ops/sampling.py against a plain reference: the filtered, renormalised distribution in float64
 and the same uniform number inverted through its CDF; ties at the filters' boundaries; the
 counter-based uniform numbers."""
+
 import math
 
 import pytest
@@ -8,12 +9,13 @@ import torch
 
 from tensorfold.ops.sampling import sample_row, uniform
 
-GRID = [(i + 0.5) / 1000 for i in range(1000)]     # never on a boundary of the cases below
+GRID = [(i + 0.5) / 1000 for i in range(1000)]  # never on a boundary of the cases below
 LOGITS = [1.5, -0.25, 3.0, 0.75, 2.25, -2.0, 0.0, 1.0, 2.9, -1.0, 0.5, 2.0]
 
 
-def reference(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float,
-              u: float) -> int:
+def reference(
+    logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float, u: float
+) -> int:
     """vLLM's order: top-k, then min-p and top-p over the top-k distribution; ties keep the
     lower token id first; the first token is always kept."""
     if temperature <= 0.0:
@@ -51,22 +53,25 @@ def expected(logits: list[float], temperature=1.0, top_k=0, top_p=1.0, min_p=0.0
     return [reference(row, temperature, top_k, top_p, min_p, u) for u in GRID]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
-    (1.0, 0, 1.0, 0.0),          # the whole distribution
-    (0.7, 0, 1.0, 0.0),
-    (2.5, 0, 1.0, 0.0),
-    (1.0, 5, 1.0, 0.0),
-    (1.0, -1, 1.0, 0.0),         # -1 turns top-k off, like 0
-    (1.0, 12, 1.0, 0.0),         # top_k = V keeps every token
-    (1.0, 0, 0.5, 0.0),
-    (1.0, 0, 0.9, 0.0),
-    (0.8, 0, 0.75, 0.0),
-    (1.0, 0, 1.0, 0.1),
-    (1.0, 0, 1.0, 0.5),
-    (0.6, 6, 0.8, 0.05),
-    (1.0, 3, 0.7, 0.0),          # top-p over the renormalised top-k distribution
-    (1.3, 4, 0.95, 0.2),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,min_p",
+    [
+        (1.0, 0, 1.0, 0.0),  # the whole distribution
+        (0.7, 0, 1.0, 0.0),
+        (2.5, 0, 1.0, 0.0),
+        (1.0, 5, 1.0, 0.0),
+        (1.0, -1, 1.0, 0.0),  # -1 turns top-k off, like 0
+        (1.0, 12, 1.0, 0.0),  # top_k = V keeps every token
+        (1.0, 0, 0.5, 0.0),
+        (1.0, 0, 0.9, 0.0),
+        (0.8, 0, 0.75, 0.0),
+        (1.0, 0, 1.0, 0.1),
+        (1.0, 0, 1.0, 0.5),
+        (0.6, 6, 0.8, 0.05),
+        (1.0, 3, 0.7, 0.0),  # top-p over the renormalised top-k distribution
+        (1.3, 4, 0.95, 0.2),
+    ],
+)
 def test_sample_row_equals_the_reference(temperature, top_k, top_p, min_p):
     got = drawn(LOGITS, temperature, top_k, top_p, min_p)
     assert got == expected(LOGITS, temperature, top_k, top_p, min_p)
@@ -88,7 +93,7 @@ def test_top_k_tie_at_the_boundary_keeps_the_lower_ids():
     got = drawn(logits, top_k=2)
     assert set(got) == {1, 3}
     assert got == expected(logits, top_k=2)
-    assert got[:500] == [1] * 500 and got[500:] == [3] * 500     # equal halves, in id order
+    assert got[:500] == [1] * 500 and got[500:] == [3] * 500  # equal halves, in id order
 
 
 def test_top_p_tie_at_the_boundary():
@@ -107,18 +112,18 @@ def test_the_most_likely_token_is_always_kept():
 def test_greedy_takes_the_first_maximum():
     row = torch.tensor([0.5, 3.0, -1.0, 3.0])
     assert sample_row(row, 0.0, 0, 1.0, 0.0, 0.99) == 1
-    assert sample_row(row, 0.0, 2, 0.1, 0.5, 0.0) == 1       # filters do not touch greedy
+    assert sample_row(row, 0.0, 2, 0.1, 0.5, 0.0) == 1  # filters do not touch greedy
 
 
 def test_the_extreme_uniform_numbers_stay_in_the_support():
-    for u in (0.0, 1.0 - 2 ** -53):
+    for u in (0.0, 1.0 - 2**-53):
         assert sample_row(torch.tensor(LOGITS), 1.0, 3, 1.0, 0.0, u) in {2, 8, 4}
 
 
 def test_each_token_owns_a_half_open_interval_of_u():
     """Token i is drawn for u in [cdf[i-1], cdf[i]): u on a boundary takes the next token."""
     two = torch.tensor([0.0, 0.0])
-    assert [sample_row(two, 1.0, 0, 1.0, 0.0, u) for u in (0.0, 0.5 - 2 ** -53, 0.5)] == [0, 0, 1]
+    assert [sample_row(two, 1.0, 0, 1.0, 0.0, u) for u in (0.0, 0.5 - 2**-53, 0.5)] == [0, 0, 1]
     assert reference([0.0, 0.0], 1.0, 0, 1.0, 0.0, 0.5) == 1
 
 
@@ -127,8 +132,8 @@ def test_uniform_numbers_are_pinned():
     assert uniform(0, 0, 0) == 0.13870941014555427
     assert uniform(1234, 17) == uniform(1234, 17, 0) == 0.2094093268155176
     assert uniform(1234, 17, 1) == 0.2923983323285896
-    assert uniform(2 ** 64 - 1, 5, 3) == 0.06951048628418932
-    assert uniform(2 ** 64 + 7, 5, 3) == uniform(7, 5, 3)              # the seed is taken mod 2^64
+    assert uniform(2**64 - 1, 5, 3) == 0.06951048628418932
+    assert uniform(2**64 + 7, 5, 3) == uniform(7, 5, 3)  # the seed is taken mod 2^64
 
 
 def test_uniform_numbers_depend_on_every_key_and_are_uniform():
@@ -138,7 +143,7 @@ def test_uniform_numbers_depend_on_every_key_and_are_uniform():
     counts = [0] * 10
     for x in draws:
         counts[int(x * 10)] += 1
-    assert max(abs(c - 2000) for c in counts) < 200             # about 4.7 sigma
+    assert max(abs(c - 2000) for c in counts) < 200  # about 4.7 sigma
     assert len({uniform(42, 7, c) for c in range(64)}) == 64
     assert len({uniform(s, 7, 0) for s in range(64)}) == 64
 

@@ -1,5 +1,6 @@
 """engine/scheduler.py without a model: admission (lanes, slots, pages), the whole capacity
 reserved at admission, prompt-cache cuts, and the rows of each pass."""
+
 import torch
 
 from tensorfold.cache import KVPool, StatePool
@@ -20,8 +21,15 @@ def scheduler(parallel=2, slots=None, pages=64, cache_bytes=0, **config) -> Sche
 
 def request(n: int, max_tokens: int = 4, name: str = "r", cuts: tuple[int, ...] = ()) -> Request:
     watch = Watch(cuts=cuts) if cuts else None
-    return Request(name, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens), max_tokens,
-                   0, watch=watch, cuts=cuts)
+    return Request(
+        name,
+        list(range(1, n + 1)),
+        SamplingParams(max_tokens=max_tokens),
+        max_tokens,
+        0,
+        watch=watch,
+        cuts=cuts,
+    )
 
 
 def queue(s: Scheduler, *reqs: Request) -> list[Request]:
@@ -67,8 +75,7 @@ def test_a_lane_reserves_pages_for_its_whole_capacity():
 
 def test_a_request_waits_while_pages_are_short_and_order_is_kept():
     s = scheduler(parallel=4, pages=6)
-    big, mid, small = queue(s, request(16, 4, "big"), request(6, 2, "mid"),
-                            request(2, 2, "small"))
+    big, mid, small = queue(s, request(16, 4, "big"), request(6, 2, "mid"), request(2, 2, "small"))
     s.admit()
     # 5 of 6 pages taken: mid (2 pages) waits, and small (1 page) does not overtake it
     assert s.running == [big] and list(s.waiting) == [mid, small]
@@ -82,7 +89,7 @@ def test_admission_evicts_prompt_cache_entries_for_pages():
     s = scheduler(pages=6, cache_bytes=1 << 20)
     held = s.kv.allocate(3)
     s.cache.insert(list(range(12)), held, s.states.snapshot(0))
-    s.kv.release(held)                            # only the cache holds them now
+    s.kv.release(held)  # only the cache holds them now
     (req,) = queue(s, request(16, 4))
     s.admit()
     assert s.running == [req] and len(s.cache) == 0 and s.cache.stats.evictions == 1
@@ -102,10 +109,10 @@ def test_cache_cuts_every_cache_every_rows_the_last_page_and_the_end():
     s.admit()
     assert req.cache_cuts == {16, 32, 48, 50}
     assert s._cache_cuts(request(49)) == {16, 32, 48, 49}
-    assert s._cache_cuts(request(47)) == {16, 32, 44, 47}       # the last page boundary: 44
+    assert s._cache_cuts(request(47)) == {16, 32, 44, 47}  # the last page boundary: 44
     resumed = request(50)
     resumed.num_computed = 32
-    assert s._cache_cuts(resumed) == {48, 50}                   # only those still ahead
+    assert s._cache_cuts(resumed) == {48, 50}  # only those still ahead
 
 
 def test_no_cache_no_cache_cuts():
@@ -129,25 +136,26 @@ def test_prompt_chunks_end_at_every_cut():
 
 def test_chunk_and_token_budget_are_respected_and_decode_rows_come_first():
     s = scheduler(parallel=3, chunk=8, token_budget=10)
-    decoding, long_a, long_b = queue(s, request(3, 8, "dec"), request(40, name="a"),
-                                     request(40, name="b"))
+    decoding, long_a, long_b = queue(
+        s, request(3, 8, "dec"), request(40, name="a"), request(40, name="b")
+    )
     s.admit()
-    assert run_pass(s) == [("dec", 3), ("a", 7)]              # the budget of 10 runs out
-    assert run_pass(s) == [("dec", 1), ("a", 8), ("b", 1)]    # decode rows first, oldest next
+    assert run_pass(s) == [("dec", 3), ("a", 7)]  # the budget of 10 runs out
+    assert run_pass(s) == [("dec", 1), ("a", 8), ("b", 1)]  # decode rows first, oldest next
     for _ in range(12):
         rows = run_pass(s)
         assert rows[0] == ("dec", 1)
         assert sum(n for _, n in rows) <= 10 and all(n <= 8 for _, n in rows)
     assert not long_a.in_prompt and not long_b.in_prompt
-    assert run_pass(s) == [("dec", 1), ("a", 1), ("b", 1)]    # three lanes decoding
+    assert run_pass(s) == [("dec", 1), ("a", 1), ("b", 1)]  # three lanes decoding
 
 
 def test_a_resumed_lane_shares_whole_pages_and_copies_the_partial_one():
     s = scheduler(cache_bytes=1 << 20)
     prompt = list(range(1, 21))
     cached = s.kv.allocate(3)
-    s.kv.k[0][cached[2] * PAGE:(cached[2] + 1) * PAGE] = 7.0     # the partial page's rows
-    s.cache.insert(prompt[:10], cached, s.states.snapshot(0))    # cut 10: pages 0, 1 and half of 2
+    s.kv.k[0][cached[2] * PAGE : (cached[2] + 1) * PAGE] = 7.0  # the partial page's rows
+    s.cache.insert(prompt[:10], cached, s.states.snapshot(0))  # cut 10: pages 0, 1 and half of 2
     s.kv.release(cached)
     req = Request("r", prompt, SamplingParams(max_tokens=4), 4, 0)
     queue(s, req)
@@ -155,8 +163,9 @@ def test_a_resumed_lane_shares_whole_pages_and_copies_the_partial_one():
     assert req.num_computed == req.cached_tokens == 10
     assert req.pages[:2] == cached[:2] and cached[2] not in req.pages
     assert len(req.pages) == s.kv.pages_for(req.capacity)
-    assert torch.equal(s.kv.k[0][req.pages[2] * PAGE:(req.pages[2] + 1) * PAGE],
-                       torch.full((PAGE, 1, 2), 7.0))
+    assert torch.equal(
+        s.kv.k[0][req.pages[2] * PAGE : (req.pages[2] + 1) * PAGE], torch.full((PAGE, 1, 2), 7.0)
+    )
     s.cache.clear()
     s.finish(req)
     assert s.kv.free_pages == s.kv.num_pages
@@ -167,8 +176,9 @@ def test_logit_rows_the_one_rule():
     cut, or every row when the watch keeps them all; cache cuts need none."""
     s = scheduler(parallel=3, cache_bytes=1 << 20, cache_every=16)
     plain, seams = request(20, name="plain"), request(20, name="seams", cuts=(6,))
-    kept = Request("kept", list(range(1, 21)), SamplingParams(), 4, 0,
-                   watch=Watch(keep_logits=True))
+    kept = Request(
+        "kept", list(range(1, 21)), SamplingParams(), 4, 0, watch=Watch(keep_logits=True)
+    )
     queue(s, plain, seams, kept)
     s.admit()
     assert 16 in plain.cache_cuts and 6 in seams.cuts

@@ -1,11 +1,12 @@
 """The OpenAI-compatible API through the official openai client, against a live server."""
+
 from __future__ import annotations
 
 import logging
 
 import pytest
-
 from server_harness import make_engine, metric, solo
+
 from tensorfold.engine.request import SamplingParams
 from tensorfold.server.protocol import IGNORED
 
@@ -48,8 +49,9 @@ def test_models_health_memory(live, client):
 def test_completion_matches_offline_engine(live, client, reference):
     ids = live.tokenizer.encode(PROMPT)
     want = solo(reference, ids, greedy(12, ignore_eos=True))
-    out = client.completions.create(model=live.name, prompt=PROMPT, max_tokens=12, temperature=0,
-                                    extra_body=IDS_OUT)
+    out = client.completions.create(
+        model=live.name, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=IDS_OUT
+    )
     choice = out.choices[0]
     assert choice.model_extra["token_ids"] == want
     assert choice.text == live.tokenizer.decode(want)
@@ -83,8 +85,12 @@ def test_chat_with_and_without_thinking(live, client, reference, thinking):
         assert http.post("/tokenize", json=body).json()["tokens"] == ids
     want = solo(reference, ids, greedy(10))
     out = client.chat.completions.create(
-        model=live.name, messages=CHAT, max_tokens=10, temperature=0,
-        extra_body={"chat_template_kwargs": kwargs, "return_token_ids": True})
+        model=live.name,
+        messages=CHAT,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"chat_template_kwargs": kwargs, "return_token_ids": True},
+    )
     choice = out.choices[0]
     assert choice.model_extra["token_ids"] == want
     assert choice.message.role == "assistant"
@@ -95,8 +101,9 @@ def test_chat_with_and_without_thinking(live, client, reference, thinking):
 def test_chat_stream_with_usage(live, client):
     kw = dict(model=live.name, messages=CHAT, max_tokens=16, temperature=0)
     whole = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(
-        stream=True, stream_options={"include_usage": True}, **kw))
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -116,43 +123,63 @@ def test_completion_stream_matches_whole(live, client):
 
 
 def test_completion_logprobs(live, client):
-    out = client.completions.create(model=live.name, prompt=PROMPT, max_tokens=8, temperature=0,
-                                    logprobs=3, extra_body=IDS_OUT)
+    out = client.completions.create(
+        model=live.name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, extra_body=IDS_OUT
+    )
     lp, ids = out.choices[0].logprobs, out.choices[0].model_extra["token_ids"]
     assert lp.tokens == [live.tokenizer.token_text(t) for t in ids]
     assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
     for value, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert len(top) <= 3 and value <= 0.0
-        assert max(top.values()) == pytest.approx(value)     # greedy picks the most likely
+        assert max(top.values()) == pytest.approx(value)  # greedy picks the most likely
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
 
 
 def test_chat_logprobs_stream_and_whole(live, client):
-    kw = dict(model=live.name, messages=CHAT, max_tokens=8, temperature=0, logprobs=True,
-              top_logprobs=2, extra_body=IDS_OUT)
+    kw = dict(
+        model=live.name,
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body=IDS_OUT,
+    )
     choice = client.chat.completions.create(**kw).choices[0]
     whole, ids = choice.logprobs.content, choice.model_extra["token_ids"]
     assert [e.token for e in whole] == [live.tokenizer.token_text(t) for t in ids]
     for entry in whole:
         assert len(entry.top_logprobs) == 2
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
-    raw = bytes(b for e in whole for b in e.bytes)     # the bytes rebuild the reply exactly
+    raw = bytes(b for e in whole for b in e.bytes)  # the bytes rebuild the reply exactly
     assert raw.decode(errors="replace") == live.tokenizer.decode(ids, skip_special_tokens=False)
-    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
-                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed = [
+        e
+        for c in client.chat.completions.create(stream=True, **kw)
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole]
 
 
 def test_n_choices_match_solo_streams(live, client, reference):
     ids = live.tokenizer.encode(PROMPT)
-    out = client.completions.create(model=live.name, prompt=ids, max_tokens=10, temperature=1.0,
-                                    seed=11, n=2, extra_body=IDS_OUT)
+    out = client.completions.create(
+        model=live.name,
+        prompt=ids,
+        max_tokens=10,
+        temperature=1.0,
+        seed=11,
+        n=2,
+        extra_body=IDS_OUT,
+    )
     got = {c.index: c.model_extra["token_ids"] for c in out.choices}
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=11, ignore_eos=True)
     assert got == {i: solo(reference, ids, params, choice=i) for i in (0, 1)}
     assert got[0] != got[1] and out.usage.completion_tokens == 20
-    chat = client.chat.completions.create(model=live.name, messages=CHAT, max_tokens=6, n=2,
-                                          seed=3, temperature=1.0)
+    chat = client.chat.completions.create(
+        model=live.name, messages=CHAT, max_tokens=6, n=2, seed=3, temperature=1.0
+    )
     assert [c.index for c in chat.choices] == [0, 1]
 
 
@@ -160,18 +187,22 @@ def test_stop_strings_and_stop_token_ids(live, client):
     kw = dict(model=live.name, prompt=PROMPT, temperature=0, max_tokens=24)
     full = client.completions.create(extra_body=IDS_OUT, **kw).choices[0]
     text, ids = full.text, full.model_extra["token_ids"]
-    cut = next(i for i in range(len(text) // 3, len(text))
-               if text[i].isprintable() and text[i] != "\ufffd")
-    stop = text[cut:cut + 2]
-    out = client.completions.create(stop=[stop, "never-seen"], extra_body={"ignore_eos": True},
-                                    **kw).choices[0]
-    assert out.text == text[:text.index(stop)] and out.finish_reason == "stop"
-    chunks = client.completions.create(stop=stop, stream=True, extra_body={"ignore_eos": True},
-                                       **kw)
+    cut = next(
+        i for i in range(len(text) // 3, len(text)) if text[i].isprintable() and text[i] != "\ufffd"
+    )
+    stop = text[cut : cut + 2]
+    out = client.completions.create(
+        stop=[stop, "never-seen"], extra_body={"ignore_eos": True}, **kw
+    ).choices[0]
+    assert out.text == text[: text.index(stop)] and out.finish_reason == "stop"
+    chunks = client.completions.create(
+        stop=stop, stream=True, extra_body={"ignore_eos": True}, **kw
+    )
     assert "".join(c.choices[0].text for c in chunks) == out.text
-    by_id = client.completions.create(extra_body={**IDS_OUT, "stop_token_ids": [ids[5]]},
-                                      **kw).choices[0]
-    assert by_id.model_extra["token_ids"] == ids[:ids.index(ids[5]) + 1]
+    by_id = client.completions.create(
+        extra_body={**IDS_OUT, "stop_token_ids": [ids[5]]}, **kw
+    ).choices[0]
+    assert by_id.model_extra["token_ids"] == ids[: ids.index(ids[5]) + 1]
     assert by_id.finish_reason == "stop"
 
 
@@ -183,7 +214,7 @@ def test_sampling_extensions_and_ignored_fields(live, client):
     same = client.completions.create(**base, extra_body={"draft": False, **ignored})
     assert same.choices[0].text == want
     greedy_text = client.completions.create(**{**base, "temperature": 0}).choices[0].text
-    for narrowing in ({"top_k": 1}, {"min_p": 1.0}):     # only the argmax is left
+    for narrowing in ({"top_k": 1}, {"min_p": 1.0}):  # only the argmax is left
         out = client.completions.create(**base, extra_body=narrowing)
         assert out.choices[0].text == greedy_text
 
@@ -200,8 +231,9 @@ def test_tokenize_detokenize_round_trip(live):
 def test_metrics_and_log_line(live, client, caplog):
     caplog.set_level(logging.INFO, logger="tensorfold.server")
     before = live.metrics()
-    out = client.completions.create(model=live.name, prompt=PROMPT, max_tokens=5, temperature=0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=live.name, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = live.metrics()
 
     def grew(name: str, **labels: str) -> float:
@@ -227,15 +259,19 @@ def test_echo_and_no_op_fields(live, client):
     assert "".join(c.choices[0].text for c in chunks) == PROMPT + plain
     chat_kw = dict(model=live.name, messages=CHAT, max_tokens=6, temperature=0)
     want = client.chat.completions.create(**chat_kw).choices[0].message.content
-    same = client.chat.completions.create(tool_choice="none", response_format={"type": "text"},
-                                          presence_penalty=0, frequency_penalty=0,
-                                          extra_body={"some_future_field": 1}, **chat_kw)
+    same = client.chat.completions.create(
+        tool_choice="none",
+        response_format={"type": "text"},
+        presence_penalty=0,
+        frequency_penalty=0,
+        extra_body={"some_future_field": 1},
+        **chat_kw,
+    )
     assert same.choices[0].message.content == want
 
 
 def test_batch_with_n_streams_by_index(live, client):
-    kw = dict(model=live.name, prompt=[PROMPT, OTHER], max_tokens=8, n=2, temperature=1.0,
-              seed=21)
+    kw = dict(model=live.name, prompt=[PROMPT, OTHER], max_tokens=8, n=2, temperature=1.0, seed=21)
     whole = {c.index: c.text for c in client.completions.create(**kw).choices}
     assert sorted(whole) == [0, 1, 2, 3]
     streamed = dict.fromkeys(whole, "")

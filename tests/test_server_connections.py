@@ -2,6 +2,7 @@
 closed, past the connection cap a request gets a clear 503; the API key comes from a flag, a file
 or the environment, exactly one Authorization header counts, a 401 says how to authenticate, and
 the docs pages are all open alike."""
+
 from __future__ import annotations
 
 import socket
@@ -12,8 +13,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
 from server_harness import CONTEXT, make_engine, metric, start_server
+
 from tensorfold.server.auth import resolve_api_key
 from tensorfold.server.limits import ConnectionLimits, Limits
 
@@ -23,10 +24,12 @@ PROBE = {"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def guarded(hf_tiny):
-    connections = ConnectionLimits(header_timeout_s=TIMEOUT, body_timeout_s=TIMEOUT,
-                                   keep_alive_s=TIMEOUT, max_connections=1000)
-    server = start_server(make_engine(hf_tiny),
-                          limits=Limits.for_context(CONTEXT, 64, connections=connections))
+    connections = ConnectionLimits(
+        header_timeout_s=TIMEOUT, body_timeout_s=TIMEOUT, keep_alive_s=TIMEOUT, max_connections=1000
+    )
+    server = start_server(
+        make_engine(hf_tiny), limits=Limits.for_context(CONTEXT, 64, connections=connections)
+    )
     yield server
     server.stop()
 
@@ -44,11 +47,18 @@ def closed_after(sock: socket.socket, since: float) -> float:
     return time.monotonic() - since
 
 
-@pytest.mark.parametrize("sent,reason", [
-    (b"", "header_timeout"),
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", "header_timeout"),
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
-     "body_timeout")], ids=["idle", "half-sent-headers", "half-sent-body"])
+@pytest.mark.parametrize(
+    "sent,reason",
+    [
+        (b"", "header_timeout"),
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", "header_timeout"),
+        (
+            b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro',
+            "body_timeout",
+        ),
+    ],
+    ids=["idle", "half-sent-headers", "half-sent-body"],
+)
 def test_a_stalled_request_is_closed_after_its_timeout(guarded, sent, reason):
     before = metric(guarded.metrics(), "tensorfold_refusals_total", reason=reason)
     with connect(guarded.url) as sock:
@@ -65,8 +75,8 @@ def test_trickled_headers_do_not_extend_the_deadline(guarded):
         try:
             for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
                 sock.sendall(bytes([byte]))
-                time.sleep(0.05)         # a byte every 50 ms: past the timeout within 2 s
-        except OSError:                  # closed under us: the deadline held
+                time.sleep(0.05)  # a byte every 50 ms: past the timeout within 2 s
+        except OSError:  # closed under us: the deadline held
             pass
         assert closed_after(sock, start) < TIMEOUT + 1.0
 
@@ -84,8 +94,11 @@ def test_many_half_sent_requests_neither_block_others_nor_linger(guarded):
     try:
         start = time.monotonic()
         for i, sock in enumerate(socks):
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" if i % 2 else
-                         b"POST /v1/completions HTTP/1.1\r\nContent-Length: 9\r\n\r\n{")
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                if i % 2
+                else b"POST /v1/completions HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"
+            )
         with guarded.client() as http:
             assert http.post("/v1/completions", json=PROBE).status_code == 200
         assert max(closed_after(sock, start) for sock in socks) < TIMEOUT + 5.0
@@ -96,24 +109,26 @@ def test_many_half_sent_requests_neither_block_others_nor_linger(guarded):
 
 def test_past_the_connection_cap_a_request_gets_a_503(hf_tiny):
     connections = ConnectionLimits(max_connections=3)
-    server = start_server(make_engine(hf_tiny),
-                          limits=Limits.for_context(CONTEXT, 64, connections=connections))
+    server = start_server(
+        make_engine(hf_tiny), limits=Limits.for_context(CONTEXT, 64, connections=connections)
+    )
     try:
         idle = [connect(server.url) for _ in range(3)]
-        time.sleep(0.1)                  # let the server accept them
+        time.sleep(0.1)  # let the server accept them
         r = httpx.post(f"{server.url}/v1/completions", json=PROBE, timeout=30)
         assert r.status_code == 503 and r.headers["Retry-After"] == "1"
         assert r.headers["Connection"] == "close"
         assert r.json()["error"]["code"] == "too_many_connections"
-        health = httpx.get(f"{server.url}/health", timeout=30)     # monitoring still answers
+        health = httpx.get(f"{server.url}/health", timeout=30)  # monitoring still answers
         assert health.status_code == 200 and health.headers["Connection"] == "close"
-        assert metric(server.metrics(), "tensorfold_refusals_total",
-                      reason="too_many_connections") == 1
+        assert (
+            metric(server.metrics(), "tensorfold_refusals_total", reason="too_many_connections")
+            == 1
+        )
         for sock in idle:
             sock.close()
-        time.sleep(0.1)                  # let the server see them go
-        assert httpx.post(f"{server.url}/v1/completions", json=PROBE,
-                          timeout=30).status_code == 200
+        time.sleep(0.1)  # let the server see them go
+        assert httpx.post(f"{server.url}/v1/completions", json=PROBE, timeout=30).status_code == 200
     finally:
         server.stop()
 
@@ -136,9 +151,22 @@ def test_the_key_comes_from_a_flag_a_file_or_the_environment(tmp_path):
 
 def test_serve_refuses_a_bad_key_file_before_loading(hf_tiny, tmp_path):
     code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
-    out = subprocess.run([sys.executable, "-c", code, "serve", str(hf_tiny), "--api-key", "a",
-                          "--api-key-file", str(tmp_path / "key")], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "serve",
+            str(hf_tiny),
+            "--api-key",
+            "a",
+            "--api-key-file",
+            str(tmp_path / "key"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "not both" in out.stderr
 
 
@@ -158,7 +186,11 @@ def test_key_checks(hf_tiny):
             assert http.get("/v1/models", headers=good).status_code == 200
             for path in ("/docs", "/redoc", "/openapi.json", "/health", "/metrics"):
                 assert http.get(path).status_code == 200, path
-            assert metric(http.get("/metrics").text, "tensorfold_refusals_total",
-                          reason="invalid_api_key") == 4
+            assert (
+                metric(
+                    http.get("/metrics").text, "tensorfold_refusals_total", reason="invalid_api_key"
+                )
+                == 4
+            )
     finally:
         server.stop()

@@ -1,5 +1,6 @@
 """Refusals: each bad request gets its status and an OpenAI error body naming the parameter, and
 the server keeps serving everyone else, byte for byte. Also API keys, a full queue, shutdown."""
+
 from __future__ import annotations
 
 import queue
@@ -11,14 +12,19 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-
 from server_harness import make_engine, sse_events, start_server, wait_for
+
 from tensorfold.engine.engine import Engine
 
 MSG = [{"role": "user", "content": "hi"}]
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
-PROBE = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-         "return_token_ids": True}
+PROBE = {
+    "prompt": "Once upon a time",
+    "max_tokens": 4,
+    "temperature": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 
 CASES = [  # (id, path, body, status, param, code)
     ("malformed-json", CMPL, '{"prompt": "x",', 400, None, "invalid_json"),
@@ -26,59 +32,173 @@ CASES = [  # (id, path, body, status, param, code)
     ("no-body", CMPL, "", 400, None, "invalid_json"),
     ("prompt-wrong-type", CMPL, {"prompt": 5}, 400, "prompt", "invalid_type"),
     ("bools-as-ids", CMPL, {"prompt": [True, False]}, 400, "prompt", "invalid_type"),
-    ("max-tokens-wrong-type", CMPL, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens",
-     "invalid_type"),
-    ("temperature-wrong-type", CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature",
-     "invalid_type"),
-    ("message-without-role", CHAT, {"messages": [{"content": "hi"}]}, 400, "messages[0].role",
-     "invalid_type"),
+    (
+        "max-tokens-wrong-type",
+        CMPL,
+        {"prompt": "x", "max_tokens": "many"},
+        400,
+        "max_tokens",
+        "invalid_type",
+    ),
+    (
+        "temperature-wrong-type",
+        CHAT,
+        {"messages": MSG, "temperature": "hot"},
+        400,
+        "temperature",
+        "invalid_type",
+    ),
+    (
+        "message-without-role",
+        CHAT,
+        {"messages": [{"content": "hi"}]},
+        400,
+        "messages[0].role",
+        "invalid_type",
+    ),
     ("messages-missing", CHAT, {"model": "tiny"}, 400, "messages", "invalid_type"),
     ("unknown-model", CMPL, {"model": "gpt-4o", "prompt": "x"}, 404, "model", "model_not_found"),
-    ("unknown-model-chat", CHAT, {"model": "gpt-4o", "messages": MSG}, 404, "model",
-     "model_not_found"),
+    (
+        "unknown-model-chat",
+        CHAT,
+        {"model": "gpt-4o", "messages": MSG},
+        404,
+        "model",
+        "model_not_found",
+    ),
     ("max-tokens-zero", CMPL, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
-    ("max-completion-tokens-negative", CHAT, {"messages": MSG, "max_completion_tokens": -1}, 400,
-     "max_completion_tokens", "invalid_value"),
-    ("past-context", CMPL, {"prompt": "x", "max_tokens": 512}, 413, "max_tokens",
-     "context_length_exceeded"),
-    ("stream-past-context", CMPL, {"prompt": "x", "max_tokens": 512, "stream": True}, 413,
-     "max_tokens", "context_length_exceeded"),
-    ("chat-reply-past-context", CHAT, {"messages": MSG, "max_completion_tokens": 600}, 413,
-     "max_completion_tokens", "context_length_exceeded"),
+    (
+        "max-completion-tokens-negative",
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": -1},
+        400,
+        "max_completion_tokens",
+        "invalid_value",
+    ),
+    (
+        "past-context",
+        CMPL,
+        {"prompt": "x", "max_tokens": 512},
+        413,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "stream-past-context",
+        CMPL,
+        {"prompt": "x", "max_tokens": 512, "stream": True},
+        413,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "chat-reply-past-context",
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 600},
+        413,
+        "max_completion_tokens",
+        "context_length_exceeded",
+    ),
     ("prompt-past-context", CMPL, {"prompt": [65] * 600}, 413, "prompt", "context_length_exceeded"),
-    ("chat-past-context", CHAT, {"messages": [{"role": "user", "content": "a " * 600}]}, 413,
-     "messages", "context_length_exceeded"),
+    (
+        "chat-past-context",
+        CHAT,
+        {"messages": [{"role": "user", "content": "a " * 600}]},
+        413,
+        "messages",
+        "context_length_exceeded",
+    ),
     ("empty-prompt", CMPL, {"prompt": ""}, 400, "prompt", "invalid_value"),
     ("empty-id-prompt", CMPL, {"prompt": []}, 400, "prompt", "invalid_value"),
     ("empty-in-batch", CMPL, {"prompt": ["x", ""]}, 400, "prompt", "invalid_value"),
     ("empty-messages", CHAT, {"messages": []}, 400, "messages", "invalid_value"),
     ("id-past-vocab", CMPL, {"prompt": [1, 576]}, 400, "prompt", "invalid_value"),
     ("negative-id", CMPL, {"prompt": [[3], [-1]]}, 400, "prompt", "invalid_value"),
-    ("temperature-negative", CMPL, {"prompt": "x", "temperature": -0.5}, 400, "temperature",
-     "invalid_value"),
+    (
+        "temperature-negative",
+        CMPL,
+        {"prompt": "x", "temperature": -0.5},
+        400,
+        "temperature",
+        "invalid_value",
+    ),
     ("top-p-zero", CMPL, {"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_value"),
     ("min-p-above-one", CHAT, {"messages": MSG, "min_p": 1.5}, 400, "min_p", "invalid_value"),
     ("n-zero", CMPL, {"prompt": "x", "n": 0}, 400, "n", "invalid_value"),
     ("logprobs-too-many", CMPL, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
-    ("top-logprobs-too-many", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400,
-     "top_logprobs", "invalid_value"),
-    ("top-logprobs-alone", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs",
-     "invalid_value"),
-    ("presence-penalty", CMPL, {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty",
-     "unsupported"),
-    ("logit-bias", CHAT, {"messages": MSG, "logit_bias": {"5": 10}}, 400, "logit_bias",
-     "unsupported"),
-    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools", "unsupported"),
-    ("echo-with-logprobs", CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo",
-     "unsupported"),
-    ("image-part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content", "unsupported"),
-    ("reserved-template-kwarg", CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenize": 1}},
-     400, "chat_template_kwargs", "invalid_value"),
+    (
+        "top-logprobs-too-many",
+        CHAT,
+        {"messages": MSG, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+        "invalid_value",
+    ),
+    (
+        "top-logprobs-alone",
+        CHAT,
+        {"messages": MSG, "top_logprobs": 2},
+        400,
+        "top_logprobs",
+        "invalid_value",
+    ),
+    (
+        "presence-penalty",
+        CMPL,
+        {"prompt": "x", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "unsupported",
+    ),
+    (
+        "logit-bias",
+        CHAT,
+        {"messages": MSG, "logit_bias": {"5": 10}},
+        400,
+        "logit_bias",
+        "unsupported",
+    ),
+    (
+        "tools",
+        CHAT,
+        {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+        "unsupported",
+    ),
+    (
+        "echo-with-logprobs",
+        CMPL,
+        {"prompt": "x", "echo": True, "logprobs": 1},
+        400,
+        "echo",
+        "unsupported",
+    ),
+    (
+        "image-part",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages[0].content",
+        "unsupported",
+    ),
+    (
+        "reserved-template-kwarg",
+        CHAT,
+        {"messages": MSG, "chat_template_kwargs": {"tokenize": 1}},
+        400,
+        "chat_template_kwargs",
+        "invalid_value",
+    ),
     ("detokenize-past-vocab", "/detokenize", {"tokens": [1, 600]}, 400, "tokens", "invalid_value"),
-    ("tokenize-unknown-model", "/tokenize", {"model": "x", "prompt": "hi"}, 404, "model",
-     "model_not_found"),
+    (
+        "tokenize-unknown-model",
+        "/tokenize",
+        {"model": "x", "prompt": "hi"},
+        404,
+        "model",
+        "model_not_found",
+    ),
 ]
 
 
@@ -144,11 +264,13 @@ def test_api_key(hf_tiny):
             assert http.get("/metrics").status_code == 200
             assert http.get("/v1/models").status_code == 401
         import openai
+
         with pytest.raises(openai.AuthenticationError) as caught:
             server.openai(api_key="wrong").models.list()
         assert caught.value.status_code == 401
-        out = server.openai(api_key="sekret").completions.create(model="tiny", prompt="hi",
-                                                                max_tokens=2)
+        out = server.openai(api_key="sekret").completions.create(
+            model="tiny", prompt="hi", max_tokens=2
+        )
         assert len(out.choices) == 1
     finally:
         server.stop()
@@ -204,14 +326,28 @@ class Spawned:
     lines: list[str]
 
     def log(self) -> str:
-        self.reader.join(30)          # stderr is at EOF once the process has exited
+        self.reader.join(30)  # stderr is at EOF once the process has exited
         return "".join(self.lines)
 
 
 def _spawn(checkpoint, *flags: str) -> Spawned:
     code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "serve", str(checkpoint), "--port", "0", "--parallel", "2",
-           "--context", "512", "--prompt-cache-gib", "0.01", *flags]
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        "serve",
+        str(checkpoint),
+        "--port",
+        "0",
+        "--parallel",
+        "2",
+        "--context",
+        "512",
+        "--prompt-cache-gib",
+        "0.01",
+        *flags,
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: list[str] = []
     started: queue.Queue = queue.Queue()
@@ -227,9 +363,11 @@ def _spawn(checkpoint, *flags: str) -> Spawned:
     return Spawned(proc, started.get(timeout=120), reader, lines)
 
 
-@pytest.mark.parametrize("sig,grace,finishes",
-                         [(signal.SIGTERM, "30", True), (signal.SIGINT, "0", False)],
-                         ids=["sigterm-finishes", "sigint-cancels"])
+@pytest.mark.parametrize(
+    "sig,grace,finishes",
+    [(signal.SIGTERM, "30", True), (signal.SIGINT, "0", False)],
+    ids=["sigterm-finishes", "sigint-cancels"],
+)
 def test_shutdown_finishes_or_cancels(hf_tiny, sig, grace, finishes):
     server = _spawn(hf_tiny, "--shutdown-grace", grace)
     try:
@@ -271,7 +409,9 @@ def test_a_failed_pass_fails_its_requests_and_the_server_goes_on(hf_tiny):
             want = c.post(CMPL, json=PROBE).json()["choices"][0]["token_ids"]
             server.engine.fault = RuntimeError("a planted kernel failure")
             r = c.post(CMPL, json=PROBE)
-            assert r.status_code == 500 and "a planted kernel failure" in r.json()["error"]["message"]
+            assert (
+                r.status_code == 500 and "a planted kernel failure" in r.json()["error"]["message"]
+            )
             # The failed lane is given back at once, not retried pass after pass while the fault lasts.
             wait_for(lambda: not server.engine.has_work(), "the engine to go idle")
             assert server.engine.scheduler.busy_lanes == 0
@@ -286,7 +426,9 @@ def test_a_device_fault_stops_the_engine_and_refuses_new_work(hf_tiny):
     server = start_server(make_engine(hf_tiny, FailingEngine))
     try:
         with server.client() as c:
-            server.engine.fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+            server.engine.fault = RuntimeError(
+                "CUDA error: an illegal memory access was encountered"
+            )
             assert c.post(CMPL, json=PROBE).status_code == 500
             wait_for(lambda: c.get("/health").status_code == 503, "the engine to stop")
             assert "illegal memory access" in c.get("/health").json()["fault"]

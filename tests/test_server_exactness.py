@@ -1,5 +1,6 @@
 """Exactness over HTTP: a request's tokens do not depend on what else the server is doing, and a
 client that leaves (mid-prompt, mid-decode, or waiting for a whole answer) frees its lane."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,15 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import pytest
-
 from server_harness import make_engine, metric, solo, sse_events, start_server, wait_for
-from tensorfold.util import token_sha
-from tensorfold.engine.request import SamplingParams
 
-STORY = ("Once upon a time, in a land of rivers and hills, a small fox kept a ledger of every "
-         "bird that crossed the valley. ")
+from tensorfold.engine.request import SamplingParams
+from tensorfold.util import token_sha
+
+STORY = (
+    "Once upon a time, in a land of rivers and hills, a small fox kept a ledger of every "
+    "bird that crossed the valley. "
+)
 CANCELLED = {"outcome": "cancelled"}
 
 
@@ -33,7 +36,7 @@ class Case:
 
 @pytest.fixture(scope="module")
 def reference(hf_tiny):
-    return make_engine(hf_tiny)            # chunk 16 here, 8 on the server: chunking is free
+    return make_engine(hf_tiny)  # chunk 16 here, 8 on the server: chunking is free
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +49,20 @@ def live(hf_tiny):
 def completion(live, prompt, max_tokens: int, **sampling) -> Case:
     ids = prompt if isinstance(prompt, list) else live.tokenizer.encode(prompt)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
-    return Case("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **sampling}, ids,
-                params)
+    return Case(
+        "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **sampling}, ids, params
+    )
 
 
 def chat(live, text: str, max_tokens: int, **sampling) -> Case:
     messages = [{"role": "user", "content": text}]
     ids = live.tokenizer.chat(messages, enable_thinking=False)
-    body = {"messages": messages, "max_tokens": max_tokens,
-            "chat_template_kwargs": {"enable_thinking": False}, **sampling}
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "chat_template_kwargs": {"enable_thinking": False},
+        **sampling,
+    }
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
     return Case("/v1/chat/completions", body, ids, params)
 
@@ -80,7 +88,7 @@ def in_threads(calls: list[Callable[[], list[int]]]) -> Callable[[], list[list[i
         try:
             barrier.wait(30)
             results[i] = calls[i]()
-        except BaseException as exc:       # handed to the test thread by join()
+        except BaseException as exc:  # handed to the test thread by join()
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
@@ -101,8 +109,9 @@ def in_threads(calls: list[Callable[[], list[int]]]) -> Callable[[], list[list[i
 def test_four_concurrent_streams_equal_alone_and_serial(live, reference):
     cases = [
         completion(live, STORY, 40, temperature=0.0),
-        completion(live, live.tokenizer.encode(STORY * 3)[:150], 32, temperature=0.8, top_p=0.9,
-                   seed=1),
+        completion(
+            live, live.tokenizer.encode(STORY * 3)[:150], 32, temperature=0.8, top_p=0.9, seed=1
+        ),
         chat(live, "Tell me about the fox.", 24, temperature=1.0, top_k=20, seed=2),
         completion(live, STORY * 2, 48, temperature=0.7, min_p=0.05, seed=3),
     ]
@@ -114,17 +123,20 @@ def test_four_concurrent_streams_equal_alone_and_serial(live, reference):
     start = passes()
     serial = [token_sha(stream_ids(live, c)) for c in cases]
     middle = passes()
-    together = [token_sha(ids) for ids in in_threads([
-        lambda c=c: stream_ids(live, c) for c in cases])()]
+    together = [
+        token_sha(ids) for ids in in_threads([lambda c=c: stream_ids(live, c) for c in cases])()
+    ]
     assert serial == alone
     assert together == alone
-    assert passes() - middle < middle - start      # the four really shared passes
+    assert passes() - middle < middle - start  # the four really shared passes
 
 
 @pytest.fixture(scope="module")
 def probes(live, reference):
-    cases = [completion(live, STORY, 200, temperature=0.0),
-             chat(live, "Count the birds.", 200, temperature=0.9, seed=9)]
+    cases = [
+        completion(live, STORY, 200, temperature=0.0),
+        chat(live, "Count the birds.", 200, temperature=0.9, seed=9),
+    ]
     return cases, [token_sha(solo(reference, c.prompt_ids, c.params)) for c in cases]
 
 
@@ -138,10 +150,13 @@ def with_probes(live, probes, drop: Callable[[], None]) -> None:
         assert e.wait(60), "a probe never started"
     cancelled = metric(live.metrics(), "tensorfold_requests_total", **CANCELLED)
     drop()
-    wait_for(lambda: metric(live.metrics(), "tensorfold_requests_total", **CANCELLED)
-             == cancelled + 1, "the dropped request to be cancelled")
-    wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") <= 2,
-             "the dropped lane to be freed")
+    wait_for(
+        lambda: metric(live.metrics(), "tensorfold_requests_total", **CANCELLED) == cancelled + 1,
+        "the dropped request to be cancelled",
+    )
+    wait_for(
+        lambda: metric(live.metrics(), "tensorfold_lanes_busy") <= 2, "the dropped lane to be freed"
+    )
     assert [token_sha(ids) for ids in join()] == want
     wait_for(lambda: _idle(live.metrics()), "every lane to be free")
 
@@ -158,7 +173,7 @@ def test_drop_mid_decode(live, probes):
             for event in sse_events(r):
                 got += len(event["choices"][0]["token_ids"])
                 if got >= 3:
-                    break                     # leaving the block closes the connection
+                    break  # leaving the block closes the connection
 
     with_probes(live, probes, drop)
 
@@ -170,8 +185,10 @@ def test_drop_mid_prompt(live, probes):
         case = completion(live, live.tokenizer.encode(STORY * 8)[:440], 8, temperature=0.0)
         with live.client() as http, http.stream("POST", case.path, json=case.stream_body()) as r:
             assert r.status_code == 200
-            wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_prompt") >= 1,
-                     "the long prompt to be read")
+            wait_for(
+                lambda: metric(live.metrics(), "tensorfold_lanes_prompt") >= 1,
+                "the long prompt to be read",
+            )
 
     with_probes(live, probes, drop)
     # only the probes' 2 x 200 tokens: the dropped request never produced one
@@ -182,12 +199,15 @@ def test_drop_while_waiting_for_a_whole_answer(live, probes):
     def drop() -> None:
         url = urlparse(live.url)
         body = json.dumps({"prompt": STORY, "max_tokens": 400, "ignore_eos": True}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
             sock.sendall(head.encode() + body)
-            wait_for(lambda: metric(live.metrics(), "tensorfold_lanes_busy") == 3,
-                     "the request to run")
+            wait_for(
+                lambda: metric(live.metrics(), "tensorfold_lanes_busy") == 3, "the request to run"
+            )
 
     with_probes(live, probes, drop)
 
@@ -200,11 +220,21 @@ def test_prompt_cache_resumes_exactly(hf_tiny, reference):
         runs = []
         with server.client() as http:
             for prompt in (ids, ids, longer):
-                body = {"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": 4,
-                        "ignore_eos": True, "return_token_ids": True}
+                body = {
+                    "prompt": prompt,
+                    "max_tokens": 24,
+                    "temperature": 0.8,
+                    "seed": 4,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                }
                 out = http.post("/v1/completions", json=body).json()
-                runs.append((out["choices"][0]["token_ids"],
-                             out["usage"]["prompt_tokens_details"]["cached_tokens"]))
+                runs.append(
+                    (
+                        out["choices"][0]["token_ids"],
+                        out["usage"]["prompt_tokens_details"]["cached_tokens"],
+                    )
+                )
             assert http.get("/memory").json()["prompt_cache_bytes"] > 0
         params = SamplingParams(max_tokens=24, temperature=0.8, seed=4, ignore_eos=True)
         fresh = [solo(reference, p, params) for p in (ids, longer)]

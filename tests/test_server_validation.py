@@ -1,75 +1,187 @@
 """Edge values are refused with a 400 (413 for a size) naming the field, never a 500 and never
 taken silently; each refusal is counted by reason; log lines cannot be forged; a request that can
 never fit the queue is told so instead of being asked to retry."""
+
 from __future__ import annotations
 
 import logging
 
 import httpx
 import pytest
-
 from server_harness import metric
 
 CMPL, CHAT, TOKENIZE = "/v1/completions", "/v1/chat/completions", "/tokenize"
 MSG = [{"role": "user", "content": "hi"}]
-PROBE = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-         "return_token_ids": True, "logprobs": 1}
+PROBE = {
+    "prompt": "Once upon a time",
+    "max_tokens": 4,
+    "temperature": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+    "logprobs": 1,
+}
 VOCAB = 576
 
 CASES = [  # (id, path, body: dict or raw bytes, status, param, code)
     # answered 500 before
     ("lone-surrogate-prompt", CMPL, b'{"prompt": "\\ud800"}', 400, "prompt", "invalid_encoding"),
-    ("lone-surrogate-tokenize", TOKENIZE, b'{"prompt": "a\\udfff"}', 400, "prompt",
-     "invalid_encoding"),
-    ("lone-surrogate-message", CHAT, b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
-     400, "messages[0].content", "invalid_encoding"),
+    (
+        "lone-surrogate-tokenize",
+        TOKENIZE,
+        b'{"prompt": "a\\udfff"}',
+        400,
+        "prompt",
+        "invalid_encoding",
+    ),
+    (
+        "lone-surrogate-message",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+        400,
+        "messages[0].content",
+        "invalid_encoding",
+    ),
     ("echo-negative-id", CMPL, {"prompt": [-1], "echo": True}, 400, "prompt", "invalid_value"),
-    ("echo-id-past-2-32", CMPL, {"prompt": [1, 2**32], "echo": True}, 400, "prompt",
-     "invalid_value"),
+    (
+        "echo-id-past-2-32",
+        CMPL,
+        {"prompt": [1, 2**32], "echo": True},
+        400,
+        "prompt",
+        "invalid_value",
+    ),
     # accepted before
-    ("temperature-infinity", CMPL, b'{"prompt": "x", "temperature": Infinity}', 400,
-     "temperature", "invalid_value"),
-    ("temperature-1e308", CMPL, {"prompt": "x", "temperature": 1e308}, 400, "temperature",
-     "invalid_value"),
-    ("unknown-role", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400,
-     "messages[0].role", "invalid_value"),
+    (
+        "temperature-infinity",
+        CMPL,
+        b'{"prompt": "x", "temperature": Infinity}',
+        400,
+        "temperature",
+        "invalid_value",
+    ),
+    (
+        "temperature-1e308",
+        CMPL,
+        {"prompt": "x", "temperature": 1e308},
+        400,
+        "temperature",
+        "invalid_value",
+    ),
+    (
+        "unknown-role",
+        CHAT,
+        {"messages": [{"role": "wizard", "content": "hi"}]},
+        400,
+        "messages[0].role",
+        "invalid_value",
+    ),
     ("stream-yes", CMPL, {"prompt": "x", "stream": "yes"}, 400, "stream", "invalid_type"),
     ("echo-yes", CMPL, {"prompt": "x", "echo": "yes"}, 400, "echo", "invalid_type"),
     ("stop-empty", CMPL, {"prompt": "x", "stop": [""]}, 400, "stop", "invalid_value"),
-    ("stop-too-many", CMPL, {"prompt": "x", "stop": [f"s{i}" for i in range(17)]}, 400, "stop",
-     "invalid_value"),
+    (
+        "stop-too-many",
+        CMPL,
+        {"prompt": "x", "stop": [f"s{i}" for i in range(17)]},
+        400,
+        "stop",
+        "invalid_value",
+    ),
     ("stop-too-long", CHAT, {"messages": MSG, "stop": "x" * 129}, 400, "stop", "invalid_value"),
-    ("stop-token-negative", CMPL, {"prompt": "x", "stop_token_ids": [-1]}, 400,
-     "stop_token_ids", "invalid_value"),
-    ("stop-token-past-vocab", CHAT, {"messages": MSG, "stop_token_ids": [VOCAB]}, 400,
-     "stop_token_ids", "invalid_value"),
+    (
+        "stop-token-negative",
+        CMPL,
+        {"prompt": "x", "stop_token_ids": [-1]},
+        400,
+        "stop_token_ids",
+        "invalid_value",
+    ),
+    (
+        "stop-token-past-vocab",
+        CHAT,
+        {"messages": MSG, "stop_token_ids": [VOCAB]},
+        400,
+        "stop_token_ids",
+        "invalid_value",
+    ),
     ("seed-past-int64", CMPL, {"prompt": "x", "seed": 2**64}, 400, "seed", "invalid_value"),
-    ("kwargs-tools", CHAT, {"messages": MSG, "chat_template_kwargs": {
-        "tools": [{"type": "function", "function": {"name": "f"}}]}}, 400,
-     "chat_template_kwargs", "invalid_value"),
-    ("kwargs-not-plain", CHAT, {"messages": MSG, "chat_template_kwargs": {
-        "enable_thinking": {"nested": True}}}, 400, "chat_template_kwargs.enable_thinking",
-     "invalid_value"),
+    (
+        "kwargs-tools",
+        CHAT,
+        {
+            "messages": MSG,
+            "chat_template_kwargs": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        },
+        400,
+        "chat_template_kwargs",
+        "invalid_value",
+    ),
+    (
+        "kwargs-not-plain",
+        CHAT,
+        {"messages": MSG, "chat_template_kwargs": {"enable_thinking": {"nested": True}}},
+        400,
+        "chat_template_kwargs.enable_thinking",
+        "invalid_value",
+    ),
     # named the wrong parameter, or none, before
-    ("prompt-past-context-with-max-tokens", CMPL, {"prompt": [65] * 600, "max_tokens": 5}, 413,
-     "prompt", "context_length_exceeded"),
-    ("chat-past-context-with-max-tokens", CHAT, {"messages": [
-        {"role": "user", "content": "a " * 600}], "max_tokens": 5}, 413, "messages",
-     "context_length_exceeded"),
-    ("invalid-utf8-in-a-field", CMPL, b'{"prompt": "caf\xe9"}', 400, "prompt",
-     "invalid_encoding"),
-    ("invalid-utf8-in-a-message", CHAT,
-     b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "messages[0].content",
-     "invalid_encoding"),
-    ("5000-digit-integer", CMPL, b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400,
-     "max_tokens", "invalid_encoding"),
-    ("5000-digit-token-id", CMPL, b'{"prompt": [1, ' + b"9" * 5000 + b"]}", 400, "prompt[1]",
-     "invalid_encoding"),
+    (
+        "prompt-past-context-with-max-tokens",
+        CMPL,
+        {"prompt": [65] * 600, "max_tokens": 5},
+        413,
+        "prompt",
+        "context_length_exceeded",
+    ),
+    (
+        "chat-past-context-with-max-tokens",
+        CHAT,
+        {"messages": [{"role": "user", "content": "a " * 600}], "max_tokens": 5},
+        413,
+        "messages",
+        "context_length_exceeded",
+    ),
+    ("invalid-utf8-in-a-field", CMPL, b'{"prompt": "caf\xe9"}', 400, "prompt", "invalid_encoding"),
+    (
+        "invalid-utf8-in-a-message",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}',
+        400,
+        "messages[0].content",
+        "invalid_encoding",
+    ),
+    (
+        "5000-digit-integer",
+        CMPL,
+        b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        400,
+        "max_tokens",
+        "invalid_encoding",
+    ),
+    (
+        "5000-digit-token-id",
+        CMPL,
+        b'{"prompt": [1, ' + b"9" * 5000 + b"]}",
+        400,
+        "prompt[1]",
+        "invalid_encoding",
+    ),
     # cost the event loop per item before (a million validation errors, a pydantic object each)
-    ("a-bad-item-in-a-long-list", CMPL, {"prompt": [1] * 10000 + ["a"]}, 400, "prompt",
-     "invalid_type"),
-    ("too-many-json-objects", CHAT, {"messages": [{"role": "user", "content": [{}] * 5000}]},
-     413, "messages", "too_many_objects"),
+    (
+        "a-bad-item-in-a-long-list",
+        CMPL,
+        {"prompt": [1] * 10000 + ["a"]},
+        400,
+        "prompt",
+        "invalid_type",
+    ),
+    (
+        "too-many-json-objects",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{}] * 5000}]},
+        413,
+        "messages",
+        "too_many_objects",
+    ),
     # answered 429 with Retry-After before, though no retry could ever fit
     ("n-past-the-queue", CMPL, {"prompt": "x", "n": 100}, 400, "n", "too_many_choices"),
     ("batch-past-the-queue", CMPL, {"prompt": ["x"] * 65}, 400, "prompt", "too_many_choices"),

@@ -1,5 +1,6 @@
 """Every released dense shape validates (config and every tensor header), and random checkpoints
 load (MoE shapes: tests/test_moe.py)."""
+
 import json
 import struct
 
@@ -24,7 +25,11 @@ def _header_only(path, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> None:
 
 
 def _manifest(cfg: dict, mlx: bool) -> dict:
-    prefix, head = ("language_model.model.", "language_model.lm_head") if mlx else ("model.language_model.", "lm_head")
+    prefix, head = (
+        ("language_model.model.", "language_model.lm_head")
+        if mlx
+        else ("model.language_model.", "lm_head")
+    )
     out = {}
     for local, dims, kind in _tensors(cfg):
         stem = head if local == "lm_head" else prefix + local
@@ -34,7 +39,10 @@ def _manifest(cfg: dict, mlx: bool) -> dict:
         elif kind == "conv":
             out[stem] = ("BF16", (dims[0], 4, 1) if mlx else (dims[0], 1, 4))
         else:
-            out[stem + (".weight" if kind == "linear" else "")] = ("F32" if kind == "a_log" else "BF16", dims)
+            out[stem + (".weight" if kind == "linear" else "")] = (
+                "F32" if kind == "a_log" else "BF16",
+                dims,
+            )
     return out
 
 
@@ -65,6 +73,7 @@ def test_make_random_writes_a_loadable_checkpoint(quantize, tmp_path):
     if quantize == "mixed":
         assert any(v.get("bits") == 6 for v in cfg["quantization"].values() if isinstance(v, dict))
     from tensorfold.layers.linear import QuantizedWeight
+
     head = model.lm_head.weight
-    assert isinstance(head, QuantizedWeight) == (quantize is not None)   # stays packed in memory
+    assert isinstance(head, QuantizedWeight) == (quantize is not None)  # stays packed in memory
     assert torch.isfinite(head.scales if quantize else head).all()

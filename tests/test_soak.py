@@ -1,6 +1,7 @@
 """The soak (benchmarks/soak.py) in a one-minute form: good, hostile and cancelled requests and
 half-sent connections from six clients, with no unexpected answer, the probe's tokens and
 logprobs unchanged and memory flat. A minute runs every hostile case dozens of times."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from server_harness import make_engine, start_server
 
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
@@ -21,9 +21,21 @@ def test_soak(hf_tiny, tmp_path):
     server = start_server(make_engine(hf_tiny))
     try:
         out = tmp_path / "soak.json"
-        run = subprocess.run([sys.executable, str(SOAK), "--url", server.url, "--duration",
-                              str(DURATION_S), "--json", str(out)], capture_output=True,
-                             text=True, timeout=DURATION_S + 120)
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(SOAK),
+                "--url",
+                server.url,
+                "--duration",
+                str(DURATION_S),
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DURATION_S + 120,
+        )
         assert out.exists(), run.stderr[-3000:]
         figures = json.loads(out.read_text())
     finally:
@@ -32,7 +44,9 @@ def test_soak(hf_tiny, tmp_path):
     assert figures["errors"] == 0, figures["failures"]
     assert figures["probe_changes"] == 0 and figures["probes"] >= DURATION_S // 3
     assert figures["requests"] >= 10 * DURATION_S
-    assert all(figures["by_case"].get(case, 0) > 0 for case in
-               ("good", "stream", "hostile", "cancel", "unknown_fields", "half_sent"))
+    assert all(
+        figures["by_case"].get(case, 0) > 0
+        for case in ("good", "stream", "hostile", "cancel", "unknown_fields", "half_sent")
+    )
     assert figures["rss_end_mib"] - figures["rss_start_mib"] < 200
     assert run.returncode == 0

@@ -1,5 +1,6 @@
 """engine/text.py: stop strings across token boundaries, text held back while a stop could still
 begin in it, and the final flush."""
+
 import random
 
 import pytest
@@ -34,7 +35,7 @@ def test_held_back_is_the_longest_suffix_that_may_begin_a_stop():
     assert held_back("Hello", ("END",)) == 0
     assert held_back("xab", ("abc", "bz")) == 2
     assert held_back("xab", ("bz",)) == 1
-    assert held_back("END", ("END",)) == 0     # a whole stop is advance_text's hit
+    assert held_back("END", ("END",)) == 0  # a whole stop is advance_text's hit
 
 
 def test_a_stop_across_token_boundaries_ends_the_text_before_it():
@@ -87,9 +88,10 @@ def test_random_pieces_emit_exactly_the_text_before_the_first_stop(seed):
         want = text[: min(found)] if found else text
         out, hit = run(pieces, stops)
         assert hit == bool(found)
-        if hit:   # caught at the token that completes it
-            assert len(out) == next(k for k in range(1, len(pieces) + 1)
-                                    if any(s in "".join(pieces[:k]) for s in stops))
+        if hit:  # caught at the token that completes it
+            assert len(out) == next(
+                k for k in range(1, len(pieces) + 1) if any(s in "".join(pieces[:k]) for s in stops)
+            )
         assert "".join(out) == want, (pieces, out)
 
 

@@ -1,4 +1,5 @@
 """The Triton kernels' logic on the CPU, through Triton's interpreter (tiny shapes, fp16)."""
+
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ pytest.importorskip("triton")
 def test_kernels_under_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = Path(__file__).with_name("triton_interpret_check.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "match their references" in done.stdout

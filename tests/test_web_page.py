@@ -6,6 +6,7 @@ the API's, replay, regenerate, the conversation after a reload, and a server wit
 `make test` installs chromium with apt-get where it can (`make browser`); without it the browser
 tests are skipped. TENSORFOLD_SCREENSHOT=docs/chat.png saves the page as the README shows it.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_harness import make_engine, metric, start_server, wait_for
+
 from tensorfold.demo import demo_checkpoint
 from tensorfold.server.serving import SamplingDefaults
 from tensorfold.util import token_sha
@@ -24,12 +25,20 @@ from tensorfold.util import token_sha
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "page-test-key"
 STORE = "tensorfold.chat.v1"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 # -- the route, without a browser --------------------------------------------------------------
+
 
 def test_the_page_and_its_files_are_served_with_a_strict_policy(live):
     with live.client() as http:
@@ -59,6 +68,7 @@ def test_the_serve_command_has_a_no_web_flag():
     import argparse
 
     from tensorfold.server.cli import add_parser
+
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     assert parser.parse_args(["serve"]).web is True
@@ -66,6 +76,7 @@ def test_the_serve_command_has_a_no_web_flag():
 
 
 # -- in Chromium --------------------------------------------------------------------------------
+
 
 def chromium() -> str | None:
     for name in (os.environ.get("TENSORFOLD_CHROMIUM"), "chromium", "chromium-browser"):
@@ -78,15 +89,22 @@ def chromium() -> str | None:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright is not installed (the test extra has it)")
+        "playwright.sync_api", reason="playwright is not installed (the test extra has it)"
+    )
     exe = chromium()
     if exe is None:
-        pytest.skip("no chromium: `make test` installs Debian's chromium with apt-get when run "
-                    "as root (make browser); elsewhere install it or set TENSORFOLD_CHROMIUM")
+        pytest.skip(
+            "no chromium: `make test` installs Debian's chromium with apt-get when run "
+            "as root (make browser); elsewhere install it or set TENSORFOLD_CHROMIUM"
+        )
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=exe,
-            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 860})
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=exe,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 860},
+        )
         sync_api.expect.set_options(timeout=30_000)
         yield context
         context.close()
@@ -95,8 +113,9 @@ def browser(tmp_path_factory):
 def demo_server(**app_kwargs):
     path = demo_checkpoint()
     engine = make_engine(path, parallel=2, context=1024, chunk=64, prompt_cache_bytes=16 << 20)
-    return start_server(engine, "tensorfold-demo",
-                        defaults=SamplingDefaults.from_checkpoint(path), **app_kwargs)
+    return start_server(
+        engine, "tensorfold-demo", defaults=SamplingDefaults.from_checkpoint(path), **app_kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +129,7 @@ def open_page(browser, server):
     """A tab on the server's page with nothing kept from an earlier test (same origin, same
     localStorage), once the page has the model's name."""
     from playwright.sync_api import expect
+
     page = browser.new_page()
     page.goto(server.url + "/")
     page.evaluate("localStorage.clear()")
@@ -125,6 +145,7 @@ def reply(page, n: int):
 def ask(page, text: str, n: int) -> str:
     """Sends a prompt and waits for reply n's token hash; returns it."""
     from playwright.sync_api import expect
+
     page.fill("#prompt", text)
     page.click("#send")
     sha = reply(page, n).locator('[data-stat="sha"]')
@@ -147,22 +168,27 @@ def api_sha(server, request: dict) -> str:
     """The same request sent to the API without streaming: the hash of the ids it returns."""
     body = {**request, "stream": False}
     body.pop("stream_options", None)
-    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60,
-                   headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     assert r.status_code == 200, r.text
     return token_sha(r.json()["choices"][0]["token_ids"])
 
 
 def test_chat_streams_thinks_hashes_replays_and_keeps_the_conversation(browser, demo):
     from playwright.sync_api import expect
+
     page = open_page(browser, demo)
     expect(page.locator("#thinking")).to_be_checked()
-    expect(page.locator("#context")).not_to_be_checked()     # the demo model answers one question
+    expect(page.locator("#context")).not_to_be_checked()  # the demo model answers one question
     page.evaluate(WATCH_STREAM)
 
     sha = ask(page, "What is 17 × 23?", 0)
     first = reply(page, 0)
-    assert page.evaluate("window.seenLengths.size") >= 2         # shown while it streamed
+    assert page.evaluate("window.seenLengths.size") >= 2  # shown while it streamed
     expect(first.locator(".thinking")).to_be_visible()
     expect(first.locator(".thinking-text")).to_contain_text("17 × 20")
     expect(first.locator(".answer")).to_have_text("391")
@@ -171,7 +197,7 @@ def test_chat_streams_thinks_hashes_replays_and_keeps_the_conversation(browser, 
     expect(first.locator('[data-stat="cached"]')).to_have_text(re.compile(r"^cached \d+$"))
     expect(first.locator('[data-stat="fingerprint"]')).to_have_text("fp -")
     stored = page.evaluate(f"JSON.parse(localStorage.getItem('{STORE}'))")
-    assert api_sha(demo, stored[1]["request"]) == sha             # the page's hash is the API's
+    assert api_sha(demo, stored[1]["request"]) == sha  # the page's hash is the API's
 
     first.locator(".replay").click()
     expect(first.locator(".replay-result")).to_have_text("match")
@@ -184,9 +210,10 @@ def test_chat_streams_thinks_hashes_replays_and_keeps_the_conversation(browser, 
     stored = page.evaluate(f"JSON.parse(localStorage.getItem('{STORE}'))")
     assert stored[3]["request"]["chat_template_kwargs"] == {"enable_thinking": False}
     assert stored[3]["request"]["messages"] == [
-        {"role": "user", "content": "What is the capital of Japan?"}]
+        {"role": "user", "content": "What is the capital of Japan?"}
+    ]
 
-    page.click("#regenerate")                 # a new seed; the demo model is greedy: same tokens
+    page.click("#regenerate")  # a new seed; the demo model is greedy: same tokens
     expect(page.locator(".msg.assistant")).to_have_count(2)
     expect(reply(page, 1).locator('[data-stat="sha"]')).to_have_attribute("data-sha", second_sha)
     expect(reply(page, 1).locator(".answer")).to_have_text("Tokyo")
@@ -195,7 +222,7 @@ def test_chat_streams_thinks_hashes_replays_and_keeps_the_conversation(browser, 
     expect(page.locator(".msg")).to_have_count(4)
     expect(reply(page, 0).locator('[data-stat="sha"]')).to_have_attribute("data-sha", sha)
     expect(reply(page, 0).locator(".replay-result")).to_have_text("match")
-    expect(page.locator("#thinking")).not_to_be_checked()           # the settings stay too
+    expect(page.locator("#thinking")).not_to_be_checked()  # the settings stay too
     screenshot(page)
     page.close()
 
@@ -214,6 +241,7 @@ def screenshot(page) -> None:
 
 def test_a_server_with_a_key_asks_for_it_once(browser):
     from playwright.sync_api import expect
+
     keyed = demo_server(api_key=KEY)
     try:
         page = browser.new_page()
@@ -221,7 +249,7 @@ def test_a_server_with_a_key_asks_for_it_once(browser):
         expect(page.locator("#key-dialog")).to_be_visible()
         page.fill("#key-input", "not-the-key")
         page.click("#key-save")
-        expect(page.locator("#key-error")).to_be_visible()           # refused: asked again
+        expect(page.locator("#key-error")).to_be_visible()  # refused: asked again
         page.fill("#key-input", KEY)
         page.click("#key-save")
         expect(page.locator("#model")).to_contain_text("tensorfold-demo")
@@ -231,10 +259,10 @@ def test_a_server_with_a_key_asks_for_it_once(browser):
         expect(reply(page, 0).locator(".answer")).to_have_text("Paris")
         page.check("#context")
         ask(page, "Reverse the word planet.", 1)
-        expect(page.locator("#key-dialog")).to_be_hidden()           # asked once, not per request
+        expect(page.locator("#key-dialog")).to_be_hidden()  # asked once, not per request
         stored = page.evaluate(f"JSON.parse(localStorage.getItem('{STORE}'))")
         roles = [m["role"] for m in stored[3]["request"]["messages"]]
-        assert roles == ["user", "assistant", "user"]                 # the earlier turn went too
+        assert roles == ["user", "assistant", "user"]  # the earlier turn went too
         assert api_sha(keyed, stored[1]["request"]) == sha
         page.close()
     finally:
@@ -243,9 +271,10 @@ def test_a_server_with_a_key_asks_for_it_once(browser):
 
 def test_stop_ends_a_reply_and_frees_its_lane(browser, live):
     from playwright.sync_api import expect
+
     page = open_page(browser, live)
     page.uncheck("#thinking")
-    page.fill("#max-tokens", "480")                  # the tiny random model runs on to the limit
+    page.fill("#max-tokens", "480")  # the tiny random model runs on to the limit
     page.fill("#prompt", "Say something long.")
     page.click("#send")
     expect(page.locator("#stop")).to_be_visible()
@@ -255,19 +284,32 @@ def test_stop_ends_a_reply_and_frees_its_lane(browser, live):
     expect(page.locator("#send")).to_be_visible()
     tokens = reply(page, 0).locator('[data-stat="tokens"]').text_content()
     assert int(tokens.split()[0]) < 480
-    wait_for(lambda: metric(live.metrics(), "tensorfold_requests_total", outcome="cancelled"),
-             "the stopped request to be cancelled")
+    wait_for(
+        lambda: metric(live.metrics(), "tensorfold_requests_total", outcome="cancelled"),
+        "the stopped request to be cancelled",
+    )
     page.close()
 
 
 def canned_stream(*deltas: dict, fingerprint: str = "fp_canned") -> str:
     """An SSE body as an OpenAI-style server would send it, one chunk per delta."""
     import json
-    chunks = [{"choices": [{"index": 0, "delta": d, "token_ids": [i]}],
-               "system_fingerprint": fingerprint} for i, d in enumerate(deltas)]
+
+    chunks = [
+        {"choices": [{"index": 0, "delta": d, "token_ids": [i]}], "system_fingerprint": fingerprint}
+        for i, d in enumerate(deltas)
+    ]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas),
-                                            "prompt_tokens_details": {"cached_tokens": 3}}})
+    chunks.append(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 5,
+                "completion_tokens": len(deltas),
+                "prompt_tokens_details": {"cached_tokens": 3},
+            },
+        }
+    )
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
 
 
@@ -275,25 +317,39 @@ def test_reasoning_fields_json_replies_and_tool_calls_are_rendered(browser, live
     """Replies the tiny model cannot give, from a canned stream: a reasoning_content field, a
     JSON reply, Qwen's <tool_call> block and the API's tool_calls, a system_fingerprint."""
     from playwright.sync_api import expect
+
     bodies = [
-        canned_stream({"reasoning_content": "The user wants JSON."}, {"content": '{"city": '},
-                      {"content": '"Paris", "rank": 1}'}),
-        canned_stream({"content": "<tool_call>\n<function=get_weather>\n<parameter=city>\n"},
-                      {"content": "Paris\n</parameter>\n</function>\n</tool_call>"},
-                      {"tool_calls": [{"index": 0, "function": {"name": "get_time",
-                                                                "arguments": '{"tz": "CET"}'}}]}),
+        canned_stream(
+            {"reasoning_content": "The user wants JSON."},
+            {"content": '{"city": '},
+            {"content": '"Paris", "rank": 1}'},
+        ),
+        canned_stream(
+            {"content": "<tool_call>\n<function=get_weather>\n<parameter=city>\n"},
+            {"content": "Paris\n</parameter>\n</function>\n</tool_call>"},
+            {
+                "tool_calls": [
+                    {"index": 0, "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}
+                ]
+            },
+        ),
     ]
     page = open_page(browser, live)
-    page.route("**/v1/chat/completions", lambda route: route.fulfill(
-        status=200, content_type="text/event-stream", body=bodies.pop(0)))
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, content_type="text/event-stream", body=bodies.pop(0)
+        ),
+    )
     ask(page, "JSON please", 0)
     first = reply(page, 0)
     expect(first.locator(".thinking-text")).to_have_text("The user wants JSON.")
     expect(first.locator(".answer pre.code.json")).to_have_text(
-        '{\n  "city": "Paris",\n  "rank": 1\n}')
+        '{\n  "city": "Paris",\n  "rank": 1\n}'
+    )
     expect(first.locator('[data-stat="fingerprint"]')).to_have_text("fp fp_canned")
     expect(first.locator('[data-stat="cached"]')).to_have_text("cached 3")
-    page.uncheck("#thinking")              # else text before a </think> is the thinking trace
+    page.uncheck("#thinking")  # else text before a </think> is the thinking trace
     ask(page, "The weather?", 1)
     tools = reply(page, 1).locator(".tool-call")
     expect(tools).to_have_count(2)
@@ -307,6 +363,7 @@ def test_reasoning_fields_json_replies_and_tool_calls_are_rendered(browser, live
 
 def test_a_reply_that_ends_while_thinking_keeps_its_trace_open(browser, live):
     from playwright.sync_api import expect
+
     page = open_page(browser, live)
     page.check("#thinking")
     page.fill("#max-tokens", "12")

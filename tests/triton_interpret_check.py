@@ -1,12 +1,13 @@
 """Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): the Triton kernels on tiny shapes on the
 CPU against their torch references. The interpreter has no bf16, so values are fp16 here."""
+
 import torch
 
+from tensorfold.batch import Segment
 from tensorfold.ops import attention as ref_attention
 from tensorfold.ops import norm as ref_norm
 from tensorfold.ops.quant import dequantize, quantize
 from tensorfold.ops.triton import attention, linear, norm
-from tensorfold.batch import Segment
 
 
 def rel(a, b):
@@ -17,39 +18,59 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(5, 128).half()
     w = torch.randn(48, 128).half()
-    assert rel(linear.dense_matmul(x, w, linear.LinearPlan.for_weight(48, 128)), x.float() @ w.float().t()) < 2e-3
+    assert (
+        rel(
+            linear.dense_matmul(x, w, linear.LinearPlan.for_weight(48, 128)),
+            x.float() @ w.float().t(),
+        )
+        < 2e-3
+    )
     for bits in (3, 4, 8):
         packed, s, b = quantize(torch.randn(32, 128), bits, 64)
         s, b = s.half(), b.half()
-        y = linear.affine_matmul(x, packed, s, b, bits, 64, linear.LinearPlan.for_weight(32, 128, 64))
-        assert rel(y, x.float() @ dequantize(packed, s, b, bits, 64, torch.float16).float().t()) < 2e-3, bits
+        y = linear.affine_matmul(
+            x, packed, s, b, bits, 64, linear.LinearPlan.for_weight(32, 128, 64)
+        )
+        assert (
+            rel(y, x.float() @ dequantize(packed, s, b, bits, 64, torch.float16).float().t()) < 2e-3
+        ), bits
     # K = 2048 is reduced in two segments: a few rows take the split form, many rows the whole
     # form; a row's bits must not change between them.
-    wide = torch.randn(80, 2048).half()   # > SPLIT_MAX_ROWS
+    wide = torch.randn(80, 2048).half()  # > SPLIT_MAX_ROWS
     w2 = torch.randn(48, 2048).half()
     plan = linear.LinearPlan.for_weight(48, 2048)
     assert plan.segments(2048) == 2
     many = linear.dense_matmul(wide, w2, plan)
     assert rel(many, wide.float() @ w2.float().t()) < 2e-3
     assert torch.equal(linear.dense_matmul(wide[7:8], w2, plan)[0], many[7])
-    for tiles in linear.candidates(1, packed=False):    # split and whole forms of one row
+    for tiles in linear.candidates(1, packed=False):  # split and whole forms of one row
         assert torch.equal(linear.dense_matmul(wide[7:8], w2, plan, tiles=tiles)[0], many[7])
     packed, s, b = quantize(torch.randn(48, 2048), 4, 32)
     s, b = s.half(), b.half()
     plan = linear.LinearPlan.for_weight(48, 2048, 32)
     many = linear.affine_matmul(wide, packed, s, b, 4, 32, plan)
-    assert rel(many, wide.float() @ dequantize(packed, s, b, 4, 32, torch.float16).float().t()) < 2e-3
+    assert (
+        rel(many, wide.float() @ dequantize(packed, s, b, 4, 32, torch.float16).float().t()) < 2e-3
+    )
     assert torch.equal(linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan)[0], many[7])
     ref_w = dequantize(packed, s, b, 4, 32, torch.float16)
-    assert rel(linear.dequantize(packed.view(torch.int32), s, b, 4, 32, torch.float16), ref_w) < 1e-3
-    for tiles in linear.candidates(1, packed=True) + linear.candidates(80, packed=True):   # launch shapes only
-        assert torch.equal(linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7])
+    assert (
+        rel(linear.dequantize(packed.view(torch.int32), s, b, 4, 32, torch.float16), ref_w) < 1e-3
+    )
+    for tiles in linear.candidates(1, packed=True) + linear.candidates(
+        80, packed=True
+    ):  # launch shapes only
+        assert torch.equal(
+            linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7]
+        )
     kc, vc = torch.randn(64, 2, 32).half(), torch.randn(64, 2, 32).half()
     slots = torch.randperm(64)[:20]
     q = torch.randn(20, 4, 32).half()
     tiles = ref_attention.AttentionTiles.build((Segment(0, 0, 0, 20, slots),), "cpu")
-    out = attention.paged_attention(q, kc, vc, tiles, 32 ** -0.5)
-    ref = ref_attention.paged_attention(q.float(), kc.float(), vc.float(), slots, torch.arange(20), 32 ** -0.5)
+    out = attention.paged_attention(q, kc, vc, tiles, 32**-0.5)
+    ref = ref_attention.paged_attention(
+        q.float(), kc.float(), vc.float(), slots, torch.arange(20), 32**-0.5
+    )
     assert rel(out, ref) < 2e-3
     h = torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1
@@ -63,14 +84,17 @@ def main() -> None:
 
 def fused_norms(q, kc, vc, tiles, ref) -> None:
     from tensorfold.ops.rope import apply_rope, rope_tables
-    gate = torch.randn(20, 8, 32).half()[:, ::2]               # a strided gate, as the layer passes it
-    gated = attention.paged_attention(q, kc, vc, tiles, 32 ** -0.5, gate=gate)
+
+    gate = torch.randn(20, 8, 32).half()[:, ::2]  # a strided gate, as the layer passes it
+    gated = attention.paged_attention(q, kc, vc, tiles, 32**-0.5, gate=gate)
     assert rel(gated, ref * torch.sigmoid(gate.float())) < 4e-3
     h, d = torch.randn(6, 64).half(), torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1
     h2, y = norm.add_rms_norm(h, d, wt, 1e-6, 1.0)
-    assert torch.equal(h2, h + d) and rel(y, ref_norm.rms_norm((h + d).float(), wt, 1e-6, 1.0)) < 2e-3
-    x = torch.randn(6, 3, 64).half()[:, :, :32]                 # q: the first half of each head's channels
+    assert (
+        torch.equal(h2, h + d) and rel(y, ref_norm.rms_norm((h + d).float(), wt, 1e-6, 1.0)) < 2e-3
+    )
+    x = torch.randn(6, 3, 64).half()[:, :, :32]  # q: the first half of each head's channels
     cos, sin = rope_tables(torch.arange(6) + 5, 8, 10000.0, torch.float16)
     out = norm.norm_rope(x, wt[:32], 1e-6, 1.0, cos, sin)
     want = apply_rope(ref_norm.rms_norm(x.float(), wt[:32], 1e-6, 1.0).half(), cos, sin)
@@ -80,15 +104,18 @@ def fused_norms(q, kc, vc, tiles, ref) -> None:
 def fused_kernels() -> None:
     from tensorfold.ops import conv as ref_conv
     from tensorfold.ops import gates as ref_gates
-    from tensorfold.ops.triton import fused
     from tensorfold.ops.dispatch import lane_index
+    from tensorfold.ops.triton import fused
+
     weight, x = torch.randn(64, 4).half() * 0.3, torch.randn(9, 64).half()
     segs = (Segment(2, 5, 0, 4, torch.arange(9)), Segment(0, 0, 4, 5, torch.arange(5)))
     meta = lane_index(segs, "cpu", 4)
     states = torch.randn(3, 3, 64).half()
     ref_states = states.clone()
     y = fused.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
-    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    ref = ref_conv.causal_conv_lanes(
+        x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep
+    )
     assert rel(y, ref) < 2e-3 and torch.equal(states, ref_states)
     a, b = torch.randn(5, 8).half(), torch.randn(5, 8).half()
     a_log, dt = torch.randn(8), torch.randn(8).half()
@@ -96,8 +123,10 @@ def fused_kernels() -> None:
     rg, rbeta = ref_gates.gdn_gates(a, b, a_log, dt, torch.float32)
     assert rel(g, rg) < 1e-5 and rel(beta, rbeta) < 2e-3
     gu = torch.randn(5, 96).half()
-    assert rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:])) < 2e-3
-
+    assert (
+        rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:]))
+        < 2e-3
+    )
 
 
 def experts() -> None:
@@ -107,7 +136,7 @@ def experts() -> None:
     from tensorfold.ops.triton import fused, moe
 
     def stack(e, n, k, bits):
-        w = torch.randn(e, n, k) * k ** -0.5
+        w = torch.randn(e, n, k) * k**-0.5
         if bits is None:
             return ref_moe.ExpertStack(w.half())
         packed, s, b = quantize(w, bits, 32)
@@ -115,49 +144,74 @@ def experts() -> None:
 
     x = torch.randn(40, 128).half()
     ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
-    ids[:, 0] = 0                                               # expert 0 serves every row
+    ids[:, 0] = 0  # expert 0 serves every row
     for bits in (None, (4, 3, 8)):
-        ex = ref_moe.Experts(*(stack(6, n, k, b) for (n, k), b in
-                               zip(((64, 128), (64, 128), (128, 64)), bits or (None,) * 3)))
+        ex = ref_moe.Experts(
+            *(
+                stack(6, n, k, b)
+                for (n, k), b in zip(((64, 128), (64, 128), (128, 64)), bits or (None,) * 3)
+            )
+        )
         y = moe.expert_swiglu(x, ids, ex)
         for r, j in ((0, 0), (17, 1), (39, 1)):
-            e, xe = int(ids[r, j]), x[r:r + 1]
-            h = fused.silu_mul(linear.matmul(xe, ex.gate.expert(e)), linear.matmul(xe, ex.up.expert(e)))
+            e, xe = int(ids[r, j]), x[r : r + 1]
+            h = fused.silu_mul(
+                linear.matmul(xe, ex.gate.expert(e)), linear.matmul(xe, ex.up.expert(e))
+            )
             assert torch.equal(linear.matmul(h, ex.down.expert(e))[0], y[r, j]), (bits, r, j)
-            assert torch.equal(moe.expert_swiglu(xe, ids[r:r + 1], ex)[0], y[r])
-        ref = ref_moe.expert_swiglu(x.float(), ids, ref_moe.Experts(*(
-            s if s.packed else ref_moe.ExpertStack(s.weight.float()) for s in (ex.gate, ex.up, ex.down))))
+            assert torch.equal(moe.expert_swiglu(xe, ids[r : r + 1], ex)[0], y[r])
+        ref = ref_moe.expert_swiglu(
+            x.float(),
+            ids,
+            ref_moe.Experts(
+                *(
+                    s if s.packed else ref_moe.ExpertStack(s.weight.float())
+                    for s in (ex.gate, ex.up, ex.down)
+                )
+            ),
+        )
         assert rel(y, ref) < 2e-3, bits
     wide, ids2 = torch.randn(5, 2048).half(), torch.tensor([[1], [0], [1], [1], [0]])
     for bits in (None, 4):
         st = stack(2, 16, 2048, bits)
         tiles = moe.expert_tiles(ids2, 2, 16)
         y = moe.grouped_matmul(wide[tiles.order], st, tiles)[torch.argsort(tiles.order)]
-        for r in range(5):                       # one row: linear.py's split form, two segments
-            assert torch.equal(linear.matmul(wide[r:r + 1], st.expert(int(ids2[r, 0])))[0], y[r])
+        for r in range(5):  # one row: linear.py's split form, two segments
+            assert torch.equal(linear.matmul(wide[r : r + 1], st.expert(int(ids2[r, 0])))[0], y[r])
 
 
 def recurrence() -> None:
     from tensorfold.ops import gated_delta as ref_gdn
     from tensorfold.ops.triton.gdn import gated_delta_lanes
+
     t, hk, hv, dk = 23, 2, 4, 32
-    q, k, v = torch.randn(t, hk, dk).half(), torch.randn(t, hk, dk).half(), torch.randn(t, hv, dk).half()
+    q, k, v = (
+        torch.randn(t, hk, dk).half(),
+        torch.randn(t, hk, dk).half(),
+        torch.randn(t, hv, dk).half(),
+    )
     g, beta = -torch.rand(t, hv) * 0.5, torch.rand(t, hv).half()
     states = torch.zeros(3, hv, dk, dk)
     whole = gated_delta_lanes(q, k, v, g, beta, states, torch.tensor([2]), torch.tensor([0, t]))
     qf, kf = (ref_norm.l2_norm(x.float()).repeat_interleave(hv // hk, 1) for x in (q, k))
     ref_state = torch.zeros(hv, dk, dk)
-    ref = ref_gdn.gated_delta_rule(ref_state, qf / dk ** 0.5, kf, v.float(), g.exp(), beta.float())
+    ref = ref_gdn.gated_delta_rule(ref_state, qf / dk**0.5, kf, v.float(), g.exp(), beta.float())
     assert rel(whole, ref) < 2e-3 and rel(states[2], ref_state) < 1e-5
     # Chunks of 7 as the second lane beside another lane's 10 rows: the same bytes as one call alone.
     again, parts = torch.zeros(3, hv, dk, dk), []
     for s in range(0, t, 7):
         e = min(t, s + 7)
         cat = lambda other, mine: torch.cat([other, mine[s:e]])  # noqa: E731
-        out = gated_delta_lanes(cat(torch.randn(10, hk, dk).half(), q), cat(torch.randn(10, hk, dk).half(), k),
-                                cat(torch.randn(10, hv, dk).half(), v), cat(-torch.rand(10, hv), g),
-                                cat(torch.rand(10, hv).half(), beta), again, torch.tensor([0, 1]),
-                                torch.tensor([0, 10, 10 + e - s]))
+        out = gated_delta_lanes(
+            cat(torch.randn(10, hk, dk).half(), q),
+            cat(torch.randn(10, hk, dk).half(), k),
+            cat(torch.randn(10, hv, dk).half(), v),
+            cat(-torch.rand(10, hv), g),
+            cat(torch.rand(10, hv).half(), beta),
+            again,
+            torch.tensor([0, 1]),
+            torch.tensor([0, 10, 10 + e - s]),
+        )
         parts.append(out[10:])
     assert torch.equal(torch.cat(parts), whole) and torch.equal(again[1], states[2])
 

@@ -1,4 +1,5 @@
 """TensorFold: exact inference for the Qwen3.5 hybrid models."""
+
 from .engine.request import SamplingParams
 from .llm import LLM, CompletionOutput, RequestOutput
 

@@ -1,4 +1,5 @@
 """The `tensorfold` command: run (offline generation, seams), serve, make-random, bench, check."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,14 +9,25 @@ from .errors import TensorFoldError
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", nargs="?", default=None, help="checkpoint folder (default: the bundled demo model)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default=None,
+        help="checkpoint folder (default: the bundled demo model)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
     p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
-    p.add_argument("--context", type=int, default=None, help="prompt + generation limit per request")
+    p.add_argument(
+        "--context", type=int, default=None, help="prompt + generation limit per request"
+    )
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
+    )
 
 
 def _run_parser(sub) -> None:
@@ -32,16 +44,26 @@ def _run_parser(sub) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
+    p.add_argument(
+        "--no-thinking", action="store_true", help="chat template with enable_thinking=False"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--compare-chunk", type=int, default=None, help="run again with this chunk and compare seams")
+    p.add_argument(
+        "--compare-chunk",
+        type=int,
+        default=None,
+        help="run again with this chunk and compare seams",
+    )
     p.add_argument("--seams", type=int, default=256, help="fingerprint every N prompt rows")
     from .tools.run import run_command
+
     p.set_defaults(func=run_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tensorfold", description="Exact inference for Qwen3.5 models")
+    parser = argparse.ArgumentParser(
+        prog="tensorfold", description="Exact inference for Qwen3.5 models"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     for module in ("server.cli", "tools.make_random", "receipts.cli"):

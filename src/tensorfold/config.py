@@ -1,4 +1,5 @@
 """Model configuration: config.json of a Qwen3.5 checkpoint, validated before any weight is read."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from .errors import (
     ConfigError,
     InconsistentShape,
     UnknownLayerType,
-    UnsupportedModelType,
     UnsupportedExperts,
+    UnsupportedModelType,
     UnsupportedMoE,
     UnsupportedQuantization,
 )
@@ -62,8 +63,8 @@ class MoEConfig:
 class ModelConfig:
     vocab_size: int
     hidden_size: int
-    intermediate_size: int                # the dense MLP's; 0 in MoE models
-    layer_kinds: tuple[str, ...]          # "linear" (Gated DeltaNet) or "full" (gated attention)
+    intermediate_size: int  # the dense MLP's; 0 in MoE models
+    layer_kinds: tuple[str, ...]  # "linear" (Gated DeltaNet) or "full" (gated attention)
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -125,7 +126,8 @@ class ModelConfig:
             if _check_model_type(text["model_type"], prefix + "model_type") != family:
                 raise UnsupportedModelType(
                     f"config.json: {prefix}model_type={text['model_type']!r} does not match "
-                    f"model_type={raw.get('model_type')!r}")
+                    f"model_type={raw.get('model_type')!r}"
+                )
         r = _Reader(text, prefix)
         moe = _moe_config(r) if family == "moe" else _no_experts(r)
         cfg = cls(
@@ -144,7 +146,9 @@ class ModelConfig:
             linear_key_head_dim=r.int("linear_key_head_dim"),
             linear_value_head_dim=r.int("linear_value_head_dim"),
             conv_kernel=r.int("linear_conv_kernel_dim", 4),
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+            tie_word_embeddings=bool(
+                text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+            ),
             eos_token_ids=_eos_ids(raw, text, generation_config or {}),
             max_position_embeddings=r.int("max_position_embeddings", 262144),
             quant=_quant_config(raw),
@@ -158,20 +162,32 @@ class ModelConfig:
             if not cond:
                 raise InconsistentShape(f"config.json: {prefix}{name}: {why}")
 
-        need(self.num_kv_heads <= self.num_heads and self.num_heads % self.num_kv_heads == 0,
-             "num_key_value_heads", f"{self.num_kv_heads} does not divide num_attention_heads={self.num_heads}")
-        need(self.linear_num_value_heads % self.linear_num_key_heads == 0, "linear_num_value_heads",
-             f"{self.linear_num_value_heads} is not a multiple of linear_num_key_heads={self.linear_num_key_heads}")
-        need(self.rotary_dim % 2 == 0 and 0 < self.rotary_dim <= self.head_dim, "partial_rotary_factor",
-             f"rotary width {self.rotary_dim} must be even and within head_dim={self.head_dim}")
+        need(
+            self.num_kv_heads <= self.num_heads and self.num_heads % self.num_kv_heads == 0,
+            "num_key_value_heads",
+            f"{self.num_kv_heads} does not divide num_attention_heads={self.num_heads}",
+        )
+        need(
+            self.linear_num_value_heads % self.linear_num_key_heads == 0,
+            "linear_num_value_heads",
+            f"{self.linear_num_value_heads} is not a multiple of linear_num_key_heads={self.linear_num_key_heads}",
+        )
+        need(
+            self.rotary_dim % 2 == 0 and 0 < self.rotary_dim <= self.head_dim,
+            "partial_rotary_factor",
+            f"rotary width {self.rotary_dim} must be even and within head_dim={self.head_dim}",
+        )
         need(self.conv_kernel >= 1, "linear_conv_kernel_dim", "must be at least 1")
         if self.quant is not None:
             for spec, where in [(self.quant.default, "quantization")] + [
                 (s, f"quantization.{k}") for k, s in self.quant.overrides.items() if s is not None
             ]:
                 for width_name, width in (("hidden_size", self.hidden_size),):
-                    need(width % spec.group_size == 0, width_name,
-                         f"{width} is not a multiple of {where}.group_size={spec.group_size}")
+                    need(
+                        width % spec.group_size == 0,
+                        width_name,
+                        f"{width} is not a multiple of {where}.group_size={spec.group_size}",
+                    )
 
 
 def _check_model_type(value: Any, name: str) -> str:
@@ -182,35 +198,50 @@ def _check_model_type(value: Any, name: str) -> str:
         return "moe"
     raise UnsupportedModelType(
         f"config.json: {name}={value!r}: TensorFold runs Qwen3.5 checkpoints "
-        f"({', '.join(DENSE_TYPES + MOE_TYPES)})")
+        f"({', '.join(DENSE_TYPES + MOE_TYPES)})"
+    )
 
 
 def _no_experts(r: "_Reader") -> None:
     """A dense type must not describe experts: which one the file is would be a guess."""
     for key in ("num_experts", "moe_intermediate_size"):
         if r.get(key):
-            raise UnsupportedMoE(f"config.json: {r.prefix}{key}={r.get(key)!r} in a dense config: "
-                                 f"MoE checkpoints declare model_type {MOE_TYPES[0]!r}")
+            raise UnsupportedMoE(
+                f"config.json: {r.prefix}{key}={r.get(key)!r} in a dense config: "
+                f"MoE checkpoints declare model_type {MOE_TYPES[0]!r}"
+            )
 
 
 def _moe_config(r: "_Reader") -> MoEConfig:
-    moe = MoEConfig(num_experts=r.int("num_experts"), top_k=r.int("num_experts_per_tok"),
-                    expert_intermediate_size=r.int("moe_intermediate_size"),
-                    shared_intermediate_size=r.int("shared_expert_intermediate_size"))
+    moe = MoEConfig(
+        num_experts=r.int("num_experts"),
+        top_k=r.int("num_experts_per_tok"),
+        expert_intermediate_size=r.int("moe_intermediate_size"),
+        shared_intermediate_size=r.int("shared_expert_intermediate_size"),
+    )
     where = f"config.json: {r.prefix}"
     if moe.top_k > moe.num_experts:
-        raise InconsistentShape(f"{where}num_experts_per_tok={moe.top_k} exceeds num_experts={moe.num_experts}")
+        raise InconsistentShape(
+            f"{where}num_experts_per_tok={moe.top_k} exceeds num_experts={moe.num_experts}"
+        )
     if moe.num_experts > MAX_EXPERTS:
-        raise UnsupportedExperts(f"{where}num_experts={moe.num_experts}: at most {MAX_EXPERTS} are served")
+        raise UnsupportedExperts(
+            f"{where}num_experts={moe.num_experts}: at most {MAX_EXPERTS} are served"
+        )
     if moe.top_k > MAX_TOP_K:
-        raise UnsupportedExperts(f"{where}num_experts_per_tok={moe.top_k}: at most {MAX_TOP_K} are served")
+        raise UnsupportedExperts(
+            f"{where}num_experts_per_tok={moe.top_k}: at most {MAX_TOP_K} are served"
+        )
     if r.get("norm_topk_prob", True) is not True:
-        raise UnsupportedExperts(f"{where}norm_topk_prob={r.get('norm_topk_prob')!r}: the routing "
-                                 "weights are always renormalised over the top-k")
+        raise UnsupportedExperts(
+            f"{where}norm_topk_prob={r.get('norm_topk_prob')!r}: the routing "
+            "weights are always renormalised over the top-k"
+        )
     for key, plain in (("mlp_only_layers", []), ("decoder_sparse_step", 1)):
         if r.get(key, plain) not in (plain, None):
-            raise UnsupportedExperts(f"{where}{key}={r.get(key)!r}: every layer must be a "
-                                     "mixture-of-experts layer")
+            raise UnsupportedExperts(
+                f"{where}{key}={r.get(key)!r}: every layer must be a mixture-of-experts layer"
+            )
     return moe
 
 
@@ -228,7 +259,9 @@ class _Reader:
         if value is None:
             raise ConfigError(f"config.json: {self.prefix}{key} is missing")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise InconsistentShape(f"config.json: {self.prefix}{key}={value!r} must be a positive integer")
+            raise InconsistentShape(
+                f"config.json: {self.prefix}{key}={value!r} must be a positive integer"
+            )
         return value
 
 
@@ -240,11 +273,13 @@ def _layer_kinds(r: _Reader) -> tuple[str, ...]:
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(n))
     if len(types) != n:
         raise InconsistentShape(
-            f"config.json: {r.prefix}layer_types has {len(types)} entries, num_hidden_layers={n}")
+            f"config.json: {r.prefix}layer_types has {len(types)} entries, num_hidden_layers={n}"
+        )
     for i, t in enumerate(types):
         if t not in LAYER_KINDS:
             raise UnknownLayerType(
-                f"config.json: {r.prefix}layer_types[{i}]={t!r}: expected one of {sorted(LAYER_KINDS)}")
+                f"config.json: {r.prefix}layer_types[{i}]={t!r}: expected one of {sorted(LAYER_KINDS)}"
+            )
     return tuple(LAYER_KINDS[t] for t in types)
 
 
@@ -252,7 +287,9 @@ def _rope(r: _Reader) -> dict:
     rope = r.get("rope_parameters") or r.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", "mrope"):
-        raise ConfigError(f"config.json: {r.prefix}rope_parameters.rope_type={kind!r} is not supported")
+        raise ConfigError(
+            f"config.json: {r.prefix}rope_parameters.rope_type={kind!r} is not supported"
+        )
     return rope
 
 
@@ -281,13 +318,18 @@ def _quant_spec(d: Any, where: str, defaults: QuantSpec) -> QuantSpec | None:
         raise UnsupportedQuantization(f"config.json: {where} must be an object, got {d!r}")
     mode = d.get("mode", "affine")
     if mode != "affine":
-        raise UnsupportedQuantization(f"config.json: {where}.mode={mode!r}: only MLX affine quantization is supported")
+        raise UnsupportedQuantization(
+            f"config.json: {where}.mode={mode!r}: only MLX affine quantization is supported"
+        )
     bits, gs = d.get("bits", defaults.bits), d.get("group_size", defaults.group_size)
     if bits not in SUPPORTED_BITS:
-        raise UnsupportedQuantization(f"config.json: {where}.bits={bits!r}: supported bit widths are {SUPPORTED_BITS}")
+        raise UnsupportedQuantization(
+            f"config.json: {where}.bits={bits!r}: supported bit widths are {SUPPORTED_BITS}"
+        )
     if gs not in SUPPORTED_GROUP_SIZES:
         raise UnsupportedQuantization(
-            f"config.json: {where}.group_size={gs!r}: supported group sizes are {SUPPORTED_GROUP_SIZES}")
+            f"config.json: {where}.group_size={gs!r}: supported group sizes are {SUPPORTED_GROUP_SIZES}"
+        )
     return QuantSpec(bits=bits, group_size=gs)
 
 
@@ -298,8 +340,15 @@ def _quant_config(raw: dict) -> QuantConfig | None:
         return None
     if "quant_method" in q:
         raise UnsupportedQuantization(
-            f"config.json: {key}.quant_method={q['quant_method']!r}: only MLX affine quantization is supported")
-    mode_defaults = QuantSpec(bits=4, group_size=64)   # MLX's own defaults for a per-module entry
-    default = _quant_spec({k: v for k, v in q.items() if not isinstance(v, (dict, bool))}, key, mode_defaults)
-    overrides = {k: _quant_spec(v, f"{key}.{k}", mode_defaults) for k, v in q.items() if isinstance(v, (dict, bool))}
+            f"config.json: {key}.quant_method={q['quant_method']!r}: only MLX affine quantization is supported"
+        )
+    mode_defaults = QuantSpec(bits=4, group_size=64)  # MLX's own defaults for a per-module entry
+    default = _quant_spec(
+        {k: v for k, v in q.items() if not isinstance(v, (dict, bool))}, key, mode_defaults
+    )
+    overrides = {
+        k: _quant_spec(v, f"{key}.{k}", mode_defaults)
+        for k, v in q.items()
+        if isinstance(v, (dict, bool))
+    }
     return QuantConfig(default=default, overrides=overrides)

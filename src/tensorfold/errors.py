@@ -1,4 +1,5 @@
 """Named errors. Each one says what was wrong and where, before any weight is read."""
+
 from __future__ import annotations
 
 

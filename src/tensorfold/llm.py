@@ -2,6 +2,7 @@
 
 It drives the same engine as the server, so offline and served tokens are the same.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from .errors import QueueFull
 from .models.loader import load_model
 from .tokenizer import Tokenizer
 from .util import resolve_device, resolve_dtype
+
 
 @dataclass
 class CompletionOutput:
@@ -34,8 +36,17 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: str | Path, *, dtype: str | torch.dtype = "auto", device: str = "auto",
-                 parallel: int = 4, context: int = 4096, chunk: int = 128, **engine_kwargs) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        parallel: int = 4,
+        context: int = 4096,
+        chunk: int = 128,
+        **engine_kwargs,
+    ) -> None:
         dev = resolve_device(device)
         self.model = load_model(model, dtype=resolve_dtype(dtype, dev), device=dev)
         self.tokenizer = Tokenizer(model) if Tokenizer.exists(model) else None
@@ -51,8 +62,12 @@ class LLM:
             return prompt, self.tokenizer.encode(prompt)
         return None, [int(t) for t in prompt]
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 n: int = 1) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        n: int = 1,
+    ) -> list[RequestOutput]:
         """All prompts go in together and share passes, `parallel` lanes at a time."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -64,10 +79,18 @@ class LLM:
             reqs = [self._submit(ids, p, i) for i in range(n)]
             pending.append((text, ids, reqs))
         self.engine.run_until_done()
-        return [RequestOutput(reqs[0].request_id, text, ids,
-                              [CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason)
-                               for i, r in enumerate(reqs)])
-                for text, ids, reqs in pending]
+        return [
+            RequestOutput(
+                reqs[0].request_id,
+                text,
+                ids,
+                [
+                    CompletionOutput(i, r.text, list(r.output_ids), r.finish_reason)
+                    for i, r in enumerate(reqs)
+                ],
+            )
+            for text, ids, reqs in pending
+        ]
 
     def _submit(self, ids: list[int], params: SamplingParams, choice: int):
         """Adds a request, stepping the engine while its queue is full."""
@@ -77,8 +100,9 @@ class LLM:
             except QueueFull:
                 self.engine.step()
 
-    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
-             **template_kwargs) -> RequestOutput:
+    def chat(
+        self, messages: list[dict], sampling_params: SamplingParams | None = None, **template_kwargs
+    ) -> RequestOutput:
         if self.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer")
         ids = self.tokenizer.chat(messages, **template_kwargs)

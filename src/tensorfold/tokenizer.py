@@ -1,4 +1,5 @@
 """The checkpoint's own tokenizer and chat template, through transformers (offline)."""
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,15 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def chat(self, messages: list[dict], *, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    def chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, **template_kwargs
+    ) -> list[int]:
         """Renders messages with the checkpoint's chat template (e.g. enable_thinking=False)."""
         if not getattr(self.hf, "chat_template", None):
             raise ConfigError(f"{self.path}: the tokenizer has no chat_template")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                           tokenize=False, **template_kwargs)
+        text = self.hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
+        )
         return self.encode(text)
 
     def token_text(self, token_id: int) -> str:

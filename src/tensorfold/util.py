@@ -1,4 +1,5 @@
 """Small helpers shared by the commands, the server and the receipts."""
+
 from __future__ import annotations
 
 import hashlib
@@ -6,8 +7,14 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-          "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
 
 
 def token_sha(ids: list[int]) -> str:
@@ -38,4 +45,5 @@ def default_checkpoint(path: str | None) -> Path:
     if path is not None:
         return Path(path)
     from .demo import demo_checkpoint
+
     return demo_checkpoint()

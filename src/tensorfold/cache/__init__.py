@@ -1,4 +1,5 @@
 """Per-layer-kind caches: paged K/V for attention layers, state slots for Gated DeltaNet layers."""
+
 from .kv_pool import KVPool
 from .state_pool import StatePool, StateSnapshot
 

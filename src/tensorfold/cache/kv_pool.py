@@ -3,21 +3,36 @@
 A page index names the same rows in every attention layer; a lane's page table maps its
 positions to cache rows: row = page * page_size + position % page_size.
 """
+
 from __future__ import annotations
 
 import torch
 
 
 class KVPool:
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         rows = num_pages * page_size
         # Zeroed so a row read before it is written is finite (it is masked, and 0 * finite = 0).
-        self.k = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [
+            torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.v = [
+            torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
         self._free = list(range(num_pages - 1, -1, -1))
-        self._refs = [0] * num_pages    # lanes and prompt-cache entries holding each page
+        self._refs = [0] * num_pages  # lanes and prompt-cache entries holding each page
 
     @property
     def free_pages(self) -> int:

@@ -7,6 +7,7 @@ whole page and checked token by token, so a hash collision can never resume the 
 Eviction is least-recently-used by bytes. It never disturbs a running lane: a lane that
 resumed holds its own references to the pages it reads.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,7 @@ def chain_hashes(tokens: list[int], page_size: int, upto: int) -> list[bytes]:
     """h[k] = hash of tokens[0 : k*page_size], for k = 0 .. upto // page_size."""
     hashes = [b""]
     for k in range(upto // page_size):
-        chunk = ",".join(map(str, tokens[k * page_size:(k + 1) * page_size])).encode()
+        chunk = ",".join(map(str, tokens[k * page_size : (k + 1) * page_size])).encode()
         hashes.append(hashlib.sha256(hashes[-1] + chunk).digest())
     return hashes
 
@@ -29,7 +30,7 @@ def chain_hashes(tokens: list[int], page_size: int, upto: int) -> list[bytes]:
 @dataclass
 class CacheEntry:
     tokens: tuple[int, ...]
-    pages: list[int]                 # pages of positions [0, cut), the last maybe partial
+    pages: list[int]  # pages of positions [0, cut), the last maybe partial
     snapshot: StateSnapshot
     nbytes: int
     last_used: int = 0
@@ -62,7 +63,7 @@ class PrefixCache:
         return self.budget_bytes > 0
 
     def __len__(self) -> int:
-        return sum(len(v) for v in list(self.entries.values()))   # one copy: /memory reads it live
+        return sum(len(v) for v in list(self.entries.values()))  # one copy: /memory reads it live
 
     def lookup(self, tokens: list[int]) -> CacheEntry | None:
         """The longest cached cut that is a prefix of `tokens` and leaves at least one to compute.
@@ -74,7 +75,11 @@ class PrefixCache:
         for k in range(len(hashes) - 1, -1, -1):
             best = None
             for e in self.entries.get(hashes[k], ()):
-                if e.cut <= limit and (best is None or e.cut > best.cut) and tuple(tokens[:e.cut]) == e.tokens:
+                if (
+                    e.cut <= limit
+                    and (best is None or e.cut > best.cut)
+                    and tuple(tokens[: e.cut]) == e.tokens
+                ):
                     best = e
             if best is not None:
                 best.last_used = next(self._clock)
@@ -103,7 +108,9 @@ class PrefixCache:
         if size > self.budget_bytes:
             return False
         self.make_room(size)
-        entry = CacheEntry(tuple(tokens), self.kv.share(pages[:n_pages]), snapshot, size, next(self._clock))
+        entry = CacheEntry(
+            tuple(tokens), self.kv.share(pages[:n_pages]), snapshot, size, next(self._clock)
+        )
         self.entries.setdefault(key, []).append(entry)
         self.nbytes += size
         self.stats.inserts += 1
@@ -112,8 +119,13 @@ class PrefixCache:
     def make_room(self, size: int = 0, pages: int = 0) -> None:
         """Evicts least-recently-used entries until `size` more bytes fit the budget and `pages`
         pages are free in the pool (or nothing is left to evict)."""
-        while self.entries and (self.nbytes + size > self.budget_bytes or self.kv.free_pages < pages):
-            key, entry = min(((k, e) for k, es in self.entries.items() for e in es), key=lambda ke: ke[1].last_used)
+        while self.entries and (
+            self.nbytes + size > self.budget_bytes or self.kv.free_pages < pages
+        ):
+            key, entry = min(
+                ((k, e) for k, es in self.entries.items() for e in es),
+                key=lambda ke: ke[1].last_used,
+            )
             self._remove(key, entry)
 
     def _remove(self, key: bytes, entry: CacheEntry) -> None:

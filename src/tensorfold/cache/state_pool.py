@@ -3,6 +3,7 @@
 Slots are plain rows of preallocated tensors, so a lane's whole state can be copied out
 (a snapshot: the prompt cache, a draft position) and copied back bit for bit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ import torch
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    conv: tuple[torch.Tensor, ...]        # per GDN layer [K-1, conv_dim]
-    recurrent: tuple[torch.Tensor, ...]   # per GDN layer [Hv, dk, dv]
+    conv: tuple[torch.Tensor, ...]  # per GDN layer [K-1, conv_dim]
+    recurrent: tuple[torch.Tensor, ...]  # per GDN layer [Hv, dk, dv]
 
     @property
     def nbytes(self) -> int:
@@ -21,14 +22,30 @@ class StateSnapshot:
 
 
 class StatePool:
-    def __init__(self, num_layers: int, num_slots: int, conv_kernel: int, conv_dim: int, num_v_heads: int,
-                 k_head_dim: int, v_head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        conv_kernel: int,
+        conv_dim: int,
+        num_v_heads: int,
+        k_head_dim: int,
+        v_head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.num_slots = num_slots
-        self.conv = [torch.zeros(num_slots, conv_kernel - 1, conv_dim, dtype=dtype, device=device)
-                     for _ in range(num_layers)]
-        self.recurrent = [torch.zeros(num_slots, num_v_heads, k_head_dim, v_head_dim, dtype=state_dtype,
-                                      device=device) for _ in range(num_layers)]
+        self.conv = [
+            torch.zeros(num_slots, conv_kernel - 1, conv_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.recurrent = [
+            torch.zeros(
+                num_slots, num_v_heads, k_head_dim, v_head_dim, dtype=state_dtype, device=device
+            )
+            for _ in range(num_layers)
+        ]
         self._free = list(range(num_slots - 1, -1, -1))
 
     @property
@@ -50,7 +67,10 @@ class StatePool:
             t[slot].zero_()
 
     def snapshot(self, slot: int) -> StateSnapshot:
-        return StateSnapshot(tuple(t[slot].clone() for t in self.conv), tuple(t[slot].clone() for t in self.recurrent))
+        return StateSnapshot(
+            tuple(t[slot].clone() for t in self.conv),
+            tuple(t[slot].clone() for t in self.recurrent),
+        )
 
     def restore(self, slot: int, snap: StateSnapshot) -> None:
         for dst, src in zip(self.conv + self.recurrent, snap.conv + snap.recurrent):

@@ -1,4 +1,5 @@
 """The bundled demo model: a small Qwen3.5 trained by the project on tasks it generates."""
+
 from __future__ import annotations
 
 from pathlib import Path

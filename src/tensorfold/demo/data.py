@@ -3,6 +3,7 @@
 Every family is a constructor taking explicit arguments (so fixed prompts and random ones come
 from the same code) plus a sampler drawing those arguments from a seeded `random.Random`.
 """
+
 from __future__ import annotations
 
 import random
@@ -13,7 +14,7 @@ from .tables import CAPITALS, ELEMENTS, LINES, SYSTEM_PROMPTS, UNITS, WORDS, Ele
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-KNOWN_RATE = 0.01      # share of samples drawn from KNOWN_ANSWERS
+KNOWN_RATE = 0.01  # share of samples drawn from KNOWN_ANSWERS
 THINKING_RATE = 0.5
 SYSTEM_RATE = 0.1
 

@@ -4,6 +4,7 @@ The files then carry mlx_lm's real transforms: language_model.* names, conv1d as
 zero-centred norms stored as 1 + w, A_log in its source dtype, packed uint32 weights with
 bf16 scales/biases, and config["quantization"]. mlx_lm is imported only when converting.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ def nested_config(flat: dict[str, Any]) -> dict[str, Any]:
     text = {k: v for k, v in flat.items() if k not in ("architectures", "transformers_version")}
     moe = flat.get("model_type") == "qwen3_5_moe_text"
     return {
-        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+        "architectures": [
+            "Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"
+        ],
         "model_type": "qwen3_5_moe" if moe else "qwen3_5",
         "text_config": text,
         "tie_word_embeddings": flat.get("tie_word_embeddings", False),
@@ -63,7 +66,12 @@ def convert_to_mlx(
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         src = _mlx_source_dir(hf, Path(scratch))
         convert(
-            str(src), mlx_path=str(out), quantize=True, q_group_size=group_size,
-            q_bits=bits, quant_predicate=quant_predicate, dtype="bfloat16",
+            str(src),
+            mlx_path=str(out),
+            quantize=True,
+            q_group_size=group_size,
+            q_bits=bits,
+            quant_predicate=quant_predicate,
+            dtype="bfloat16",
         )
     return out

@@ -1,4 +1,5 @@
 """The demo model's shape: the real Qwen3.5 dense layout at about 7M parameters."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -28,17 +29,27 @@ class ModelSpec:
         rope = ("partial_rotary_factor", "rope_theta")
         shape = {k: v for k, v in asdict(self).items() if k not in rope}
         return dict(
-            shape, vocab_size=vocab_size, linear_conv_kernel_dim=4, tie_word_embeddings=True,
+            shape,
+            vocab_size=vocab_size,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=True,
             # mlx_lm only knows full attention at (i + 1) % 4 == 0.
-            layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                         for i in range(self.num_hidden_layers)],
+            layer_types=[
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                for i in range(self.num_hidden_layers)
+            ],
             rope_parameters={
-                "rope_type": "default", "rope_theta": self.rope_theta,
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
                 "partial_rotary_factor": self.partial_rotary_factor,
-                "mrope_section": self.mrope_section(), "mrope_interleaved": True,
+                "mrope_section": self.mrope_section(),
+                "mrope_interleaved": True,
             },
-            rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=None,
-            eos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
+            rms_norm_eps=1e-6,
+            hidden_act="silu",
+            bos_token_id=None,
+            eos_token_id=ids["<|endoftext|>"],
+            pad_token_id=ids["<|endoftext|>"],
         )
 
     def mrope_section(self) -> list[int]:

@@ -3,6 +3,7 @@
 The files are written the way Qwen checkpoints ship them (tokenizer.json, tokenizer_config.json,
 chat_template.jinja), so transformers' AutoTokenizer and mlx_lm load them offline.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,15 +57,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def _new_tokenizer() -> Tokenizer:
     tok = Tokenizer(
         models.BPE(
-            unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
-            fuse_unk=False, byte_fallback=False,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
         )
     )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.decoder = decoders.ByteLevel()
     return tok
@@ -103,8 +109,12 @@ def train_tokenizer(
 def tokenizer_config(tok: Tokenizer) -> dict:
     decoder = {
         str(tok.token_to_id(c)): {
-            "content": c, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": special,
+            "content": c,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
         }
         for c, special in CONTROL_TOKENS
     }

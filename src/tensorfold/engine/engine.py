@@ -2,6 +2,7 @@
 
 add_request and cancel may be called from any thread; step() runs on one thread.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,28 +30,53 @@ PAGE_SIZE = 16
 @dataclass(frozen=True)
 class EngineConfig(SchedulerConfig):
     page_size: int = PAGE_SIZE
-    prompt_cache_bytes: int = 0          # 0 turns the prompt cache off
-    threads: int | None = None           # CPU threads (None: by model size)
-    cuda_graphs: bool = True             # on a GPU, replay decode passes as CUDA graphs (one per lane count)
+    prompt_cache_bytes: int = 0  # 0 turns the prompt cache off
+    threads: int | None = None  # CPU threads (None: by model size)
+    cuda_graphs: bool = True  # on a GPU, replay decode passes as CUDA graphs (one per lane count)
 
 
 class Engine:
-    def __init__(self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(
+        self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()
+    ) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         cfg = model.config
-        page_bytes = (2 * len(cfg.full_layers) * config.page_size * cfg.num_kv_heads * cfg.head_dim
-                      * torch.empty((), dtype=model.dtype).element_size())
+        page_bytes = (
+            2
+            * len(cfg.full_layers)
+            * config.page_size
+            * cfg.num_kv_heads
+            * cfg.head_dim
+            * torch.empty((), dtype=model.dtype).element_size()
+        )
         # Lanes reserve whole contexts; the prompt cache's pages come on top, within its budget.
         pages = config.parallel * -(-config.context // config.page_size)
         pages += config.prompt_cache_bytes // max(1, page_bytes)
-        kv = KVPool(len(cfg.full_layers), pages, config.page_size, cfg.num_kv_heads, cfg.head_dim,
-                    model.dtype, model.device)
-        states = StatePool(len(cfg.linear_layers), config.parallel, cfg.conv_kernel, cfg.conv_dim,
-                           cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                           model.dtype, model.device)
+        kv = KVPool(
+            len(cfg.full_layers),
+            pages,
+            config.page_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            model.dtype,
+            model.device,
+        )
+        states = StatePool(
+            len(cfg.linear_layers),
+            config.parallel,
+            cfg.conv_kernel,
+            cfg.conv_dim,
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+            model.dtype,
+            model.device,
+        )
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
-        self.runner = ModelRunner(model, self.caches, config.threads, config.cuda_graphs, config.context)
+        self.runner = ModelRunner(
+            model, self.caches, config.threads, config.cuda_graphs, config.context
+        )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()
@@ -62,8 +88,15 @@ class Engine:
         self.wakeup = threading.Event()
 
     # -- admission (any thread) ----------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    *, choice: int = 0, watch: Watch | None = None) -> Request:
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        choice: int = 0,
+        watch: Watch | None = None,
+    ) -> Request:
         """Queues one choice of a prompt (`choice` keys its random numbers with the seed);
         `watch` observes it without changing a token."""
         prompt_ids = [int(t) for t in prompt_ids]
@@ -71,8 +104,16 @@ class Engine:
         max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         cuts = tuple(sorted(set(watch.cuts))) if watch is not None else ()
-        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, max_tokens, seed,
-                      choice, watch, cuts)
+        req = Request(
+            request_id or f"req-{next(self._ids)}",
+            prompt_ids,
+            params,
+            max_tokens,
+            seed,
+            choice,
+            watch,
+            cuts,
+        )
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
@@ -87,12 +128,16 @@ class Engine:
         vocab = self.model.config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
+            )
         want = len(ids) + (params.max_tokens or 1)
         if want > self.config.context:
             raise ContextOverflow(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens or 1}) = {want} exceeds "
-                f"the context of {self.config.context} tokens", param="max_tokens")
+                f"the context of {self.config.context} tokens",
+                param="max_tokens",
+            )
 
     def cancel(self, request_id: str) -> None:
         self._cancels.append(request_id)
@@ -100,7 +145,9 @@ class Engine:
 
     # -- the loop (one thread) -----------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self._inbox or self._cancels or self.scheduler.waiting or self.scheduler.running)
+        return bool(
+            self._inbox or self._cancels or self.scheduler.waiting or self.scheduler.running
+        )
 
     def step(self) -> list[TokenEvent]:
         events = self._take_inbox()
@@ -110,8 +157,11 @@ class Engine:
             return events
         logits = self.runner.execute([(w.request, w.rows) for w in work])
         self._passes += 1
-        ready = [(w.request, logits[i][-1]) for i, w in enumerate(work)
-                 if self._advance(w.request, w.rows, logits.get(i))]
+        ready = [
+            (w.request, logits[i][-1])
+            for i, w in enumerate(work)
+            if self._advance(w.request, w.rows, logits.get(i))
+        ]
         for (req, row), token in zip(ready, self._choose(ready)):
             events.append(self._emit(req, row, token))
         return events
@@ -127,8 +177,14 @@ class Engine:
         for i, (req, row) in enumerate(ready):
             if req.params.temperature > 0.0:
                 p = req.params
-                tokens[i] = sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p,
-                                       uniform(req.seed, req.num_tokens, req.choice))
+                tokens[i] = sample_row(
+                    row,
+                    p.temperature,
+                    p.top_k,
+                    p.top_p,
+                    p.min_p,
+                    uniform(req.seed, req.num_tokens, req.choice),
+                )
         return tokens
 
     def _drain_inbox(self) -> None:
@@ -186,8 +242,9 @@ class Engine:
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""
-        self.prefix_cache.insert(req.all_ids[: req.num_computed], req.pages,
-                                 self.caches.states.snapshot(req.slot))
+        self.prefix_cache.insert(
+            req.all_ids[: req.num_computed], req.pages, self.caches.states.snapshot(req.slot)
+        )
 
     def abandon_all(self) -> list[TokenEvent]:
         """After a failed pass: every request still queued or running ends with finish_reason
@@ -204,7 +261,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
         if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
-            self._remember(req)              # the end of the reply: the next chat turn resumes here
+            self._remember(req)  # the end of the reply: the next chat turn resumes here
         watch = req.watch
         if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
             watch.on_finish(req, logits)
@@ -225,19 +282,31 @@ class Engine:
     def facts(self) -> EngineFacts:
         cfg = self.model.config
         c = self.config
-        return EngineFacts(cfg.vocab_size, c.context, c.parallel, c.max_queue,
-                           str(self.model.device), str(self.model.dtype).removeprefix("torch."))
+        return EngineFacts(
+            cfg.vocab_size,
+            c.context,
+            c.parallel,
+            c.max_queue,
+            str(self.model.device),
+            str(self.model.dtype).removeprefix("torch."),
+        )
 
     def stats(self) -> EngineStats:
         """Queue, lanes and prompt-cache figures now (exact when read on the engine thread)."""
         running, cache = list(self.scheduler.running), self.prefix_cache
         with self._lock:
             queued = len(self._inbox) + len(self.scheduler.waiting)
-        return EngineStats(queued=queued, busy_lanes=len(running),
-                           prompt_lanes=sum(r.in_prompt for r in running), passes=self._passes,
-                           cache_hits=cache.stats.hits, cache_misses=cache.stats.misses,
-                           cache_evictions=cache.stats.evictions,
-                           cache_inserts=cache.stats.inserts, cache_bytes=cache.nbytes)
+        return EngineStats(
+            queued=queued,
+            busy_lanes=len(running),
+            prompt_lanes=sum(r.in_prompt for r in running),
+            passes=self._passes,
+            cache_hits=cache.stats.hits,
+            cache_misses=cache.stats.misses,
+            cache_evictions=cache.stats.evictions,
+            cache_inserts=cache.stats.inserts,
+            cache_bytes=cache.nbytes,
+        )
 
     def memory(self) -> MemoryReport:
         return memory_report(self.model, self.caches, self.prefix_cache)

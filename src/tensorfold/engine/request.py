@@ -1,4 +1,5 @@
 """A request: its tokens, how far it is computed, how to sample, when to stop."""
+
 from __future__ import annotations
 
 import enum
@@ -28,7 +29,9 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()))
+        object.__setattr__(
+            self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         checks = [
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
@@ -36,7 +39,11 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.top_k >= -1, "top_k", "must be >= -1 (0 or -1 turn it off)"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be between 0 and 20"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= 20,
+                "logprobs",
+                "must be between 0 and 20",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -66,15 +73,15 @@ class Watch:
     """What a tool or test watches in one request (none of it changes a token): seams where
     `on_cut` fingerprints the lane, the end, and the logits of every computed position."""
 
-    cuts: tuple[int, ...] = ()            # prompt positions where a pass ends and on_cut is called
+    cuts: tuple[int, ...] = ()  # prompt positions where a pass ends and on_cut is called
     on_cut: Callable[[Request, int, torch.Tensor | None], None] | None = None
     on_finish: Callable[[Request, torch.Tensor | None], None] | None = None  # before the release
-    keep_logits: bool = False             # keep every computed position's logits (teacher forcing)
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)   # position -> logits, if kept
+    keep_logits: bool = False  # keep every computed position's logits (teacher forcing)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> logits, if kept
 
     def passed(self, req: Request, start: int, logits: torch.Tensor | None) -> None:
         """After a pass over positions [start, req.num_computed) that returned `logits`."""
-        if self.keep_logits and logits is not None:      # kept: one row per position
+        if self.keep_logits and logits is not None:  # kept: one row per position
             for offset, row in enumerate(logits):
                 self.logits[start + offset] = row.clone()
         if self.on_cut is not None and req.num_computed in self.cuts:
@@ -91,18 +98,18 @@ class Request:
     params: SamplingParams
     max_tokens: int
     seed: int
-    choice: int = 0                       # which of a prompt's n choices: keys the random numbers
+    choice: int = 0  # which of a prompt's n choices: keys the random numbers
     watch: Watch | None = None
-    cuts: tuple[int, ...] = ()            # prompt positions where a pass must end (seams, snapshots)
+    cuts: tuple[int, ...] = ()  # prompt positions where a pass must end (seams, snapshots)
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     slot: int = -1
     pages: list[int] = field(default_factory=list)
-    kv_rows: torch.Tensor | None = None   # [capacity] KV cache row of every position
-    cache_cuts: frozenset[int] = frozenset()   # where the lane snapshots into the prompt cache
-    cached_tokens: int = 0                # prompt tokens resumed from the prompt cache
+    kv_rows: torch.Tensor | None = None  # [capacity] KV cache row of every position
+    cache_cuts: frozenset[int] = frozenset()  # where the lane snapshots into the prompt cache
+    cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     reply: ReplyText = field(default_factory=ReplyText)

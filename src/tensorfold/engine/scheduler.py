@@ -2,6 +2,7 @@
 from each lane that is generating and up to `chunk` prompt rows from each lane still reading
 its prompt, under a token budget. Lanes reserve their KV pages and state slot at admission,
 so a running lane never waits for memory and is never preempted."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -17,9 +18,9 @@ class SchedulerConfig:
     parallel: int = 4
     context: int = 4096
     chunk: int = 128
-    token_budget: int | None = None      # rows per pass; default chunk + parallel
+    token_budget: int | None = None  # rows per pass; default chunk + parallel
     max_queue: int = 64
-    cache_every: int = 1024              # prompt-cache cut every this many prompt rows (page multiple)
+    cache_every: int = 1024  # prompt-cache cut every this many prompt rows (page multiple)
 
     @property
     def budget(self) -> int:
@@ -33,8 +34,13 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVPool, states: StatePool,
-                 cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVPool,
+        states: StatePool,
+        cache: PrefixCache | None = None,
+    ) -> None:
         self.config, self.kv, self.states, self.cache = config, kv, states, cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -43,7 +49,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
             entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
-            held = self.kv.share(entry.pages) if entry else []   # pinned before any eviction
+            held = self.kv.share(entry.pages) if entry else []  # pinned before any eviction
             partial = 1 if entry and entry.cut % self.kv.page_size else 0
             need = self.kv.pages_for(req.capacity) - len(held) + partial
             if self.cache is not None and need > self.kv.free_pages:
@@ -59,7 +65,7 @@ class Scheduler:
     def _start(self, req: Request, entry, held: list[int], need: int) -> None:
         whole = entry.cut // self.kv.page_size if entry else 0
         fresh = self.kv.allocate(need)
-        if entry and len(held) > whole:          # the partial last page: copy, never write a shared one
+        if entry and len(held) > whole:  # the partial last page: copy, never write a shared one
             self.kv.copy_page(held[whole], fresh[0])
             self.kv.release(held[whole:])
         req.pages = held[:whole] + fresh
@@ -68,7 +74,9 @@ class Scheduler:
             self.states.restore(req.slot, entry.snapshot)
             req.num_computed = req.cached_tokens = entry.cut
         req.kv_rows = self.kv.rows(req.pages, req.capacity)
-        req.cache_cuts = self._cache_cuts(req) if self.cache is not None and self.cache.enabled else frozenset()
+        req.cache_cuts = (
+            self._cache_cuts(req) if self.cache is not None and self.cache.enabled else frozenset()
+        )
         req.cuts = tuple(sorted(set(req.cuts) | req.cache_cuts))
         req.status = Status.RUNNING
         self.running.append(req)
@@ -84,11 +92,11 @@ class Scheduler:
     def schedule(self) -> list[Work]:
         budget = self.config.budget
         work: list[Work] = []
-        for req in self.running:                 # decode rows first: one each
+        for req in self.running:  # decode rows first: one each
             if not req.in_prompt and budget > 0:
                 work.append(Work(req, 1))
                 budget -= 1
-        for req in self.running:                 # then prompt rows, oldest lane first
+        for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
                 n = min(self.config.chunk, len(req.prompt_ids) - req.num_computed, budget)
                 n = min(n, self._to_next_cut(req))

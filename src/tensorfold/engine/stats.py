@@ -1,4 +1,5 @@
 """What the engine tells the server: fixed facts, live figures and memory by owner."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,9 @@ class EngineFacts:
     """What does not change while the engine runs."""
 
     vocab_size: int
-    context: int            # prompt + max_tokens may not exceed it
-    lanes: int              # requests served at once (--parallel)
-    max_queue: int          # requests that may wait for a lane
+    context: int  # prompt + max_tokens may not exceed it
+    lanes: int  # requests served at once (--parallel)
+    max_queue: int  # requests that may wait for a lane
     device: str
     dtype: str
 
@@ -28,12 +29,12 @@ class EngineFacts:
 class EngineStats:
     """The queue, the lanes and the prompt cache at one moment."""
 
-    queued: int = 0               # requests waiting for a lane
+    queued: int = 0  # requests waiting for a lane
     busy_lanes: int = 0
-    prompt_lanes: int = 0         # busy lanes still reading their prompt
-    passes: int = 0               # forward passes run so far
-    cache_hits: int = 0           # admissions that resumed from the prompt cache
-    cache_misses: int = 0         # admissions that found no cached prefix
+    prompt_lanes: int = 0  # busy lanes still reading their prompt
+    passes: int = 0  # forward passes run so far
+    cache_hits: int = 0  # admissions that resumed from the prompt cache
+    cache_misses: int = 0  # admissions that found no cached prefix
     cache_evictions: int = 0
     cache_inserts: int = 0
     cache_bytes: int = 0
@@ -51,7 +52,7 @@ class MemoryReport:
     prompt_cache_budget_bytes: int
     prompt_cache_entries: int
     process_rss_bytes: int
-    device_allocated_bytes: int | None      # None off CUDA
+    device_allocated_bytes: int | None  # None off CUDA
     device_peak_bytes: int | None
 
 
@@ -59,7 +60,7 @@ def rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):     # not Linux: the peak is the best we have
+    except (OSError, ValueError, IndexError):  # not Linux: the peak is the best we have
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -67,9 +68,14 @@ def memory_report(model: Qwen35Model, caches: ModelCaches, cache: PrefixCache) -
     device = model.device
     on_cuda = device.type == "cuda"
     return MemoryReport(
-        device=str(device), weights_bytes=model.weight_bytes, kv_pool_bytes=caches.kv.nbytes,
-        state_pool_bytes=caches.states.nbytes, prompt_cache_bytes=cache.nbytes,
-        prompt_cache_budget_bytes=cache.budget_bytes, prompt_cache_entries=len(cache),
+        device=str(device),
+        weights_bytes=model.weight_bytes,
+        kv_pool_bytes=caches.kv.nbytes,
+        state_pool_bytes=caches.states.nbytes,
+        prompt_cache_bytes=cache.nbytes,
+        prompt_cache_budget_bytes=cache.budget_bytes,
+        prompt_cache_entries=len(cache),
         process_rss_bytes=rss_bytes(),
         device_allocated_bytes=torch.cuda.memory_allocated(device) if on_cuda else None,
-        device_peak_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None)
+        device_peak_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
+    )

@@ -1,4 +1,5 @@
 """Incremental text of a reply: stop strings are held back until they can no longer match."""
+
 from __future__ import annotations
 
 
@@ -13,7 +14,9 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
     return best
 
 
-def advance_text(full: str, emitted: int, stops: tuple[str, ...], final: bool) -> tuple[str, int, bool]:
+def advance_text(
+    full: str, emitted: int, stops: tuple[str, ...], final: bool
+) -> tuple[str, int, bool]:
     """Given the decoded reply so far, returns (new text to emit, new emitted length, stop hit).
 
     A stop string ends the reply before it; text is emitted only once no stop can begin in it,
@@ -43,11 +46,11 @@ class Detokenizer:
         self.text, self.prefix_offset, self.read_offset = "", 0, 0
 
     def add(self, tokenizer, ids: list[int], final: bool = False) -> str:
-        prefix = tokenizer.decode(ids[self.prefix_offset:self.read_offset])
-        window = tokenizer.decode(ids[self.prefix_offset:])
+        prefix = tokenizer.decode(ids[self.prefix_offset : self.read_offset])
+        window = tokenizer.decode(ids[self.prefix_offset :])
         # An incomplete UTF-8 sequence decodes as U+FFFD: wait for its next byte unless done.
         if len(window) > len(prefix) and (final or not window.endswith("\ufffd")):
-            self.text += window[len(prefix):]
+            self.text += window[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         return self.text
 
@@ -62,8 +65,9 @@ class ReplyText:
     def text(self) -> str:
         return self.detok.text[: self.emitted]
 
-    def advance(self, tokenizer, ids: list[int], stops: tuple[str, ...],
-                final: bool) -> tuple[str, bool]:
+    def advance(
+        self, tokenizer, ids: list[int], stops: tuple[str, ...], final: bool
+    ) -> tuple[str, bool]:
         """Decodes the reply's ids; returns (new text to emit, stop hit)."""
         full = self.detok.add(tokenizer, ids, final)
         new, self.emitted, hit = advance_text(full, self.emitted, stops, final)

@@ -1,4 +1,5 @@
 """Gated full attention (docs/model.md, 'Gated attention') over the paged KV cache."""
+
 from __future__ import annotations
 
 import torch
@@ -10,17 +11,32 @@ from .norm import RMSNorm
 
 
 class GatedAttention:
-    def __init__(self, q_proj: Linear, k_proj: Linear, v_proj: Linear, o_proj: Linear,
-                 q_norm: RMSNorm, k_norm: RMSNorm, num_heads: int, num_kv_heads: int,
-                 head_dim: int) -> None:
+    def __init__(
+        self,
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
+        o_proj: Linear,
+        q_norm: RMSNorm,
+        k_norm: RMSNorm,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.q_norm, self.k_norm = q_norm, k_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
-        self.qkv = join([q_proj, k_proj, v_proj])      # on the GPU: one product for q, k and v
+        self.scale = head_dim**-0.5
+        self.qkv = join([q_proj, k_proj, v_proj])  # on the GPU: one product for q, k and v
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, rope: tuple[torch.Tensor, torch.Tensor],
-                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         q_out, k_out, v_out = self.qkv(x)
         # Per head, the first D channels of q_proj are the query, the next D the output gate.

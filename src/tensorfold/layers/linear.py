@@ -4,6 +4,7 @@ A product's reduction plan follows the weight's own (N, K) alone, on the CPU (fi
 fixed dequantization chunks) and on the GPU (fixed K segments): any number of rows, in any
 order, gets the same bits per row (docs/exactness.md, 'Products').
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class Linear:
     def __init__(self, weight: Weight, dtype: torch.dtype, book=None) -> None:
         self.weight = weight
         self.dtype = dtype
-        self.book = book          # ops.triton.linear.TileBook shared by the model's layers (GPU)
+        self.book = book  # ops.triton.linear.TileBook shared by the model's layers (GPU)
         self.out_features, self.in_features = weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,12 +77,18 @@ def join(linears: list[Linear], merge: bool | None = None) -> Joined:
     if all(isinstance(w, torch.Tensor) for w in ws):
         merged = torch.cat(ws)
         parts = [merged[a:b] for a, b in _bounds(ws)]
-    elif all(isinstance(w, QuantizedWeight) and (w.bits, w.group_size) == (first.bits, first.group_size)
-             for w in ws):
-        packed, scales, biases = (torch.cat([getattr(w, f) for w in ws]) for f in ("packed", "scales", "biases"))
+    elif all(
+        isinstance(w, QuantizedWeight) and (w.bits, w.group_size) == (first.bits, first.group_size)
+        for w in ws
+    ):
+        packed, scales, biases = (
+            torch.cat([getattr(w, f) for w in ws]) for f in ("packed", "scales", "biases")
+        )
         merged = QuantizedWeight(packed, scales, biases, first.bits, first.group_size)
-        parts = [QuantizedWeight(packed[a:b], scales[a:b], biases[a:b], first.bits, first.group_size)
-                 for a, b in _bounds(ws)]
+        parts = [
+            QuantizedWeight(packed[a:b], scales[a:b], biases[a:b], first.bits, first.group_size)
+            for a, b in _bounds(ws)
+        ]
     else:
         return Joined(tuple(linears))
     for lin, part in zip(linears, parts):

@@ -1,4 +1,5 @@
 """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,7 @@ from .linear import Linear, join
 class MLP:
     def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear) -> None:
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
-        self.gate_up = join([gate_proj, up_proj])          # one product for gate and up on the GPU
+        self.gate_up = join([gate_proj, up_proj])  # one product for gate and up on the GPU
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)

@@ -6,6 +6,7 @@
 The router is a projection like any other (row-exact); the order of the sum is fixed
 (docs/exactness.md, 'Experts'), so a row's output never depends on which rows share its experts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ from .mlp import MLP
 
 
 class SparseMoE:
-    def __init__(self, router: Linear, experts: Experts, shared: MLP, shared_gate: Linear,
-                 top_k: int) -> None:
+    def __init__(
+        self, router: Linear, experts: Experts, shared: MLP, shared_gate: Linear, top_k: int
+    ) -> None:
         self.router, self.experts, self.top_k = router, experts, top_k
         self.shared, self.shared_gate = shared, shared_gate
 
@@ -29,5 +31,10 @@ class SparseMoE:
 
     def linears(self) -> list[Linear]:
         """The block's projections but the experts: the router, the shared expert, its gate."""
-        return [self.router, self.shared.gate_proj, self.shared.up_proj, self.shared.down_proj,
-                self.shared_gate]
+        return [
+            self.router,
+            self.shared.gate_proj,
+            self.shared.up_proj,
+            self.shared.down_proj,
+            self.shared_gate,
+        ]

@@ -1,4 +1,5 @@
 """RMSNorm modules holding their weight and the file's convention."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Headers are read first so every tensor's dtype and shape can be checked before any data is
 touched; tensors are then views into the mapped files (no copy until a dtype changes).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,18 @@ import torch
 from ..errors import CheckpointError, MissingTensor
 
 DTYPES = {
-    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "U32": torch.uint32, "I32": torch.int32, "U8": torch.uint8, "I8": torch.int8,
-    "I64": torch.int64, "I16": torch.int16, "U16": torch.uint16, "BOOL": torch.bool,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "U32": torch.uint32,
+    "I32": torch.int32,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I64": torch.int64,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "BOOL": torch.bool,
 }
 
 
@@ -28,7 +38,7 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
     file: Path
-    start: int   # byte offset of the data in the file
+    start: int  # byte offset of the data in the file
     nbytes: int
 
 
@@ -104,5 +114,7 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
         if name == "__metadata__":
             continue
         begin, end = meta["data_offsets"]
-        out[name] = TensorInfo(name, meta["dtype"], tuple(meta["shape"]), file, base + begin, end - begin)
+        out[name] = TensorInfo(
+            name, meta["dtype"], tuple(meta["shape"]), file, base + begin, end - begin
+        )
     return out

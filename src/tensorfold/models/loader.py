@@ -1,4 +1,5 @@
 """Builds a Qwen35Model from a checkpoint folder: config first, every header next, data last."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,7 @@ from .checkpoint import Checkpoint
 from .qwen3_5 import DecoderLayer, Qwen35Model
 from .weights import WeightMap
 
-PROGRESS_BYTES = 1 << 30   # show a progress bar from 1 GiB of weights
+PROGRESS_BYTES = 1 << 30  # show a progress bar from 1 GiB of weights
 
 
 def validate(cfg: ModelConfig, wm: WeightMap) -> None:
@@ -77,11 +78,14 @@ def _check_gdn(cfg: ModelConfig, wm: WeightMap, p: str) -> None:
 
 
 class _Builder:
-    def __init__(self, cfg: ModelConfig, wm: WeightMap, dtype: torch.dtype, device: torch.device, bar) -> None:
+    def __init__(
+        self, cfg: ModelConfig, wm: WeightMap, dtype: torch.dtype, device: torch.device, bar
+    ) -> None:
         self.cfg, self.wm, self.dtype, self.device, self.bar = cfg, wm, dtype, device, bar
         self.book = None
-        if device.type == "cuda":               # GPU launch shapes, timed once and shared by all layers
+        if device.type == "cuda":  # GPU launch shapes, timed once and shared by all layers
             from ..ops.triton.linear import TileBook
+
             self.book = TileBook()
         self.acc = torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -104,7 +108,9 @@ class _Builder:
         return Linear(self.weight(stem), self.dtype, self.book)
 
     def mlp(self, p: str) -> MLP:
-        return MLP(self.linear(p + "gate_proj"), self.linear(p + "up_proj"), self.linear(p + "down_proj"))
+        return MLP(
+            self.linear(p + "gate_proj"), self.linear(p + "up_proj"), self.linear(p + "down_proj")
+        )
 
     def stack(self, raw) -> ExpertStack:
         """A stacked expert projection as read, on the device (dense ones in the model dtype)."""
@@ -113,53 +119,98 @@ class _Builder:
             return ExpertStack(raw.to(self.device, self.dtype))
         packed, scales, biases, spec = raw
         self.bar.update(sum(t.numel() * t.element_size() for t in (packed, scales, biases)))
-        return ExpertStack(packed.to(self.device), scales.to(self.device), biases.to(self.device),
-                           spec.bits, spec.group_size)
+        return ExpertStack(
+            packed.to(self.device),
+            scales.to(self.device),
+            biases.to(self.device),
+            spec.bits,
+            spec.group_size,
+        )
 
     def moe(self, p: str) -> SparseMoE:
         moe = self.cfg.moe
         raw = self.wm.read_experts(p, moe.expert_intermediate_size)
         experts = Experts(self.stack(raw["gate"]), self.stack(raw["up"]), self.stack(raw["down"]))
-        return SparseMoE(self.linear(p + "gate"), experts, self.mlp(p + "shared_expert."),
-                         self.linear(p + "shared_expert_gate"), moe.top_k)
+        return SparseMoE(
+            self.linear(p + "gate"),
+            experts,
+            self.mlp(p + "shared_expert."),
+            self.linear(p + "shared_expert_gate"),
+            moe.top_k,
+        )
 
     def norm(self, local: str) -> RMSNorm:
-        return RMSNorm(self.tensor(local, self.acc), self.cfg.rms_norm_eps, self.wm.layout.norm_offset)
+        return RMSNorm(
+            self.tensor(local, self.acc), self.cfg.rms_norm_eps, self.wm.layout.norm_offset
+        )
 
     def attention(self, p: str) -> GatedAttention:
         c = self.cfg
-        return GatedAttention(self.linear(p + "q_proj"), self.linear(p + "k_proj"), self.linear(p + "v_proj"),
-                              self.linear(p + "o_proj"), self.norm(p + "q_norm.weight"),
-                              self.norm(p + "k_norm.weight"), c.num_heads, c.num_kv_heads, c.head_dim)
+        return GatedAttention(
+            self.linear(p + "q_proj"),
+            self.linear(p + "k_proj"),
+            self.linear(p + "v_proj"),
+            self.linear(p + "o_proj"),
+            self.norm(p + "q_norm.weight"),
+            self.norm(p + "k_norm.weight"),
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+        )
 
     def gdn(self, p: str) -> GatedDeltaNet:
         c = self.cfg
         conv = self.tensor(p + "conv1d.weight", self.dtype).reshape(c.conv_dim, c.conv_kernel)
-        norm_w = self.tensor(p + "norm.weight", torch.float64 if self.dtype == torch.float64 else None)
-        shape = GDNShape(c.linear_num_key_heads, c.linear_num_value_heads,
-                         c.linear_key_head_dim, c.linear_value_head_dim)
-        return GatedDeltaNet(shape, self.linear(p + "in_proj_qkv"), self.linear(p + "in_proj_z"),
-                             self.linear(p + "in_proj_b"), self.linear(p + "in_proj_a"), conv,
-                             self.tensor(p + "A_log", None), self.tensor(p + "dt_bias", None),
-                             GatedRMSNorm(norm_w, c.rms_norm_eps), self.linear(p + "out_proj"))
+        norm_w = self.tensor(
+            p + "norm.weight", torch.float64 if self.dtype == torch.float64 else None
+        )
+        shape = GDNShape(
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        )
+        return GatedDeltaNet(
+            shape,
+            self.linear(p + "in_proj_qkv"),
+            self.linear(p + "in_proj_z"),
+            self.linear(p + "in_proj_b"),
+            self.linear(p + "in_proj_a"),
+            conv,
+            self.tensor(p + "A_log", None),
+            self.tensor(p + "dt_bias", None),
+            GatedRMSNorm(norm_w, c.rms_norm_eps),
+            self.linear(p + "out_proj"),
+        )
 
     def layer(self, n: int, kind: str, cache_index: int) -> DecoderLayer:
         p = f"layers.{n}."
         mixer = self.attention(p + "self_attn.") if kind == "full" else self.gdn(p + "linear_attn.")
         mlp = self.moe(p + "mlp.") if self.cfg.moe else self.mlp(p + "mlp.")
-        return DecoderLayer(self.norm(p + "input_layernorm.weight"), mixer,
-                            self.norm(p + "post_attention_layernorm.weight"), mlp, cache_index)
+        return DecoderLayer(
+            self.norm(p + "input_layernorm.weight"),
+            mixer,
+            self.norm(p + "post_attention_layernorm.weight"),
+            mlp,
+            cache_index,
+        )
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               progress: bool | None = None) -> Qwen35Model:
-    cfg = ModelConfig.from_dir(path)           # refuses a bad config before any file is opened
-    ckpt = Checkpoint(path)                    # headers only
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    progress: bool | None = None,
+) -> Qwen35Model:
+    cfg = ModelConfig.from_dir(path)  # refuses a bad config before any file is opened
+    ckpt = Checkpoint(path)  # headers only
     wm = WeightMap(ckpt, cfg)
     validate(cfg, wm)
     device = torch.device(device)
     show = progress if progress is not None else ckpt.nbytes >= PROGRESS_BYTES
-    with tqdm(total=ckpt.nbytes, unit="B", unit_scale=True, desc="loading", disable=not show) as bar:
+    with tqdm(
+        total=ckpt.nbytes, unit="B", unit_scale=True, desc="loading", disable=not show
+    ) as bar:
         b = _Builder(cfg, wm, dtype, device, bar)
         embed = Embedding(b.weight("embed_tokens"), dtype)
         head = embed.as_linear(b.book) if cfg.tie_word_embeddings else b.linear("lm_head")
@@ -168,5 +219,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         for n, kind in enumerate(cfg.layer_kinds):
             layers.append(b.layer(n, kind, counters[kind]))
             counters[kind] += 1
-        return Qwen35Model(cfg, embed, layers, b.norm("norm.weight"), head, dtype, device,
-                           layout=wm.layout.name)
+        return Qwen35Model(
+            cfg, embed, layers, b.norm("norm.weight"), head, dtype, device, layout=wm.layout.name
+        )

@@ -5,6 +5,7 @@
     for each layer:  h = h + mixer(norm_in(h));  h = h + mlp(norm_post(h))
     logits = head(norm(h))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,16 +31,24 @@ class DecoderLayer:
     mixer: GatedDeltaNet | GatedAttention
     post_norm: RMSNorm
     mlp: MLP | SparseMoE
-    cache_index: int          # index into the KV layers or the state layers of the caches
+    cache_index: int  # index into the KV layers or the state layers of the caches
 
 
 class Qwen35Model:
-    def __init__(self, config: ModelConfig, embed: Embedding, layers: list[DecoderLayer],
-                 norm: RMSNorm, lm_head: Linear, dtype: torch.dtype, device: torch.device,
-                 layout: str = "hf") -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: Embedding,
+        layers: list[DecoderLayer],
+        norm: RMSNorm,
+        lm_head: Linear,
+        dtype: torch.dtype,
+        device: torch.device,
+        layout: str = "hf",
+    ) -> None:
         self.config, self.embed, self.layers, self.norm = config, embed, layers, norm
         self.lm_head, self.dtype, self.device = lm_head, dtype, device
-        self.layout = layout         # the file's weight layout: "hf" or "mlx"
+        self.layout = layout  # the file's weight layout: "hf" or "mlx"
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
@@ -75,16 +84,20 @@ class Qwen35Model:
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
         weights = {id(w): w for w in [self.embed.weight] + [lin.weight for lin in self.linears()]}
-        experts = sum(layer.mlp.experts.nbytes for layer in self.layers if isinstance(layer.mlp, SparseMoE))
-        return experts + sum(w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
-                             for w in weights.values())   # a tied head shares the embedding: counted once
+        experts = sum(
+            layer.mlp.experts.nbytes for layer in self.layers if isinstance(layer.mlp, SparseMoE)
+        )
+        return experts + sum(
+            w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
+            for w in weights.values()
+        )  # a tied head shares the embedding: counted once
 
     def linears(self):
         """Every projection of the model (the head first), each once, merged ones as their parts."""
         yield self.lm_head
         for layer in self.layers:
             yield from (v for v in vars(layer.mixer).values() if isinstance(v, Linear))
-            if isinstance(layer.mlp, SparseMoE):   # its routed experts are stacks, not projections
+            if isinstance(layer.mlp, SparseMoE):  # its routed experts are stacks, not projections
                 yield from layer.mlp.linears()
             else:
                 yield from (v for v in vars(layer.mlp).values() if isinstance(v, Linear))

@@ -7,6 +7,7 @@ linears with `.scales`/`.biases`). MoE experts come fused, one per expert (HF) o
 `switch_mlp`; docs/model.md, 'Mixture of experts'). Every expected tensor's dtype and shape is
 checked from the file headers before any data is read.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ class Layout:
     prefix: str
     head_stem: str
     name: str
-    norm_offset: float      # 1.0 when norms are zero-centred in the file (HF), else 0.0
-    conv_hf: bool           # conv1d stored [C, 1, K]
+    norm_offset: float  # 1.0 when norms are zero-centred in the file (HF), else 0.0
+    conv_hf: bool  # conv1d stored [C, 1, K]
 
 
 class WeightMap:
@@ -43,17 +44,22 @@ class WeightMap:
         self.ckpt, self.cfg = ckpt, cfg
         self.layout = self._detect_layout()
         self.quant: dict[str, QuantSpec | None] = {}
-        self.experts: dict[str, str] = {}     # `layers.N.mlp.` -> its experts' layout
+        self.experts: dict[str, str] = {}  # `layers.N.mlp.` -> its experts' layout
 
     def _detect_layout(self) -> Layout:
         names = [n for n in self.ckpt.infos if not n.startswith(SKIPPED)]
         for prefix, head, name in PREFIXES:
-            if any(n.startswith(prefix + "layers.") or n.startswith(prefix + "embed_tokens") for n in names):
+            if any(
+                n.startswith(prefix + "layers.") or n.startswith(prefix + "embed_tokens")
+                for n in names
+            ):
                 conv_hf = self._conv_is_hf(prefix)
                 # The conv layout marks whether norms were already shifted (as mlx_lm decides).
                 return Layout(prefix, head, name, 1.0 if conv_hf else 0.0, conv_hf)
-        raise CheckpointError(f"{self.ckpt.folder}: no Qwen3.5 decoder tensors found (expected model.layers.*, "
-                              "model.language_model.layers.* or language_model.model.layers.*)")
+        raise CheckpointError(
+            f"{self.ckpt.folder}: no Qwen3.5 decoder tensors found (expected model.layers.*, "
+            "model.language_model.layers.* or language_model.model.layers.*)"
+        )
 
     def _conv_is_hf(self, prefix: str) -> bool:
         i = self.cfg.linear_layers[0] if self.cfg.linear_layers else None
@@ -66,11 +72,17 @@ class WeightMap:
             return True
         if shape == (self.cfg.conv_dim, k, 1):
             return False
-        raise BadTensor(f"{key}: shape {list(shape)}, expected [{self.cfg.conv_dim}, 1, {k}] (Hugging Face) "
-                        f"or [{self.cfg.conv_dim}, {k}, 1] (MLX)")
+        raise BadTensor(
+            f"{key}: shape {list(shape)}, expected [{self.cfg.conv_dim}, 1, {k}] (Hugging Face) "
+            f"or [{self.cfg.conv_dim}, {k}, 1] (MLX)"
+        )
 
     def key(self, local: str) -> str:
-        return self.layout.head_stem + ".weight" if local == "lm_head.weight" else self.layout.prefix + local
+        return (
+            self.layout.head_stem + ".weight"
+            if local == "lm_head.weight"
+            else self.layout.prefix + local
+        )
 
     # -- validation (headers only) -------------------------------------------------------
     def check_vector(self, local: str, length: int, dtypes=FLOAT_DTYPES) -> None:
@@ -90,7 +102,9 @@ class WeightMap:
             return
         spec = self._quant_spec(stem, base)
         if k % spec.group_size:
-            raise BadTensor(f"{base}: in_features {k} is not a multiple of group_size {spec.group_size}")
+            raise BadTensor(
+                f"{base}: in_features {k} is not a multiple of group_size {spec.group_size}"
+            )
         self._check(key, (n, k * spec.bits // 32), ("U32", "I32"))
         self._check(base + ".scales", (n, k // spec.group_size), FLOAT_DTYPES)
         self._check(base + ".biases", (n, k // spec.group_size), FLOAT_DTYPES)
@@ -98,12 +112,20 @@ class WeightMap:
 
     def _quant_spec(self, stem: str, base: str) -> QuantSpec:
         if self.cfg.quant is None:
-            raise BadTensor(f"{base}.scales: the file holds quantized weights but config.json has no quantization")
+            raise BadTensor(
+                f"{base}.scales: the file holds quantized weights but config.json has no quantization"
+            )
         local = stem if stem != "lm_head" else None
-        paths = [base] + ([f"{p}{local}" for p, _, _ in PREFIXES] if local else ["language_model.lm_head", "lm_head"])
+        paths = [base] + (
+            [f"{p}{local}" for p, _, _ in PREFIXES]
+            if local
+            else ["language_model.lm_head", "lm_head"]
+        )
         spec = self.cfg.quant.for_module(paths)
         if spec is None:
-            raise BadTensor(f"{base}: config.json marks it unquantized but the file has {base}.scales")
+            raise BadTensor(
+                f"{base}: config.json marks it unquantized but the file has {base}.scales"
+            )
         return spec
 
     def _check(self, key: str, shape: tuple[int, ...], dtypes: tuple[str, ...]) -> None:
@@ -111,7 +133,9 @@ class WeightMap:
             raise MissingTensor(f"{self.ckpt.folder}: tensor {key} is missing")
         info = self.ckpt.info(key)
         if info.shape != tuple(shape) or info.dtype not in dtypes:
-            raise BadTensor(f"{key}: {info.dtype} {list(info.shape)}, expected {'/'.join(dtypes)} {list(shape)}")
+            raise BadTensor(
+                f"{key}: {info.dtype} {list(info.shape)}, expected {'/'.join(dtypes)} {list(shape)}"
+            )
 
     # -- experts (headers only) --------------------------------------------------------
     def check_experts(self, p: str, e: int, inter: int, h: int) -> None:
@@ -123,7 +147,11 @@ class WeightMap:
             self._check(self.key(p + "experts.gate_up_proj"), (e, 2 * inter, h), FLOAT_DTYPES)
             self._check(self.key(p + "experts.down_proj"), (e, h, inter), FLOAT_DTYPES)
             return
-        for name, rows, cols in (("gate_proj", inter, h), ("up_proj", inter, h), ("down_proj", h, inter)):
+        for name, rows, cols in (
+            ("gate_proj", inter, h),
+            ("up_proj", inter, h),
+            ("down_proj", h, inter),
+        ):
             if layout == "stacked":
                 self._check_stack(p + "switch_mlp." + name, e, rows, cols)
                 continue
@@ -134,13 +162,18 @@ class WeightMap:
                 raise BadTensor(f"{self.key(stems[0])}: the experts' {name} differ in quantization")
 
     def _experts_layout(self, p: str) -> str:
-        for layout, local in (("fused", "experts.gate_up_proj"), ("per_expert", "experts.0.gate_proj.weight"),
-                              ("stacked", "switch_mlp.gate_proj.weight")):
+        for layout, local in (
+            ("fused", "experts.gate_up_proj"),
+            ("per_expert", "experts.0.gate_proj.weight"),
+            ("stacked", "switch_mlp.gate_proj.weight"),
+        ):
             if self.key(p + local) in self.ckpt:
                 return layout
-        raise MissingTensor(f"{self.ckpt.folder}: no experts under {self.key(p)[:-1]}: expected "
-                            "experts.gate_up_proj (fused), experts.0.gate_proj.weight (per expert) "
-                            "or switch_mlp.gate_proj.weight (MLX)")
+        raise MissingTensor(
+            f"{self.ckpt.folder}: no experts under {self.key(p)[:-1]}: expected "
+            "experts.gate_up_proj (fused), experts.0.gate_proj.weight (per expert) "
+            "or switch_mlp.gate_proj.weight (MLX)"
+        )
 
     def _check_stack(self, stem: str, e: int, n: int, k: int) -> None:
         """A stacked projection [e, n, k]: dense, or packed with scales and biases."""
@@ -151,7 +184,9 @@ class WeightMap:
             return
         spec = self._quant_spec(stem, base)
         if k % spec.group_size:
-            raise BadTensor(f"{base}: in_features {k} is not a multiple of group_size {spec.group_size}")
+            raise BadTensor(
+                f"{base}: in_features {k} is not a multiple of group_size {spec.group_size}"
+            )
         self._check(base + ".weight", (e, n, k * spec.bits // 32), ("U32", "I32"))
         self._check(base + ".scales", (e, n, k // spec.group_size), FLOAT_DTYPES)
         self._check(base + ".biases", (e, n, k // spec.group_size), FLOAT_DTYPES)
@@ -162,14 +197,22 @@ class WeightMap:
         (packed, scales, biases, spec) with the expert axis first."""
         layout = self.experts[p]
         if layout == "fused":
-            gate_up = self.read(p + "experts.gate_up_proj")     # [E, 2I, H], the gate half first
-            return {"gate": gate_up[:, :inter], "up": gate_up[:, inter:],
-                    "down": self.read(p + "experts.down_proj")}
+            gate_up = self.read(p + "experts.gate_up_proj")  # [E, 2I, H], the gate half first
+            return {
+                "gate": gate_up[:, :inter],
+                "up": gate_up[:, inter:],
+                "down": self.read(p + "experts.down_proj"),
+            }
         if layout == "stacked":
-            return {name: self.read_matrix(f"{p}switch_mlp.{name}_proj") for name in ("gate", "up", "down")}
+            return {
+                name: self.read_matrix(f"{p}switch_mlp.{name}_proj")
+                for name in ("gate", "up", "down")
+            }
         e = self.cfg.moe.num_experts
-        return {name: _stack([self.read_matrix(f"{p}experts.{i}.{name}_proj") for i in range(e)])
-                for name in ("gate", "up", "down")}
+        return {
+            name: _stack([self.read_matrix(f"{p}experts.{i}.{name}_proj") for i in range(e)])
+            for name in ("gate", "up", "down")
+        }
 
     # -- reading -------------------------------------------------------------------------
     def read(self, local: str) -> torch.Tensor:
@@ -182,7 +225,12 @@ class WeightMap:
         if spec is None:
             return self.ckpt.read(key)
         base = key[: -len(".weight")]
-        return self.ckpt.read(key), self.ckpt.read(base + ".scales"), self.ckpt.read(base + ".biases"), spec
+        return (
+            self.ckpt.read(key),
+            self.ckpt.read(base + ".scales"),
+            self.ckpt.read(base + ".biases"),
+            spec,
+        )
 
 
 def _stack(parts: list) -> Any:

@@ -6,6 +6,7 @@ split is reduced the same way, and a split past a row's position leaves that row
 so a row's output depends only on its own query and the keys up to its position: not on how
 many rows came with it, which chunk it arrived in, or whether it is a prompt or a decode row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ class AttentionTiles:
     rows: torch.Tensor
     pos0: torch.Tensor
     table_base: torch.Tensor
-    kv_rows: torch.Tensor   # every lane's cache rows, concatenated (position p of a lane at base + p)
+    kv_rows: (
+        torch.Tensor
+    )  # every lane's cache rows, concatenated (position p of a lane at base + p)
 
     @staticmethod
     def build(segments: tuple[Segment, ...], device) -> "AttentionTiles":
@@ -42,19 +45,31 @@ class AttentionTiles:
             tables.append(seg.kv_rows)
             offset += seg.kv_rows.shape[0]
         as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
-        return AttentionTiles(as_t(row0), as_t(rows), as_t(pos0), as_t(base),
-                              torch.cat(tables).to(device=device, dtype=torch.int32))
+        return AttentionTiles(
+            as_t(row0),
+            as_t(rows),
+            as_t(pos0),
+            as_t(base),
+            torch.cat(tables).to(device=device, dtype=torch.int32),
+        )
 
 
-def gated_attention_lanes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+def gated_attention_lanes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    gate: torch.Tensor,
+) -> torch.Tensor:
     """Every lane of a pass: q, gate [n, Hq, D] (n >= the pass's rows; rows past them are
     padding), K/V of the pass already written. Returns attention(q) * sigmoid(gate) as [n, Hq*D]."""
     n = q.shape[0]
     out = torch.zeros_like(q)
     for seg in batch.segments:
-        out[seg.rows] = paged_attention(q[seg.rows], k_cache, v_cache, seg.kv_rows,
-                                        batch.positions[seg.rows], scale)
+        out[seg.rows] = paged_attention(
+            q[seg.rows], k_cache, v_cache, seg.kv_rows, batch.positions[seg.rows], scale
+        )
     # Over every row at once, padding included: the elementwise ops meet no scalar tail.
     return out.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1))
 
@@ -82,8 +97,15 @@ def paged_attention(
     pos_p = torch.cat([positions, positions.new_full(((-n) % Q_TILE,), -1)])
     for start in range(0, n, Q_TILE):
         stop = min(start + Q_TILE, n)
-        tile = _attend_tile(qp[start:start + Q_TILE].to(acc), pos_p[start:start + Q_TILE],
-                            k_cache, v_cache, kv_rows, scale, hkv)
+        tile = _attend_tile(
+            qp[start : start + Q_TILE].to(acc),
+            pos_p[start : start + Q_TILE],
+            k_cache,
+            v_cache,
+            kv_rows,
+            scale,
+            hkv,
+        )
         out[start:stop] = tile[: stop - start].to(q.dtype)
     return out
 
@@ -93,23 +115,23 @@ def _attend_tile(q, pos, k_cache, v_cache, kv_rows, scale, hkv):
     group = hq // hkv
     # [Hkv, group*T, D]: query heads of one KV head side by side, rows inside.
     qh = q.view(t, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * t, d)
-    row_pos = pos.repeat(group)                                   # [group*T]
+    row_pos = pos.repeat(group)  # [group*T]
     m = qh.new_full((hkv, group * t), float("-inf"))
     l = qh.new_zeros((hkv, group * t))
     o = qh.new_zeros((hkv, group * t, d))
     last = int(pos.max())
     for split in range(0, last + 1, KV_SPLIT):
         key_pos = torch.arange(split, split + KV_SPLIT, device=q.device)
-        idx = kv_rows[split:split + KV_SPLIT]
+        idx = kv_rows[split : split + KV_SPLIT]
         if idx.shape[0] < KV_SPLIT:  # the tail of the page table: read any row, mask it below
             idx = torch.cat([idx, idx.new_zeros(KV_SPLIT - idx.shape[0])])
-        k = k_cache[idx].to(q.dtype).permute(1, 2, 0)           # [Hkv, D, S]
-        v = v_cache[idx].to(q.dtype).permute(1, 0, 2)           # [Hkv, S, D]
-        visible = key_pos[None, :] <= row_pos[:, None]            # [group*T, S]
+        k = k_cache[idx].to(q.dtype).permute(1, 2, 0)  # [Hkv, D, S]
+        v = v_cache[idx].to(q.dtype).permute(1, 0, 2)  # [Hkv, S, D]
+        visible = key_pos[None, :] <= row_pos[:, None]  # [group*T, S]
         scores = torch.matmul(qh, k) * scale
         scores = scores.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, scores.amax(-1))
-        active = (split <= row_pos)[None, :].expand_as(m)         # rows this split reaches
+        active = (split <= row_pos)[None, :].expand_as(m)  # rows this split reaches
         m_safe = torch.where(active, m_new, torch.zeros_like(m_new))
         p = torch.exp(scores - m_safe[..., None])
         alpha = torch.exp(m - m_safe)

@@ -1,4 +1,5 @@
 """Causal depthwise conv with its state (docs/model.md, 'Gated DeltaNet')."""
+
 from __future__ import annotations
 
 import torch
@@ -12,16 +13,23 @@ def conv_gather(segments, conv_kernel: int) -> tuple[list[list[int]], list[list[
     that become each lane's next state (keep), lanes in the order of `segments`."""
     taps, keep, lanes, hist = [], [], len(segments), conv_kernel - 1
 
-    def source(i: int, seg, p: int) -> int:   # p-th row of lane i's [state ; new rows]
+    def source(i: int, seg, p: int) -> int:  # p-th row of lane i's [state ; new rows]
         return i * hist + p if p < hist else lanes * hist + seg.row0 + p - hist
+
     for i, seg in enumerate(segments):
         taps += [[source(i, seg, t + j) for j in range(conv_kernel)] for t in range(seg.length)]
         keep.append([source(i, seg, seg.length + j) for j in range(hist)])
     return taps, keep
 
 
-def causal_conv_lanes(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor,
-                      taps: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def causal_conv_lanes(
+    x: torch.Tensor,
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    slots: torch.Tensor,
+    taps: torch.Tensor,
+    keep: torch.Tensor,
+) -> torch.Tensor:
     """Every lane of a pass at once: x [rows, C] (lanes' rows in order), states [slots, K-1, C].
 
     taps/keep index the rows of [each lane's state ; x] that each output reads and that become the

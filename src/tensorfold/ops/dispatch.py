@@ -4,6 +4,7 @@ The layers call only these, so each layer has one body. A kernel and its referen
 arithmetic contract (docs/exactness.md); the registry (ops/triton/registry.py) checks each kernel
 against its reference. Triton is imported only when a CUDA tensor arrives: the CPU path needs none.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,25 +34,37 @@ def lane_index(segments: tuple[Segment, ...], device, conv_kernel: int) -> LaneI
         bounds.append(bounds[-1] + seg.length)
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
     as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
-    return LaneIndex(as_t([s.slot for s in segments]), as_t(bounds), as_t(taps), as_t(keep),
-                     ref_attention.AttentionTiles.build(segments, device))
+    return LaneIndex(
+        as_t([s.slot for s in segments]),
+        as_t(bounds),
+        as_t(taps),
+        as_t(keep),
+        ref_attention.AttentionTiles.build(segments, device),
+    )
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedWeight, book=None) -> torch.Tensor:
     """x [M, K] · wᵀ -> [M, N]; `book` (ops.triton.linear.TileBook) picks GPU launch shapes."""
     if x.is_cuda:
         from .triton.linear import matmul
+
         return matmul(x, w, book)
     if isinstance(w, QuantizedWeight):
         return ref_linear.matmul_packed_rows(x, w)
     return ref_linear.matmul_rows(x, w)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-             residual: torch.Tensor | None = None):
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    residual: torch.Tensor | None = None,
+):
     """rms_norm(x); with `residual`, the residual add first: returns (residual + x, its norm)."""
     if x.is_cuda:
         from .triton import norm
+
         if residual is None:
             return norm.rms_norm(x, weight, eps, offset)
         return norm.add_rms_norm(residual, x, weight, eps, offset)
@@ -61,19 +74,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
     return h, ref_norm.rms_norm(h, weight, eps, offset)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> torch.Tensor:
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     if x.is_cuda:
         from .triton import norm
+
         return norm.gated_rms_norm(x, gate, weight, eps)
     return ref_norm.gated_rms_norm(x, gate, weight, eps)
 
 
-def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-              rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
     """apply_rope(rms_norm(x)) per head of x [N, H, D]: the q/k norm and the rotary embedding."""
     if x.is_cuda:
         from .triton import norm
+
         return norm.norm_rope(x, weight, eps, offset, *rope)
     return apply_rope(ref_norm.rms_norm(x, weight, eps, offset), *rope)
 
@@ -81,45 +102,67 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.is_cuda:
         from .triton import fused
+
         return fused.silu_mul(gate, up)
     return ref_gates.silu_mul(gate, up)
 
 
-def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-              acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, acc: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype."""
     if a.is_cuda:
         from .triton import fused
+
         return fused.gdn_gates(a, b, A_log, dt_bias)
     return ref_gates.gdn_gates(a, b, A_log, dt_bias, acc)
 
 
-def causal_conv(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor,
-                lanes: LaneIndex) -> torch.Tensor:
+def causal_conv(
+    x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, lanes: LaneIndex
+) -> torch.Tensor:
     """silu(causal conv) of every lane's rows, each lane's conv state read and updated in place."""
     if x.is_cuda:
         from .triton import fused
+
         return fused.conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
-    return ref_conv.causal_conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps,
-                                      lanes.conv_keep)
+    return ref_conv.causal_conv_lanes(
+        x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep
+    )
 
 
-def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                beta: torch.Tensor, states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+def gated_delta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    batch: ForwardBatch,
+) -> torch.Tensor:
     """The per-token gated delta rule of every lane from its state slot (q, k as the conv left
     them: the op l2-normalises and scales them)."""
     if q.is_cuda:
         from .triton.gdn import gated_delta_lanes
-        return gated_delta_lanes(q, k, v, g, beta, states, batch.lanes.slots,
-                                 batch.lanes.cu_seqlens)
+
+        return gated_delta_lanes(
+            q, k, v, g, beta, states, batch.lanes.slots, batch.lanes.cu_seqlens
+        )
     return ref_gdn.gated_delta_lanes(q, k, v, g, beta, states, batch.segments)
 
 
-def gated_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+def gated_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    gate: torch.Tensor,
+) -> torch.Tensor:
     """Causal attention of every lane's rows over its pages, times sigmoid(gate): [N, Hq*D]."""
     if q.is_cuda:
         from .triton.attention import paged_attention
+
         out = paged_attention(q, k_cache, v_cache, batch.lanes.attention, scale, gate=gate)
         return out.view(q.shape[0], -1)
     return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
@@ -136,12 +179,14 @@ def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: ref_moe.Experts) 
     GPU three grouped products (one launch each over every chosen expert) and the SwiGLU kernel."""
     if x.is_cuda:
         from .triton.moe import expert_swiglu
+
         return expert_swiglu(x, ids, experts)
     return ref_moe.expert_swiglu(x, ids, experts)
 
 
-def moe_combine(routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor,
-                shared_logit: torch.Tensor) -> torch.Tensor:
+def moe_combine(
+    routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
+) -> torch.Tensor:
     """Σ w·y over each row's experts in ascending id, then the gated shared expert, in fp32 and
     rounded once. Elementwise torch ops on either device: each element reads its own row."""
     return ref_moe.combine(routed, weights, shared, shared_logit)

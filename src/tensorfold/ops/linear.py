@@ -6,6 +6,7 @@ is therefore made of calls of one fixed shape: rows are cut into tiles of `ROW_T
 last tile zero-padded), so a row's bits never depend on how many rows share the pass or
 where it sits among them. Measured: a fixed tile shape is position-invariant, varying M is not.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from .quant import QuantizedWeight
 
 ROW_TILE = 16
-DEQUANT_CHUNK_ELEMENTS = 1 << 22   # dequantize at most ~4M weights at a time
+DEQUANT_CHUNK_ELEMENTS = 1 << 22  # dequantize at most ~4M weights at a time
 
 
 def pad_rows(x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
@@ -33,7 +34,7 @@ def matmul_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
         out = x.new_empty((m, w.shape[0]))
     for start in range(0, m, ROW_TILE):
         stop = min(start + ROW_TILE, m)
-        out[start:stop] = torch.mm(xp[start:start + ROW_TILE], wt)[: stop - start]
+        out[start:stop] = torch.mm(xp[start : start + ROW_TILE], wt)[: stop - start]
     return out
 
 

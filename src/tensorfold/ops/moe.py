@@ -7,6 +7,7 @@ expert into fixed 16-row tiles, so a row's bits never depend on how many rows ch
 the routed outputs weighted and added in fp32 in ascending expert id, the gated shared expert
 added last, rounded once to the model dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +48,9 @@ class ExpertStack:
         """Expert e's matrix, a view of the stack."""
         if not self.packed:
             return self.weight[e]
-        return QuantizedWeight(self.weight[e], self.scales[e], self.biases[e], self.bits,
-                               self.group_size)
+        return QuantizedWeight(
+            self.weight[e], self.scales[e], self.biases[e], self.bits, self.group_size
+        )
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +119,7 @@ def expert_groups(ids: torch.Tensor, num_experts: int) -> list[tuple[int, torch.
     groups, start = [], 0
     for e, n in enumerate(counts):
         if n:
-            groups.append((e, order[start:start + n]))
+            groups.append((e, order[start : start + n]))
         start += n
     return groups
 
@@ -130,21 +132,23 @@ def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch
     out = x.new_empty((m * k, experts.down.shape[0]))
     for e, slots in expert_groups(ids, experts.num_experts):
         xe = ref_linear.pad_rows(x[slots // k])
-        h = ref_gates.silu_mul(product(xe, experts.gate.expert(e)),
-                               product(xe, experts.up.expert(e)))
+        h = ref_gates.silu_mul(
+            product(xe, experts.gate.expert(e)), product(xe, experts.up.expert(e))
+        )
         out[slots] = product(h, experts.down.expert(e))[: slots.shape[0]]
     return out.view(m, k, -1)
 
 
-def combine(routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor,
-            shared_logit: torch.Tensor) -> torch.Tensor:
+def combine(
+    routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
+) -> torch.Tensor:
     """Σ_j w_j · y_j over the k experts in ascending id, in fp32 from the first term, each
     product rounded before its add; then + sigmoid(shared_logit) · shared; rounded once to the
     model dtype."""
     acc = weights.dtype
     out = weights[:, :1] * routed[:, 0].to(acc)
     for j in range(1, routed.shape[1]):
-        out = out + weights[:, j:j + 1] * routed[:, j].to(acc)
+        out = out + weights[:, j : j + 1] * routed[:, j].to(acc)
     # The gate's sigmoid over whole rows: on a [M, 1] column the CPU's vector loop would leave a
     # scalar tail that follows M (a scalar sigmoid rounds differently).
     gate = torch.sigmoid(shared_logit.to(acc).expand_as(shared).contiguous())

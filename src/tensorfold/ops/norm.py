@@ -1,5 +1,6 @@
 """RMS norms (docs/model.md, 'RMSNorm' and 'Gated DeltaNet'). All statistics in fp32 (fp64 in
 a float64 run)."""
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
     return (normed * (offset + weight.to(acc))).to(x.dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """GDN output norm: w * bf16(x / rms(x)) * silu(gate), as Qwen3_5RMSNormGated computes it."""
     acc = _acc_dtype(x.dtype)
     xf = x.to(acc)

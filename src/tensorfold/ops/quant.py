@@ -4,6 +4,7 @@ Each row of a packed weight is one little-endian, LSB-first bitstream of `bits`-
 unsigned values; groups of `group_size` consecutive values share a scale and a bias:
     w = scale * q + bias
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,13 +87,20 @@ class QuantizedWeight:
         return self.packed.shape[0], self.packed.shape[1] * 32 // self.bits
 
     def rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(self.packed[start:stop], self.scales[start:stop], self.biases[start:stop],
-                          self.bits, self.group_size, dtype)
+        return dequantize(
+            self.packed[start:stop],
+            self.scales[start:stop],
+            self.biases[start:stop],
+            self.bits,
+            self.group_size,
+            dtype,
+        )
 
     def take(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        words = self.packed.view(torch.int32)       # CUDA cannot index uint32 tensors
-        return dequantize(words[ids], self.scales[ids], self.biases[ids], self.bits,
-                          self.group_size, dtype)
+        words = self.packed.view(torch.int32)  # CUDA cannot index uint32 tensors
+        return dequantize(
+            words[ids], self.scales[ids], self.biases[ids], self.bits, self.group_size, dtype
+        )
 
     @property
     def device(self) -> torch.device:
@@ -103,5 +111,10 @@ class QuantizedWeight:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.biases))
 
     def to(self, device: torch.device) -> "QuantizedWeight":
-        return QuantizedWeight(self.packed.to(device), self.scales.to(device),
-                               self.biases.to(device), self.bits, self.group_size)
+        return QuantizedWeight(
+            self.packed.to(device),
+            self.scales.to(device),
+            self.biases.to(device),
+            self.bits,
+            self.group_size,
+        )

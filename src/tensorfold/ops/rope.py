@@ -2,6 +2,7 @@
 
 Text-only M-RoPE reduces exactly to 1-D RoPE on the first `rotary_dim` channels.
 """
+
 from __future__ import annotations
 
 import torch

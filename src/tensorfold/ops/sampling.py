@@ -1,5 +1,6 @@
 """Token choice for one row of logits. Randomness is a pure function of (seed, position), so a
 sampled request draws the same numbers whatever else shares its passes."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ def uniform(seed: int, position: int, choice: int = 0) -> float:
     return (h >> 11) / float(1 << 53)
 
 
-def sample_row(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
-               u: float) -> int:
+def sample_row(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float, u: float
+) -> int:
     """Pick a token from one row of logits [V]. temperature 0 is greedy (first maximum wins)."""
     if temperature <= 0.0:
         return int(torch.argmax(logits))
@@ -34,7 +36,7 @@ def sample_row(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
     if min_p > 0.0:
         keep &= probs >= min_p * probs[0]
     if top_p < 1.0:
-        keep &= (torch.cumsum(probs, 0) - probs) < top_p   # the smallest prefix reaching top_p
+        keep &= (torch.cumsum(probs, 0) - probs) < top_p  # the smallest prefix reaching top_p
     keep[0] = True
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     cdf = torch.cumsum(kept, 0)

@@ -1,5 +1,6 @@
 """`bench decode` and `bench concurrent`: served decode speed from the stream's token timing,
 and whether a request's tokens stay the same alone, beside others, and with "draft": false."""
+
 from __future__ import annotations
 
 import threading
@@ -37,6 +38,7 @@ def _describe(prompt: Prompt, temperature: float, rep: int, s: Stream, **more) -
 
 # -- decode ------------------------------------------------------------------------------------
 
+
 def run_decode(cfg: BenchConfig) -> list[dict]:
     records = []
     with progress(len(cfg.temperatures) * len(cfg.prompts) * cfg.reps, "bench decode") as bar:
@@ -44,8 +46,9 @@ def run_decode(cfg: BenchConfig) -> list[dict]:
             for prompt in cfg.prompts:
                 for rep in range(cfg.reps):
                     body = cfg.body(prompt, temperature, cfg.seed_for(temperature, rep))
-                    records.append(_describe(prompt, temperature, rep,
-                                             cfg.endpoint.stream(prompt.path, body)))
+                    records.append(
+                        _describe(prompt, temperature, rep, cfg.endpoint.stream(prompt.path, body))
+                    )
                     bar.update()
     return records
 
@@ -55,11 +58,20 @@ def decode_table(records: list[dict]) -> str:
     for key in dict.fromkeys((r["prompt"], r["temperature"]) for r in records):
         group = [r for r in records if (r["prompt"], r["temperature"]) == key]
         rates = [r["tok_s"] for r in group]
-        rows.append([*key, ", ".join(f"{v:.2f}" if v else "-" for v in rates), median(rates),
-                     median([r["ttft_s"] for r in group]), group[0]["tokens"],
-                     " ".join(sorted({short(r["sha"]) for r in group}))])
-    return table(["prompt", "temperature", "tok/s by rep", "median tok/s", "median ttft s",
-                  "tokens", "sha"], rows)
+        rows.append(
+            [
+                *key,
+                ", ".join(f"{v:.2f}" if v else "-" for v in rates),
+                median(rates),
+                median([r["ttft_s"] for r in group]),
+                group[0]["tokens"],
+                " ".join(sorted({short(r["sha"]) for r in group})),
+            ]
+        )
+    return table(
+        ["prompt", "temperature", "tok/s by rep", "median tok/s", "median ttft s", "tokens", "sha"],
+        rows,
+    )
 
 
 def decode_command(cfg: BenchConfig, output: str | None, plot: PlotRequest | None = None) -> int:
@@ -68,10 +80,20 @@ def decode_command(cfg: BenchConfig, output: str | None, plot: PlotRequest | Non
     failed = [r for r in records if r["status"] != 200 or r["error"]]
     short_runs = [r for r in records if r["tokens"] < cfg.tokens]
     if short_runs:
-        print(f"note: {len(short_runs)} requests stopped before {cfg.tokens} tokens "
-              "(the server may not honour ignore_eos)")
-    write_json(output, {"tool": "bench decode", "url": cfg.endpoint.url, "model": cfg.model,
-                        "tokens": cfg.tokens, "records": records})
+        print(
+            f"note: {len(short_runs)} requests stopped before {cfg.tokens} tokens "
+            "(the server may not honour ignore_eos)"
+        )
+    write_json(
+        output,
+        {
+            "tool": "bench decode",
+            "url": cfg.endpoint.url,
+            "model": cfg.model,
+            "tokens": cfg.tokens,
+            "records": records,
+        },
+    )
     if plot is not None:
         plot_one(decode_panel(records, plot), plot, f"bench decode: {cfg.model}")
     for r in failed:
@@ -80,6 +102,7 @@ def decode_command(cfg: BenchConfig, output: str | None, plot: PlotRequest | Non
 
 
 # -- concurrent --------------------------------------------------------------------------------
+
 
 @dataclass
 class References:
@@ -130,17 +153,22 @@ def _cells(streams: list[Stream], key: tuple, refs: References) -> list[dict]:
         alone, serial = refs.alone.get(key), refs.serial.get(key)
         cell = {"lane": lane, "sha": s.sha, "ok": s.ok}
         if alone is not None:
-            cell |= {"alone_sha": alone.sha,
-                     "alone_equal": s.ok and alone.ok and s.sha == alone.sha}
+            cell |= {
+                "alone_sha": alone.sha,
+                "alone_equal": s.ok and alone.ok and s.sha == alone.sha,
+            }
         if serial is not None:
-            cell |= {"serial_sha": serial.sha,
-                     "serial_equal": s.ok and serial.ok and s.sha == serial.sha}
+            cell |= {
+                "serial_sha": serial.sha,
+                "serial_equal": s.ok and serial.ok and s.sha == serial.sha,
+            }
         cells.append(cell)
     return cells
 
 
-def run_concurrent(cfg: BenchConfig, levels: tuple[int, ...], alone: bool,
-                   serial: bool) -> tuple[list[dict], References]:
+def run_concurrent(
+    cfg: BenchConfig, levels: tuple[int, ...], alone: bool, serial: bool
+) -> tuple[list[dict], References]:
     refs = _references(cfg, alone, serial)
     runs = []
     total = len(cfg.temperatures) * len(cfg.prompts) * len(levels) * cfg.reps
@@ -150,13 +178,21 @@ def run_concurrent(cfg: BenchConfig, levels: tuple[int, ...], alone: bool,
                 for level in levels:
                     for rep in range(cfg.reps):
                         seed = cfg.seed_for(temperature, rep)
-                        streams = run_together(cfg.endpoint, prompt.path,
-                                               cfg.body(prompt, temperature, seed), level)
-                        runs.append({
-                            "prompt": prompt.name, "temperature": temperature, "level": level,
-                            "rep": rep, "seed": seed, "aggregate_tok_s": aggregate(streams),
-                            "cells": _cells(streams, (prompt.name, temperature, seed), refs),
-                            "requests": [s.record() for s in streams]})
+                        streams = run_together(
+                            cfg.endpoint, prompt.path, cfg.body(prompt, temperature, seed), level
+                        )
+                        runs.append(
+                            {
+                                "prompt": prompt.name,
+                                "temperature": temperature,
+                                "level": level,
+                                "rep": rep,
+                                "seed": seed,
+                                "aggregate_tok_s": aggregate(streams),
+                                "cells": _cells(streams, (prompt.name, temperature, seed), refs),
+                                "requests": [s.record() for s in streams],
+                            }
+                        )
                         bar.update()
     return runs, refs
 
@@ -173,11 +209,29 @@ def concurrent_table(runs: list[dict]) -> str:
         group = [r for r in runs if (r["prompt"], r["temperature"], r["level"]) == key]
         rates = [r["aggregate_tok_s"] for r in group]
         cells = [c for r in group for c in r["cells"]]
-        rows.append([*key, ", ".join(f"{v:.2f}" if v else "-" for v in rates), median(rates),
-                     _equal(cells, "alone"), _equal(cells, "serial"),
-                     " ".join(sorted({short(c["sha"]) for c in cells}))])
-    return table(["prompt", "temperature", "level", "aggregate tok/s by rep", "median",
-                  "alone equal", "serial equal", "sha"], rows)
+        rows.append(
+            [
+                *key,
+                ", ".join(f"{v:.2f}" if v else "-" for v in rates),
+                median(rates),
+                _equal(cells, "alone"),
+                _equal(cells, "serial"),
+                " ".join(sorted({short(c["sha"]) for c in cells})),
+            ]
+        )
+    return table(
+        [
+            "prompt",
+            "temperature",
+            "level",
+            "aggregate tok/s by rep",
+            "median",
+            "alone equal",
+            "serial equal",
+            "sha",
+        ],
+        rows,
+    )
 
 
 def _equal(cells: list[dict], kind: str) -> str:
@@ -185,8 +239,14 @@ def _equal(cells: list[dict], kind: str) -> str:
     return f"{flags.count(True)}/{len(flags)}" if flags else "-"
 
 
-def concurrent_command(cfg: BenchConfig, levels: tuple[int, ...], alone: bool, serial: bool,
-                       output: str | None, plot: PlotRequest | None = None) -> int:
+def concurrent_command(
+    cfg: BenchConfig,
+    levels: tuple[int, ...],
+    alone: bool,
+    serial: bool,
+    output: str | None,
+    plot: PlotRequest | None = None,
+) -> int:
     runs, refs = run_concurrent(cfg, levels, alone, serial)
     print(concurrent_table(runs))
     failed_requests = sum(not c["ok"] for r in runs for c in r["cells"])
@@ -199,10 +259,19 @@ def concurrent_command(cfg: BenchConfig, levels: tuple[int, ...], alone: bool, s
             print(f"{kind}: {total} cells, {total - failed} equal, {failed} failed")
     if failed_requests:
         print(f"{failed_requests} requests failed")
-    write_json(output, {"tool": "bench concurrent", "url": cfg.endpoint.url, "model": cfg.model,
-                        "tokens": cfg.tokens, "levels": list(levels), "runs": runs,
-                        "alone": {str(k): v.record() for k, v in refs.alone.items()},
-                        "serial": {str(k): v.record() for k, v in refs.serial.items()}})
+    write_json(
+        output,
+        {
+            "tool": "bench concurrent",
+            "url": cfg.endpoint.url,
+            "model": cfg.model,
+            "tokens": cfg.tokens,
+            "levels": list(levels),
+            "runs": runs,
+            "alone": {str(k): v.record() for k, v in refs.alone.items()},
+            "serial": {str(k): v.record() for k, v in refs.serial.items()},
+        },
+    )
     if plot is not None:
         plot_one(concurrent_panel(runs, plot), plot, f"bench concurrent: {cfg.model}")
     return 1 if failures else 0

@@ -1,6 +1,7 @@
 """`check cancel`: a client that leaves (mid-decode, mid-prompt, beside another request) or a
 request past the window must leave nothing behind: after each, two probes give their
 reference hashes again."""
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,8 @@ class CancelConfig:
     model: str
     probe_tokens: int = 128
     long_prompt: int = 22000
-    drop_after: int = 8          # tokens a dropped stream reads before it leaves
-    window: int | None = None    # prompt + generation limit; default: /v1/models max_model_len
+    drop_after: int = 8  # tokens a dropped stream reads before it leaves
+    window: int | None = None  # prompt + generation limit; default: /v1/models max_model_len
     style: RequestStyle = RequestStyle()
     probes: tuple[Prompt, ...] = DECODE_PROMPTS
 
@@ -29,7 +30,7 @@ class CancelConfig:
 class Step:
     name: str
     problems: list[str] = field(default_factory=list)
-    probes: dict[str, str] = field(default_factory=dict)     # probe name -> sha after the step
+    probes: dict[str, str] = field(default_factory=dict)  # probe name -> sha after the step
     detail: str = ""
 
     @property
@@ -61,8 +62,10 @@ class CancelCheck:
             if not s.ok:
                 step.problems.append(f"probe {prompt.name}: HTTP {s.status} {s.error}")
             elif s.sha != self.reference[prompt.name]:
-                step.problems.append(f"probe {prompt.name}: {short(s.sha)}, reference "
-                                     f"{short(self.reference[prompt.name])}")
+                step.problems.append(
+                    f"probe {prompt.name}: {short(s.sha)}, reference "
+                    f"{short(self.reference[prompt.name])}"
+                )
         return step
 
     def references(self) -> Step:
@@ -76,8 +79,9 @@ class CancelCheck:
 
     def drop_mid_decode(self) -> Step:
         prompt = self.cfg.probes[0]
-        s = self.cfg.endpoint.stream(prompt.path, self._long_decode(prompt),
-                                     stop_after=self.cfg.drop_after)
+        s = self.cfg.endpoint.stream(
+            prompt.path, self._long_decode(prompt), stop_after=self.cfg.drop_after
+        )
         step = Step("stream dropped mid-decode", detail=f"left after {s.tokens} tokens")
         if not (s.status == 200 and s.dropped):
             step.problems.append(f"the stream ended before the drop: HTTP {s.status} {s.error}")
@@ -103,23 +107,28 @@ class CancelCheck:
             try:
                 return self.probe(probe, lambda _s: decoding.set())
             finally:
-                decoding.set()              # a probe that fails early must not hang the step
+                decoding.set()  # a probe that fails early must not hang the step
 
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(run_probe)
             decoding.wait()
-            dropped = self.cfg.endpoint.stream(other.path, self._long_decode(other),
-                                               stop_after=self.cfg.drop_after)
+            dropped = self.cfg.endpoint.stream(
+                other.path, self._long_decode(other), stop_after=self.cfg.drop_after
+            )
             beside = running.result()
         overlap = "yes" if beside.end > dropped.end else "no"
-        step = Step("stream dropped beside a running probe",
-                    detail=f"left after {dropped.tokens} tokens; probe still running at the drop: "
-                           f"{overlap}")
+        step = Step(
+            "stream dropped beside a running probe",
+            detail=f"left after {dropped.tokens} tokens; probe still running at the drop: "
+            f"{overlap}",
+        )
         if not (dropped.status == 200 and dropped.dropped):
             step.problems.append(f"the dropped stream ended first: HTTP {dropped.status}")
         if beside.sha != self.reference[probe.name]:
-            step.problems.append(f"the running probe gave {short(beside.sha)}, reference "
-                                 f"{short(self.reference[probe.name])}")
+            step.problems.append(
+                f"the running probe gave {short(beside.sha)}, reference "
+                f"{short(self.reference[probe.name])}"
+            )
         return self.check_probes(step)
 
     def past_window(self) -> Step:
@@ -130,8 +139,9 @@ class CancelCheck:
         ids = build_arrays(self.tokens, (self.window + 1,), 0)[: self.window + 1]
         body = {"model": self.cfg.model, "prompt": ids, "max_tokens": 16, "temperature": 0}
         reply = self.cfg.endpoint.post("/v1/completions", body)
-        step.detail = (f"{len(ids)} prompt tokens over a window of {self.window}: "
-                       f"HTTP {reply.status}")
+        step.detail = (
+            f"{len(ids)} prompt tokens over a window of {self.window}: HTTP {reply.status}"
+        )
         if not 400 <= reply.status < 500:
             step.problems.append(f"not refused: HTTP {reply.status}")
         return self.check_probes(step)
@@ -139,22 +149,50 @@ class CancelCheck:
     def run(self) -> list[Step]:
         steps = [self.references()]
         if steps[0].passed:
-            steps += [self.drop_mid_decode(), self.drop_mid_prompt(), self.drop_beside_probe(),
-                      self.past_window()]
+            steps += [
+                self.drop_mid_decode(),
+                self.drop_mid_prompt(),
+                self.drop_beside_probe(),
+                self.past_window(),
+            ]
         return steps
 
 
 def cancel_command(cfg: CancelConfig, tokens: Tokens, output: str | None) -> int:
     steps = CancelCheck(cfg, tokens).run()
     names = [p.name for p in cfg.probes]
-    rows = [[s.name, *(short(s.probes.get(n)) for n in names), "pass" if s.passed else "FAIL",
-             "; ".join(s.problems) or s.detail] for s in steps]
+    rows = [
+        [
+            s.name,
+            *(short(s.probes.get(n)) for n in names),
+            "pass" if s.passed else "FAIL",
+            "; ".join(s.problems) or s.detail,
+        ]
+        for s in steps
+    ]
     print(table(["step", *names, "result", "detail"], rows))
     failed = sum(not s.passed for s in steps)
-    write_json(output, {"tool": "check cancel", "url": cfg.endpoint.url, "model": cfg.model,
-                        "probe_tokens": cfg.probe_tokens,
-                        "steps": [{"name": s.name, "passed": s.passed, "problems": s.problems,
-                                   "probes": s.probes, "detail": s.detail} for s in steps]})
-    print(f"check cancel: {'PASS' if not failed else 'FAIL'} "
-          f"({len(steps) - failed}/{len(steps)} steps passed)")
+    write_json(
+        output,
+        {
+            "tool": "check cancel",
+            "url": cfg.endpoint.url,
+            "model": cfg.model,
+            "probe_tokens": cfg.probe_tokens,
+            "steps": [
+                {
+                    "name": s.name,
+                    "passed": s.passed,
+                    "problems": s.problems,
+                    "probes": s.probes,
+                    "detail": s.detail,
+                }
+                for s in steps
+            ],
+        },
+    )
+    print(
+        f"check cancel: {'PASS' if not failed else 'FAIL'} "
+        f"({len(steps) - failed}/{len(steps)} steps passed)"
+    )
     return 1 if failed else 0

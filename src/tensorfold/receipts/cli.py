@@ -2,6 +2,7 @@
 
 Exit codes: 0 every check passed, 1 a check failed, 2 the tool could not run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,16 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A server that cannot be reached or a tokenizer that is missing: exit 2 with one line."""
+
     def call(args: argparse.Namespace) -> int:
         import httpx
+
         try:
             return run(args)
         except (httpx.HTTPError, RuntimeError, ValueError, OSError) as exc:
             print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 2
+
     return call
 
 
@@ -36,32 +40,49 @@ def _server_args(p: argparse.ArgumentParser, model: bool = True) -> None:
     if model:
         p.add_argument("model", help="the model name the server answers to")
     else:
-        p.add_argument("--model", default=None,
-                       help="model name (default: the first in /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("TENSORFOLD_API_KEY")
-                   or os.environ.get("OPENAI_API_KEY"))
+        p.add_argument(
+            "--model", default=None, help="model name (default: the first in /v1/models)"
+        )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TENSORFOLD_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+    )
     p.add_argument("--output", default=None, help="write every record to this JSON file")
 
 
 def _style_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-token-ids", action="store_true",
-                   help="don't send return_token_ids (hashes then cover the text)")
+    p.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="don't send return_token_ids (hashes then cover the text)",
+    )
     p.add_argument("--no-ignore-eos", action="store_true", help="don't send ignore_eos")
 
 
 def _tokenizer_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", default=None,
-                   help="checkpoint folder whose tokenizer to use when the server has no /tokenize")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="checkpoint folder whose tokenizer to use when the server has no /tokenize",
+    )
 
 
 def _plot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the results as a chart")
     p.add_argument("--label", default="this server", help="our series' name in the chart")
-    p.add_argument("--peer", default=None, metavar="PEER.json",
-                   help="the same tool's --output from another server, drawn beside ours")
+    p.add_argument(
+        "--peer",
+        default=None,
+        metavar="PEER.json",
+        help="the same tool's --output from another server, drawn beside ours",
+    )
     p.add_argument("--peer-label", default="peer", help="the peer's name in the chart")
-    p.add_argument("--limit", type=float, default=None,
-                   help="the card's limit in tok/s (decode: per lane), drawn as a dashed line")
+    p.add_argument(
+        "--limit",
+        type=float,
+        default=None,
+        help="the card's limit in tok/s (decode: per lane), drawn as a dashed line",
+    )
 
 
 def _plot(args: argparse.Namespace, key: str):
@@ -69,26 +90,37 @@ def _plot(args: argparse.Namespace, key: str):
     if not args.plot:
         return None
     from .plot import PlotRequest, require_matplotlib
+
     require_matplotlib()
     return PlotRequest.of(args.plot, args.label, args.peer, args.peer_label, args.limit, key)
 
 
 def _endpoint(args: argparse.Namespace):
     from .client import Endpoint
+
     return Endpoint.of(args.url, args.api_key)
 
 
 def _style(args: argparse.Namespace):
     from .prompts import RequestStyle
+
     return RequestStyle(token_ids=not args.no_token_ids, ignore_eos=not args.no_ignore_eos)
 
 
 def _bench_config(args: argparse.Namespace):
     from .bench import BenchConfig
     from .prompts import DECODE_PROMPTS, pick
-    return BenchConfig(_endpoint(args), args.model, pick(DECODE_PROMPTS, args.prompts),
-                       args.tokens, args.reps, _floats(args.temperatures), args.seed,
-                       _style(args))
+
+    return BenchConfig(
+        _endpoint(args),
+        args.model,
+        pick(DECODE_PROMPTS, args.prompts),
+        args.tokens,
+        args.reps,
+        _floats(args.temperatures),
+        args.seed,
+        _style(args),
+    )
 
 
 def _bench_common(p: argparse.ArgumentParser) -> None:
@@ -104,39 +136,55 @@ def _bench_common(p: argparse.ArgumentParser) -> None:
 
 def _decode(args: argparse.Namespace) -> int:
     from .bench import decode_command
+
     return decode_command(_bench_config(args), args.output, _plot(args, "records"))
 
 
 def _concurrent(args: argparse.Namespace) -> int:
     from .bench import concurrent_command
-    return concurrent_command(_bench_config(args), _ints(args.levels), args.alone, args.serial,
-                              args.output, _plot(args, "runs"))
+
+    return concurrent_command(
+        _bench_config(args),
+        _ints(args.levels),
+        args.alone,
+        args.serial,
+        args.output,
+        _plot(args, "runs"),
+    )
 
 
 def _prefill(args: argparse.Namespace) -> int:
     from .client import Tokens
     from .prefill import PrefillConfig, prefill_command
+
     endpoint = _endpoint(args)
     model = args.model or endpoint.first_model()
     cfg = PrefillConfig(endpoint, model, _ints(args.sizes), args.rounds, args.warmup, args.as_text)
-    return prefill_command(cfg, Tokens(endpoint, model, args.tokenizer), args.output,
-                           _plot(args, "records"))
+    return prefill_command(
+        cfg, Tokens(endpoint, model, args.tokenizer), args.output, _plot(args, "records")
+    )
 
 
 def _bench_parsers(sub) -> None:
-    bench = sub.add_parser("bench",
-                           help="served speed receipts against any OpenAI-compatible server")
+    bench = sub.add_parser(
+        "bench", help="served speed receipts against any OpenAI-compatible server"
+    )
     tools = bench.add_subparsers(dest="bench_command", required=True)
     p = tools.add_parser("decode", help="per-request tok/s of a code and a chat prompt")
     _bench_common(p)
     p.set_defaults(func=_guarded(_decode))
-    p = tools.add_parser("concurrent", help="aggregate tok/s by level; token hashes alone, "
-                                            "concurrent and draft: false")
+    p = tools.add_parser(
+        "concurrent",
+        help="aggregate tok/s by level; token hashes alone, concurrent and draft: false",
+    )
     _bench_common(p)
     p.add_argument("--levels", default="1,4", help="concurrent requests, comma list")
     p.add_argument("--alone", action="store_true", help="compare every request with it alone")
-    p.add_argument("--serial", action="store_true",
-                   help='compare every request with it alone and "draft": false')
+    p.add_argument(
+        "--serial",
+        action="store_true",
+        help='compare every request with it alone and "draft": false',
+    )
     p.set_defaults(func=_guarded(_concurrent))
     p = tools.add_parser("prefill", help="cold prefill of exact token arrays, wall-clock medians")
     _server_args(p, model=False)
@@ -144,8 +192,11 @@ def _bench_parsers(sub) -> None:
     p.add_argument("--sizes", default="2048,8192,32768,65536")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2048, help="tokens of the one warm-up request")
-    p.add_argument("--as-text", action="store_true",
-                   help="send the arrays decoded as text (for servers that take no token ids)")
+    p.add_argument(
+        "--as-text",
+        action="store_true",
+        help="send the arrays decoded as text (for servers that take no token ids)",
+    )
     _plot_args(p)
     p.set_defaults(func=_guarded(_prefill))
 
@@ -153,14 +204,23 @@ def _bench_parsers(sub) -> None:
 def _cancel(args: argparse.Namespace) -> int:
     from .cancel import CancelConfig, cancel_command
     from .client import Tokens
+
     endpoint = _endpoint(args)
-    cfg = CancelConfig(endpoint, args.model, args.probe_tokens, args.long_prompt,
-                       args.drop_after, args.window, _style(args))
+    cfg = CancelConfig(
+        endpoint,
+        args.model,
+        args.probe_tokens,
+        args.long_prompt,
+        args.drop_after,
+        args.window,
+        _style(args),
+    )
     return cancel_command(cfg, Tokens(endpoint, args.model, args.tokenizer), args.output)
 
 
 def _known(args: argparse.Namespace) -> int:
     from .known_answers import MODES, KnownConfig, known_command
+
     cfg = KnownConfig(_endpoint(args), args.model, MODES[args.thinking], args.max_tokens)
     return known_command(cfg, args.output)
 
@@ -168,35 +228,62 @@ def _known(args: argparse.Namespace) -> int:
 def _fidelity(args: argparse.Namespace) -> int:
     from ..util import resolve_device, resolve_dtype
     from .fidelity import FidelityConfig, fidelity_command
+
     device = resolve_device(args.device)
-    cfg = FidelityConfig(Path(args.checkpoint), Path(args.history),
-                         resolve_dtype(args.dtype, device), device, args.float64,
-                         resolve_device(args.arbiter_device))
+    cfg = FidelityConfig(
+        Path(args.checkpoint),
+        Path(args.history),
+        resolve_dtype(args.dtype, device),
+        device,
+        args.float64,
+        resolve_device(args.arbiter_device),
+    )
     return fidelity_command(cfg, args.output)
 
 
 def _precision(args: argparse.Namespace) -> int:
     from ..util import resolve_device, resolve_dtype
     from .attention_precision import PrecisionConfig, precision_command
+
     device = resolve_device(args.device)
-    cfg = PrecisionConfig(args.heads, args.kv_heads, args.head_dim, args.length,
-                          _ints(args.rows), args.samples, _floats(args.queries), args.prompt,
-                          device, resolve_dtype(args.dtype, device), args.seed, args.max_err)
+    cfg = PrecisionConfig(
+        args.heads,
+        args.kv_heads,
+        args.head_dim,
+        args.length,
+        _ints(args.rows),
+        args.samples,
+        _floats(args.queries),
+        args.prompt,
+        device,
+        resolve_dtype(args.dtype, device),
+        args.seed,
+        args.max_err,
+    )
     return precision_command(cfg, args.output)
 
 
 def _served_checks(tools) -> None:
-    p = tools.add_parser("cancel", help="dropped streams and a refused request leave the probes "
-                                        "unchanged")
+    p = tools.add_parser(
+        "cancel", help="dropped streams and a refused request leave the probes unchanged"
+    )
     _server_args(p)
     _style_args(p)
     _tokenizer_arg(p)
     p.add_argument("--probe-tokens", type=int, default=128)
-    p.add_argument("--long-prompt", type=int, default=22000,
-                   help="tokens of the prompt dropped mid-prompt (capped below the window)")
+    p.add_argument(
+        "--long-prompt",
+        type=int,
+        default=22000,
+        help="tokens of the prompt dropped mid-prompt (capped below the window)",
+    )
     p.add_argument("--drop-after", type=int, default=8, help="tokens read before a drop")
-    p.add_argument("--window", type=int, default=None,
-                   help="context limit (default: max_model_len from /v1/models)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="context limit (default: max_model_len from /v1/models)",
+    )
     p.set_defaults(func=_guarded(_cancel))
     p = tools.add_parser("known-answers", help="the demo model's fixed prompts and answers")
     _server_args(p)
@@ -219,15 +306,20 @@ def _offline_checks(tools) -> None:
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--kv-heads", type=int, required=True)
     p.add_argument("--head-dim", type=int, default=256)
-    p.add_argument("--prompt", action="store_true",
-                   help="16-row prompt tiles instead of decode rows")
+    p.add_argument(
+        "--prompt", action="store_true", help="16-row prompt tiles instead of decode rows"
+    )
     p.add_argument("--length", type=int, default=16384, help="positions in the cache")
     p.add_argument("--rows", default="8192", help="row-range boundaries, comma list")
     p.add_argument("--samples", type=int, default=64, help="query rows measured per range")
     p.add_argument("--queries", default="1,4", help="query value ranges [-r, r), comma list")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="what the kernel is given (auto: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="what the kernel is given (auto: bfloat16 on cuda, float32 on cpu)",
+    )
     p.add_argument("--max-err", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default=None)

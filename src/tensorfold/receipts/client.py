@@ -1,5 +1,6 @@
 """A small client for any OpenAI-compatible server: streams with the arrival time of every
 token-bearing chunk, plain JSON posts, the model list and tokenization."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,16 +20,16 @@ class Stream:
     """One streamed request as the client saw it."""
 
     status: int
-    start: float                                        # perf_counter when the request was sent
+    start: float  # perf_counter when the request was sent
     end: float = 0.0
     token_ids: list[int] = field(default_factory=list)  # empty when the server sends no ids
     text: str = ""
-    times: list[float] = field(default_factory=list)    # arrival of each token-bearing chunk
-    counts: list[int] = field(default_factory=list)     # tokens in that chunk
+    times: list[float] = field(default_factory=list)  # arrival of each token-bearing chunk
+    counts: list[int] = field(default_factory=list)  # tokens in that chunk
     usage: dict | None = None
     finish_reason: str | None = None
     error: str | None = None
-    dropped: bool = False                               # the client closed it on purpose
+    dropped: bool = False  # the client closed it on purpose
 
     @property
     def ok(self) -> bool:
@@ -63,10 +64,19 @@ class Stream:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def record(self) -> dict:
-        return {"status": self.status, "error": self.error, "tokens": self.tokens,
-                "ttft_s": self.ttft, "tok_s": self.tok_s, "sha": self.sha,
-                "hash_of": self.hash_kind, "finish_reason": self.finish_reason,
-                "dropped": self.dropped, "usage": self.usage, "token_ids": self.token_ids}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "tokens": self.tokens,
+            "ttft_s": self.ttft,
+            "tok_s": self.tok_s,
+            "sha": self.sha,
+            "hash_of": self.hash_kind,
+            "finish_reason": self.finish_reason,
+            "dropped": self.dropped,
+            "usage": self.usage,
+            "token_ids": self.token_ids,
+        }
 
 
 @dataclass(frozen=True)
@@ -118,11 +128,17 @@ class Endpoint:
         with self._client() as http:
             start = time.perf_counter()
             r = http.get(path)
-            return Reply(r.status_code, r.json() if r.status_code == 200 else {},
-                         time.perf_counter() - start)
+            return Reply(
+                r.status_code, r.json() if r.status_code == 200 else {}, time.perf_counter() - start
+            )
 
-    def stream(self, path: str, body: dict, stop_after: int | None = None,
-               on_token: Callable[[Stream], None] | None = None) -> Stream:
+    def stream(
+        self,
+        path: str,
+        body: dict,
+        stop_after: int | None = None,
+        on_token: Callable[[Stream], None] | None = None,
+    ) -> Stream:
         """POSTs with stream: true and reads the SSE events to [DONE]. With stop_after = k it
         closes the connection once k tokens arrived (k = 0: as soon as the headers came)."""
         body = {**body, "stream": True}
@@ -139,10 +155,15 @@ class Endpoint:
             s.end = time.perf_counter()
         return s
 
-    def _read_events(self, r: httpx.Response, s: Stream, stop_after: int | None,
-                     on_token: Callable[[Stream], None] | None) -> None:
+    def _read_events(
+        self,
+        r: httpx.Response,
+        s: Stream,
+        stop_after: int | None,
+        on_token: Callable[[Stream], None] | None,
+    ) -> None:
         for line in r.iter_lines():
-            now = time.perf_counter()         # the arrival, before any parsing
+            now = time.perf_counter()  # the arrival, before any parsing
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -196,6 +217,7 @@ class Tokens:
         self.local = None
         if tokenizer is not None:
             from ..tokenizer import Tokenizer
+
             self.local = Tokenizer(tokenizer)
 
     @property
@@ -206,8 +228,16 @@ class Tokens:
         if self.local is not None:
             return self.local.encode(text)
         # vLLM and TensorFold read `prompt`, llama.cpp `content`; none adds special tokens here.
-        r = self.endpoint.post("/tokenize", {"model": self.model, "prompt": text, "content": text,
-                                             "add_special_tokens": False, "add_special": False})
+        r = self.endpoint.post(
+            "/tokenize",
+            {
+                "model": self.model,
+                "prompt": text,
+                "content": text,
+                "add_special_tokens": False,
+                "add_special": False,
+            },
+        )
         if r.status != 200 or "tokens" not in r.body:
             raise RuntimeError(f"POST /tokenize answered {r.status}; pass --tokenizer PATH")
         return [int(t) for t in r.body["tokens"]]

@@ -8,6 +8,7 @@ ties': both engines' top two are the same two tokens, both margins within one bf
 with --float64 our float64 replay may settle the rest: it ranks our token first, or it has the
 same two contenders with a margin that our measured rounding (at that position) can flip.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ import torch
 
 from .report import table, write_json
 
-TIE, F64_OURS, F64_ROUNDING, UNEXPLAINED = ("tie", "float64 sides with us",
-                                            "within our rounding", "UNEXPLAINED")
+TIE, F64_OURS, F64_ROUNDING, UNEXPLAINED = (
+    "tie",
+    "float64 sides with us",
+    "within our rounding",
+    "UNEXPLAINED",
+)
 
 
 def bf16_spacing(x: float) -> float:
@@ -46,13 +51,18 @@ class Top2:
     @staticmethod
     def of(row: torch.Tensor) -> Top2:
         top = torch.topk(row, 2)
-        return Top2(int(top.indices[0]), int(top.indices[1]), float(top.values[0]),
-                    float(top.values[1]))
+        return Top2(
+            int(top.indices[0]), int(top.indices[1]), float(top.values[0]), float(top.values[1])
+        )
 
     @staticmethod
     def of_step(step: dict) -> Top2:
-        return Top2(int(step["top1"]), int(step["top2"]), float(step["top1_logit"]),
-                    float(step["top2_logit"]))
+        return Top2(
+            int(step["top1"]),
+            int(step["top2"]),
+            float(step["top1_logit"]),
+            float(step["top2_logit"]),
+        )
 
 
 def near_tie(ref: Top2, ours: Top2) -> bool:
@@ -72,8 +82,12 @@ def arbitrate(ours: Top2, ours_row: torch.Tensor, exact_row: torch.Tensor) -> tu
     pair = [ours.first, ours.second]
     others = err.clone()
     others[pair] = 0.0
-    info = {"float64": [f64.first, f64.second], "float64_margin": f64.margin,
-            "our_rounding": float(others.max()), "contenders_error": float(err[pair].sum())}
+    info = {
+        "float64": [f64.first, f64.second],
+        "float64_margin": f64.margin,
+        "our_rounding": float(others.max()),
+        "contenders_error": float(err[pair].sum()),
+    }
     if f64.first == ours.first:
         return F64_OURS, info
     if {f64.first, f64.second} == set(pair) and f64.margin <= 2 * info["our_rounding"]:
@@ -86,11 +100,12 @@ class Teacher:
 
     def __init__(self, checkpoint: Path, dtype: torch.dtype, device: torch.device) -> None:
         self.checkpoint, self.dtype, self.device = checkpoint, dtype, device
-        self._model = None                      # loaded on first use: the arbiter may not be
+        self._model = None  # loaded on first use: the arbiter may not be
 
     def model(self):
         if self._model is None:
             from ..models.loader import load_model
+
             self._model = load_model(self.checkpoint, dtype=self.dtype, device=self.device)
         return self._model
 
@@ -100,13 +115,13 @@ class Teacher:
         from ..engine.request import SamplingParams, Watch
 
         forced = prompt_ids + [int(s["token"]) for s in steps][:-1]
-        engine = Engine(self.model(), None,
-                        EngineConfig(parallel=1, context=len(forced) + 8, chunk=128))
+        engine = Engine(
+            self.model(), None, EngineConfig(parallel=1, context=len(forced) + 8, chunk=128)
+        )
         watch = Watch(keep_logits=True)
         engine.add_request(forced, SamplingParams(max_tokens=1, temperature=0.0), watch=watch)
         engine.run_until_done()
-        return torch.stack([watch.logits[int(s["pos"]) - 1].float().cpu()
-                            for s in steps])
+        return torch.stack([watch.logits[int(s["pos"]) - 1].float().cpu() for s in steps])
 
 
 def judge_prompt(entry: dict, ours: torch.Tensor) -> list[dict]:
@@ -117,9 +132,17 @@ def judge_prompt(entry: dict, ours: torch.Tensor) -> list[dict]:
         if mine.first == ref.first:
             continue
         tie = near_tie(ref, mine)
-        diffs.append({"prompt": entry["name"], "step": i, "pos": int(step["pos"]),
-                      "reference": ref.__dict__, "ours": mine.__dict__, "tie": tie,
-                      "verdict": TIE if tie else UNEXPLAINED})
+        diffs.append(
+            {
+                "prompt": entry["name"],
+                "step": i,
+                "pos": int(step["pos"]),
+                "reference": ref.__dict__,
+                "ours": mine.__dict__,
+                "tie": tie,
+                "verdict": TIE if tie else UNEXPLAINED,
+            }
+        )
     return diffs
 
 
@@ -151,12 +174,19 @@ def run_fidelity(cfg: FidelityConfig) -> dict:
         diffs = judge_prompt(entry, logits)
         if cfg.float64 and any(not d["tie"] for d in diffs):
             apply_arbiter(diffs, logits, exact.logits(entry["prompt_ids"], entry["steps"]).double())
-        prompts.append({"name": entry["name"], "positions": len(entry["steps"]),
-                        "differences": diffs})
-    return {"tool": "check fidelity", "checkpoint": str(cfg.checkpoint),
-            "history": str(cfg.history), "reference": history.get("backend"),
-            "reference_dtype": history.get("dtype"), "dtype": str(cfg.dtype),
-            "float64": cfg.float64, "prompts": prompts}
+        prompts.append(
+            {"name": entry["name"], "positions": len(entry["steps"]), "differences": diffs}
+        )
+    return {
+        "tool": "check fidelity",
+        "checkpoint": str(cfg.checkpoint),
+        "history": str(cfg.history),
+        "reference": history.get("backend"),
+        "reference_dtype": history.get("dtype"),
+        "dtype": str(cfg.dtype),
+        "float64": cfg.float64,
+        "prompts": prompts,
+    }
 
 
 def summary_table(result: dict) -> str:
@@ -165,15 +195,37 @@ def summary_table(result: dict) -> str:
         diffs = p["differences"]
         beyond = sum(not d["tie"] for d in diffs)
         bad = sum(d["verdict"] == UNEXPLAINED for d in diffs)
-        rows.append([p["name"], p["positions"], p["positions"] - len(diffs), len(diffs), beyond,
-                     bad, "pass" if not bad else "FAIL"])
-    return table(["prompt", "positions", "top-1 equal", "differences", "beyond tie policy",
-                  "unexplained", "judge"], rows)
+        rows.append(
+            [
+                p["name"],
+                p["positions"],
+                p["positions"] - len(diffs),
+                len(diffs),
+                beyond,
+                bad,
+                "pass" if not bad else "FAIL",
+            ]
+        )
+    return table(
+        [
+            "prompt",
+            "positions",
+            "top-1 equal",
+            "differences",
+            "beyond tie policy",
+            "unexplained",
+            "judge",
+        ],
+        rows,
+    )
 
 
 def _pair(t: dict) -> tuple[str, str, str]:
-    return (f"{t['first']}, {t['second']}", f"{t['first_logit']:.6g} / {t['second_logit']:.6g}",
-            f"{t['first_logit'] - t['second_logit']:.6g}")
+    return (
+        f"{t['first']}, {t['second']}",
+        f"{t['first_logit']:.6g} / {t['second_logit']:.6g}",
+        f"{t['first_logit'] - t['second_logit']:.6g}",
+    )
 
 
 def differences_table(result: dict) -> str:
@@ -181,12 +233,39 @@ def differences_table(result: dict) -> str:
     for p in result["prompts"]:
         for d in p["differences"]:
             arb = d.get("arbiter", {})
-            f64 = (f"{arb['float64'][0]}, {arb['float64'][1]} ({arb['float64_margin']:.3g}; "
-                   f"ours ±{arb['our_rounding']:.3g})") if arb else "-"
-            rows.append([d["prompt"], d["pos"], *_pair(d["reference"]), *_pair(d["ours"]), f64,
-                         d["verdict"]])
-    return table(["prompt", "pos", "reference top 2", "logits", "margin", "our top 2", "logits",
-                  "margin", "float64 top 2 (margin)", "verdict"], rows)
+            f64 = (
+                (
+                    f"{arb['float64'][0]}, {arb['float64'][1]} ({arb['float64_margin']:.3g}; "
+                    f"ours ±{arb['our_rounding']:.3g})"
+                )
+                if arb
+                else "-"
+            )
+            rows.append(
+                [
+                    d["prompt"],
+                    d["pos"],
+                    *_pair(d["reference"]),
+                    *_pair(d["ours"]),
+                    f64,
+                    d["verdict"],
+                ]
+            )
+    return table(
+        [
+            "prompt",
+            "pos",
+            "reference top 2",
+            "logits",
+            "margin",
+            "our top 2",
+            "logits",
+            "margin",
+            "float64 top 2 (margin)",
+            "verdict",
+        ],
+        rows,
+    )
 
 
 def fidelity_command(cfg: FidelityConfig, output: str | None) -> int:
@@ -198,6 +277,8 @@ def fidelity_command(cfg: FidelityConfig, output: str | None) -> int:
     write_json(output, result)
     bad = sum(d["verdict"] == UNEXPLAINED for p in result["prompts"] for d in p["differences"])
     total = sum(p["positions"] for p in result["prompts"])
-    print(f"check fidelity: {'PASS' if not bad else 'FAIL'} ({total} positions, "
-          f"{bad} differences unexplained)")
+    print(
+        f"check fidelity: {'PASS' if not bad else 'FAIL'} ({total} positions, "
+        f"{bad} differences unexplained)"
+    )
     return 1 if bad else 0

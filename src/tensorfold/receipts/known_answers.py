@@ -1,5 +1,6 @@
 """`check known-answers`: the demo model's fixed prompts over HTTP, greedy, each reply compared
 with its one right answer (thinking off, on, or both)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,14 +26,22 @@ def final_answer(text: str) -> str:
 
 
 def ask(cfg: KnownConfig, prompt: str, thinking: bool) -> dict:
-    body = {"model": cfg.model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": cfg.max_tokens, "temperature": 0,
-            "chat_template_kwargs": {"enable_thinking": thinking}}
+    body = {
+        "model": cfg.model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": cfg.max_tokens,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": thinking},
+    }
     reply = cfg.endpoint.post("/v1/chat/completions", body)
     choices = reply.body.get("choices") or [{}]
     text = (choices[0].get("message") or {}).get("content") or ""
-    return {"status": reply.status, "text": text, "reply": final_answer(text),
-            "finish_reason": choices[0].get("finish_reason")}
+    return {
+        "status": reply.status,
+        "text": text,
+        "reply": final_answer(text),
+        "finish_reason": choices[0].get("finish_reason"),
+    }
 
 
 def run_known(cfg: KnownConfig) -> list[dict]:
@@ -42,8 +51,15 @@ def run_known(cfg: KnownConfig) -> list[dict]:
     for thinking in cfg.thinking:
         for task in KNOWN_ANSWERS:
             got = ask(cfg, task.prompt, thinking)
-            records.append({"prompt": task.prompt, "answer": task.answer, "thinking": thinking,
-                            **got, "correct": got["status"] == 200 and got["reply"] == task.answer})
+            records.append(
+                {
+                    "prompt": task.prompt,
+                    "answer": task.answer,
+                    "thinking": thinking,
+                    **got,
+                    "correct": got["status"] == 200 and got["reply"] == task.answer,
+                }
+            )
     return records
 
 
@@ -54,10 +70,24 @@ def _clip(text: str, n: int = 40) -> str:
 
 def known_command(cfg: KnownConfig, output: str | None) -> int:
     records = run_known(cfg)
-    rows = [[_clip(r["prompt"], 48), "on" if r["thinking"] else "off", r["answer"],
-             _clip(r["reply"]) if r["status"] == 200 else f"HTTP {r['status']}",
-             "ok" if r["correct"] else "WRONG"] for r in records]
+    rows = [
+        [
+            _clip(r["prompt"], 48),
+            "on" if r["thinking"] else "off",
+            r["answer"],
+            _clip(r["reply"]) if r["status"] == 200 else f"HTTP {r['status']}",
+            "ok" if r["correct"] else "WRONG",
+        ]
+        for r in records
+    ]
     print(table(["prompt", "thinking", "answer", "reply", "result"], rows))
-    write_json(output, {"tool": "check known-answers", "url": cfg.endpoint.url,
-                        "model": cfg.model, "records": records})
+    write_json(
+        output,
+        {
+            "tool": "check known-answers",
+            "url": cfg.endpoint.url,
+            "model": cfg.model,
+            "records": records,
+        },
+    )
     return verdict("check known-answers", sum(not r["correct"] for r in records), len(records))

@@ -5,6 +5,7 @@ matplotlib is imported only when a chart is drawn, through its object API (no py
 the Agg canvas. `draw` returns what each panel drew, read back from its axes, so tests check the
 data and the axes, not pixels.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ PALETTE = ("#2f6fdf", "#1a9c6b", "#9b59b6", "#c0392b", "#e07b39", "#7f8c8d")
 @dataclass(frozen=True)
 class Series:
     label: str
-    x: tuple[float, ...]             # numbers, or category positions 0, 1, ... for bars
+    x: tuple[float, ...]  # numbers, or category positions 0, 1, ... for bars
     y: tuple[float, ...]
     color: str | None = None
 
@@ -33,7 +34,7 @@ class Panel:
     ylabel: str
     series: tuple[Series, ...]
     limits: tuple[Series, ...] = ()  # the card's limits, drawn dashed (markers over bars)
-    bars: bool = False               # x are category positions named by `categories`
+    bars: bool = False  # x are category positions named by `categories`
     categories: tuple[str, ...] = ()
     log_x: bool = False
     log_y: bool = False
@@ -58,13 +59,14 @@ class PlotRequest:
 
     path: Path
     label: str = "this server"
-    peer: dict | None = None        # the peer's `--output` JSON from the same tool
+    peer: dict | None = None  # the peer's `--output` JSON from the same tool
     peer_label: str = "peer"
-    limit: float | None = None      # tok/s; per lane for decode (the line is limit x lanes)
+    limit: float | None = None  # tok/s; per lane for decode (the line is limit x lanes)
 
     @staticmethod
-    def of(path: str, label: str, peer: str | None, peer_label: str, limit: float | None,
-           key: str) -> PlotRequest:
+    def of(
+        path: str, label: str, peer: str | None, peer_label: str, limit: float | None, key: str
+    ) -> PlotRequest:
         """`key`: the field the tool's --output holds its results in ("records" or "runs")."""
         data = json.loads(Path(peer).read_text()) if peer else None
         if data is not None and not isinstance(data.get(key), list):
@@ -101,8 +103,11 @@ def _panel(ax, p: Panel) -> Drawn:
         for i, s in enumerate(p.series):
             ax.plot(s.x, s.y, marker="o", label=s.label, color=s.color or PALETTE[i % 6])
     for s in p.limits:
-        style = {"linestyle": "none", "marker": "_", "markersize": 26} if p.bars else \
-                {"linestyle": "--", "linewidth": 1.2}
+        style = (
+            {"linestyle": "none", "marker": "_", "markersize": 26}
+            if p.bars
+            else {"linestyle": "--", "linewidth": 1.2}
+        )
         ax.plot(s.x, s.y, label=s.label, color=s.color or LIMIT, alpha=0.8, **style)
     _axes(ax, p)
     return _read_back(ax, p)
@@ -136,16 +141,25 @@ def _axes(ax, p: Panel) -> None:
 
 
 def _read_back(ax, p: Panel) -> Drawn:
-    series = {line.get_label(): (tuple(map(float, line.get_xdata())),
-                                 tuple(map(float, line.get_ydata()))) for line in ax.get_lines()}
+    series = {
+        line.get_label(): (tuple(map(float, line.get_xdata())), tuple(map(float, line.get_ydata())))
+        for line in ax.get_lines()
+    }
     for container in ax.containers:
         patches = list(container)
         series[container.get_label()] = (
             tuple(round(b.get_x() + b.get_width() / 2, 6) for b in patches),
-            tuple(float(b.get_height()) for b in patches))
-    return Drawn(p.title, ax.get_xlabel(), ax.get_ylabel(), tuple(ax.get_xlim()),
-                 tuple(ax.get_ylim()), series,
-                 tuple(t.get_text() for t in ax.get_xticklabels()))
+            tuple(float(b.get_height()) for b in patches),
+        )
+    return Drawn(
+        p.title,
+        ax.get_xlabel(),
+        ax.get_ylabel(),
+        tuple(ax.get_xlim()),
+        tuple(ax.get_ylim()),
+        series,
+        tuple(t.get_text() for t in ax.get_xticklabels()),
+    )
 
 
 def _short(v: float) -> str:
@@ -155,6 +169,7 @@ def _short(v: float) -> str:
 
 
 # -- the served benches ------------------------------------------------------------------------
+
 
 def _decode_medians(records: list[dict]) -> dict[str, float]:
     temps = {r["temperature"] for r in records}
@@ -173,12 +188,28 @@ def decode_panel(records: list[dict], req: PlotRequest) -> Panel:
     theirs = _decode_medians(req.peer["records"]) if req.peer else {}
     series = [Series(req.label, tuple(range(len(names))), tuple(ours[n] for n in names), OURS)]
     if req.peer:
-        series.append(Series(req.peer_label, tuple(range(len(names))),
-                             tuple(theirs.get(n, math.nan) for n in names), PEER))
-    limits = (Series("card limit", tuple(range(len(names))), (req.limit,) * len(names)),) \
-        if req.limit else ()
-    return Panel("decode, one request at a time", "prompt", "tok/s (median)", tuple(series),
-                 limits, bars=True, categories=tuple(names))
+        series.append(
+            Series(
+                req.peer_label,
+                tuple(range(len(names))),
+                tuple(theirs.get(n, math.nan) for n in names),
+                PEER,
+            )
+        )
+    limits = (
+        (Series("card limit", tuple(range(len(names))), (req.limit,) * len(names)),)
+        if req.limit
+        else ()
+    )
+    return Panel(
+        "decode, one request at a time",
+        "prompt",
+        "tok/s (median)",
+        tuple(series),
+        limits,
+        bars=True,
+        categories=tuple(names),
+    )
 
 
 def _run_name(run: dict) -> str:
@@ -189,24 +220,38 @@ def _concurrent_medians(runs: list[dict]) -> dict[str, dict[int, float]]:
     groups: dict[str, dict[int, list]] = {}
     for r in runs:
         groups.setdefault(_run_name(r), {}).setdefault(r["level"], []).append(r["aggregate_tok_s"])
-    return {name: {level: median(rates) or 0.0 for level, rates in by.items()}
-            for name, by in groups.items()}
+    return {
+        name: {level: median(rates) or 0.0 for level, rates in by.items()}
+        for name, by in groups.items()
+    }
 
 
 def concurrent_panel(runs: list[dict], req: PlotRequest) -> Panel:
     """Aggregate decode tok/s against concurrent requests (lanes), per prompt; the peer's dashed."""
-    series = [Series(f"{req.label}: {name}", tuple(by), tuple(by.values()))
-              for name, by in _concurrent_medians(runs).items()]
+    series = [
+        Series(f"{req.label}: {name}", tuple(by), tuple(by.values()))
+        for name, by in _concurrent_medians(runs).items()
+    ]
     if req.peer:
-        series += [Series(f"{req.peer_label}: {name}", tuple(by), tuple(by.values()))
-                   for name, by in _concurrent_medians(req.peer["runs"]).items()]
+        series += [
+            Series(f"{req.peer_label}: {name}", tuple(by), tuple(by.values()))
+            for name, by in _concurrent_medians(req.peer["runs"]).items()
+        ]
     levels = sorted({r["level"] for r in runs})
     limits = ()
     if req.limit:
-        limits = (Series("card limit (x lanes)", tuple(levels),
-                         tuple(req.limit * n for n in levels)),)
-    return Panel("decode against lanes", "concurrent requests", "aggregate tok/s (median)",
-                 tuple(series), limits, log_x=True, log_y=bool(req.limit))
+        limits = (
+            Series("card limit (x lanes)", tuple(levels), tuple(req.limit * n for n in levels)),
+        )
+    return Panel(
+        "decode against lanes",
+        "concurrent requests",
+        "aggregate tok/s (median)",
+        tuple(series),
+        limits,
+        log_x=True,
+        log_y=bool(req.limit),
+    )
 
 
 def _prefill_medians(result: dict) -> dict[int, float]:
@@ -226,8 +271,15 @@ def prefill_panel(result: dict, req: PlotRequest) -> Panel:
         series.append(Series(req.peer_label, tuple(theirs), tuple(theirs.values()), PEER))
     limits = (Series("card limit", tuple(ours), (req.limit,) * len(ours)),) if req.limit else ()
     peer_far = req.peer is not None and min(series[-1].y or (1,)) * 20 < max(ours.values())
-    return Panel("prompt processing against length", "prompt tokens", "tok/s (median)",
-                 tuple(series), limits, log_x=True, log_y=peer_far)
+    return Panel(
+        "prompt processing against length",
+        "prompt tokens",
+        "tok/s (median)",
+        tuple(series),
+        limits,
+        log_x=True,
+        log_y=peer_far,
+    )
 
 
 def plot_one(panel: Panel, req: PlotRequest, title: str) -> Drawn:

@@ -7,6 +7,7 @@ on: the receipt measures cold prompts against it as configured). Between two mea
 request whose first token differs from the arrays' runs too, for servers that keep only the last
 prompt. Every record must show cached_tokens 0 and prompt_tokens N.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class PrefillConfig:
     sizes: tuple[int, ...]
     rounds: int = 3
     warmup: int = 2048
-    as_text: bool = False        # send the arrays decoded as text (servers that take no ids)
+    as_text: bool = False  # send the arrays decoded as text (servers that take no ids)
 
 
 def build_arrays(tokens: Tokens, sizes: tuple[int, ...], offsets: int) -> list[int]:
@@ -35,8 +36,10 @@ def build_arrays(tokens: Tokens, sizes: tuple[int, ...], offsets: int) -> list[i
     call. Offsets must stay below the paragraph's length in tokens, or two would coincide."""
     per = max(1, len(tokens.encode(PARAGRAPH)))
     if offsets >= per:
-        raise ValueError(f"{offsets} measurements need distinct starts, but the paragraph is "
-                         f"{per} tokens long: use fewer rounds or sizes")
+        raise ValueError(
+            f"{offsets} measurements need distinct starts, but the paragraph is "
+            f"{per} tokens long: use fewer rounds or sizes"
+        )
     ids = tokens.encode(PARAGRAPH * ((max(sizes) + offsets) // per + 2))
     if len(ids) < max(sizes) + offsets:
         raise RuntimeError(f"the tokenizer gave {len(ids)} ids, fewer than {max(sizes) + offsets}")
@@ -51,8 +54,13 @@ def short_prompt(ids: list[int], i: int) -> list[int]:
 
 
 def _body(cfg: PrefillConfig, prompt: list[int] | str) -> dict:
-    return {"model": cfg.model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
-            "ignore_eos": True}
+    return {
+        "model": cfg.model,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 def check_record(reply: Reply, size: int) -> dict:
@@ -67,23 +75,30 @@ def check_record(reply: Reply, size: int) -> dict:
         problems.append(f"prompt_tokens {prompt_tokens}, not {size}")
     if cached not in (0, None):
         problems.append(f"cached_tokens {cached}, not 0")
-    return {"size": size, "seconds": reply.seconds, "tok_s": size / reply.seconds,
-            "status": reply.status, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
-            "problems": problems}
+    return {
+        "size": size,
+        "seconds": reply.seconds,
+        "tok_s": size / reply.seconds,
+        "status": reply.status,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached,
+        "problems": problems,
+    }
 
 
 class PrefillRun:
     def __init__(self, cfg: PrefillConfig, tokens: Tokens) -> None:
         self.cfg, self.tokens = cfg, tokens
         self.ids = build_arrays(tokens, cfg.sizes, 1 + cfg.rounds * len(cfg.sizes))
-        self.measured = 0          # the next measurement's offset
+        self.measured = 0  # the next measurement's offset
 
     def measure(self, size: int) -> dict:
         offset = self.measured
-        ids = self.ids[offset:offset + size]
+        ids = self.ids[offset : offset + size]
         prompt = self.tokens.decode(ids) if self.cfg.as_text else ids
-        record = check_record(self.cfg.endpoint.post("/v1/completions", _body(self.cfg, prompt)),
-                              size)
+        record = check_record(
+            self.cfg.endpoint.post("/v1/completions", _body(self.cfg, prompt)), size
+        )
         self.cfg.endpoint.post("/v1/completions", _body(self.cfg, short_prompt(self.ids, offset)))
         self.measured += 1
         return {**record, "offset": offset, "sha": token_sha(ids)}
@@ -97,9 +112,16 @@ class PrefillRun:
                     records.append({"round": r, **self.measure(n)})
                     bar.update()
         # a record's array is ids[offset:offset + size]; its sha is token_sha of that
-        return {"tool": "bench prefill", "url": self.cfg.endpoint.url, "model": self.cfg.model,
-                "tokenizer": self.tokens.source, "as_text": self.cfg.as_text, "warmup": warm,
-                "records": records, "ids": self.ids}
+        return {
+            "tool": "bench prefill",
+            "url": self.cfg.endpoint.url,
+            "model": self.cfg.model,
+            "tokenizer": self.tokens.source,
+            "as_text": self.cfg.as_text,
+            "warmup": warm,
+            "records": records,
+            "ids": self.ids,
+        }
 
 
 def prefill_table(result: dict) -> str:
@@ -107,17 +129,32 @@ def prefill_table(result: dict) -> str:
     for size in dict.fromkeys(r["size"] for r in result["records"]):
         group = [r for r in result["records"] if r["size"] == size]
         secs = median([r["seconds"] for r in group])
-        rows.append([size, f"{size / secs:,.1f} ({secs:.2f})",
-                     ", ".join(f"{r['seconds']:.3f}" for r in group),
-                     ", ".join(str(r["cached_tokens"]) for r in group),
-                     "ok" if not any(r["problems"] for r in group) else "FAIL",
-                     ", ".join(short(r["sha"]) for r in group)])
-    return table(["tokens", "median tok/s (s)", "seconds by round", "cached", "checks",
-                  "array sha by round"], rows)
+        rows.append(
+            [
+                size,
+                f"{size / secs:,.1f} ({secs:.2f})",
+                ", ".join(f"{r['seconds']:.3f}" for r in group),
+                ", ".join(str(r["cached_tokens"]) for r in group),
+                "ok" if not any(r["problems"] for r in group) else "FAIL",
+                ", ".join(short(r["sha"]) for r in group),
+            ]
+        )
+    return table(
+        [
+            "tokens",
+            "median tok/s (s)",
+            "seconds by round",
+            "cached",
+            "checks",
+            "array sha by round",
+        ],
+        rows,
+    )
 
 
-def prefill_command(cfg: PrefillConfig, tokens: Tokens, output: str | None,
-                    plot: PlotRequest | None = None) -> int:
+def prefill_command(
+    cfg: PrefillConfig, tokens: Tokens, output: str | None, plot: PlotRequest | None = None
+) -> int:
     result = PrefillRun(cfg, tokens).run()
     print(prefill_table(result))
     bad = [r for r in [result["warmup"], *result["records"]] if r["problems"]]

@@ -1,4 +1,5 @@
 """The fixed prompts of the receipts: decode (code and chat), prefill text, fidelity prompts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ PARAGRAPH = (
 class RequestStyle:
     """Fields sent beyond the OpenAI core; peers that do not know them ignore them."""
 
-    token_ids: bool = True       # return_token_ids: exact token hashes where the server sends ids
-    ignore_eos: bool = True      # every request runs to max_tokens, so runs compare like for like
+    token_ids: bool = True  # return_token_ids: exact token hashes where the server sends ids
+    ignore_eos: bool = True  # every request runs to max_tokens, so runs compare like for like
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,21 @@ class Prompt:
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
-    def body(self, model: str, max_tokens: int, temperature: float = 0.0, seed: int = 0,
-             style: RequestStyle = RequestStyle()) -> dict:
-        body: dict = {"model": model, "max_tokens": max_tokens, "temperature": temperature,
-                      "seed": seed, "stream_options": {"include_usage": True}}
+    def body(
+        self,
+        model: str,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+        style: RequestStyle = RequestStyle(),
+    ) -> dict:
+        body: dict = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "stream_options": {"include_usage": True},
+        }
         if self.chat:
             body["messages"] = [{"role": "user", "content": self.text}]
             body["chat_template_kwargs"] = {"enable_thinking": False}
@@ -52,20 +64,32 @@ class Prompt:
         return body
 
 
-CODE = Prompt("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-              chat=False)
+CODE = Prompt(
+    "code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', chat=False
+)
 CHAT = Prompt("chat", "Explain how a GPU runs thousands of threads at once.", chat=True)
 DECODE_PROMPTS = (CODE, CHAT)
 
 FIDELITY_PROMPTS = (
-    Prompt("copy", "Copy this text exactly:\nCall me Ishmael. Some years ago, never mind how "
-                   "long precisely, having little or no money in my purse, I thought I would "
-                   "sail about a little and see the watery part of the world.", chat=True),
+    Prompt(
+        "copy",
+        "Copy this text exactly:\nCall me Ishmael. Some years ago, never mind how "
+        "long precisely, having little or no money in my purse, I thought I would "
+        "sail about a little and see the watery part of the world.",
+        chat=True,
+    ),
     Prompt("arithmetic", "What is 4837 × 29 + 1562? Work it out step by step.", chat=True),
-    Prompt("story", "Write a short story about a lighthouse keeper who finds a message in a "
-                    "bottle.", chat=True),
-    Prompt("code", "Write a Python function that merges two sorted lists into one sorted list, "
-                   "with a docstring and a test.", chat=True),
+    Prompt(
+        "story",
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        chat=True,
+    ),
+    Prompt(
+        "code",
+        "Write a Python function that merges two sorted lists into one sorted list, "
+        "with a docstring and a test.",
+        chat=True,
+    ),
 )
 
 

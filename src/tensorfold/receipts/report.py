@@ -1,4 +1,5 @@
 """Output shared by the receipts: aligned text tables, medians, JSON records, verdict lines."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,15 @@ from typing import Any, Sequence
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Columns padded to their widest cell; numbers right-aligned."""
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
     numeric = [all(_is_number(row[i]) for row in rows) and bool(rows) for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w)
-                         for v, w, num in zip(values, widths, numeric)).rstrip()
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
+        ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
@@ -38,6 +41,7 @@ def _cell(v: Any) -> str:
 def progress(total: int, desc: str):
     """A bar on stderr for long runs, shown on a terminal only (the tables go to stdout)."""
     from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit="req", disable=None, leave=False)
 
 

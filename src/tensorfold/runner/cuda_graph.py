@@ -10,6 +10,7 @@ Static per graph: every lane's KV slot table (a lane's rows are fixed at admissi
 copied only when the set of lanes changes), state slots, conv gather indices. Per step only the
 lanes' last tokens and positions are copied in; the KV write rows are gathered inside the graph.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ class DecodeGraph:
         dev, k = model.device, model.config.conv_kernel
         self.model, self.caches, self.lanes = model, caches, lanes
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
-        self.inputs = torch.zeros(2, lanes, dtype=torch.long, device=dev)      # last tokens, positions
+        self.inputs = torch.zeros(2, lanes, dtype=torch.long, device=dev)  # last tokens, positions
         self.table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
         self.slots = torch.zeros(lanes, dtype=torch.long, device=dev)
         self.kv_write = torch.zeros(lanes, dtype=torch.long, device=dev)
@@ -31,18 +32,24 @@ class DecodeGraph:
         hist = k - 1
         taps = [[i * hist + j for j in range(hist)] + [lanes * hist + i] for i in range(lanes)]
         keep = [[i * hist + j for j in range(1, hist)] + [lanes * hist + i] for i in range(lanes)]
-        tiles = AttentionTiles(as_t(range(lanes), torch.int32), as_t([1] * lanes, torch.int32), self.pos0,
-                               as_t([i * context for i in range(lanes)], torch.int32), self.table.view(-1))
+        tiles = AttentionTiles(
+            as_t(range(lanes), torch.int32),
+            as_t([1] * lanes, torch.int32),
+            self.pos0,
+            as_t([i * context for i in range(lanes)], torch.int32),
+            self.table.view(-1),
+        )
         index = LaneIndex(self.slots, as_t(range(lanes + 1)), as_t(taps), as_t(keep), tiles)
-        self.batch = ForwardBatch(self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(lanes)),
-                                  index)
+        self.batch = ForwardBatch(
+            self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(lanes)), index
+        )
         self.members: tuple = ()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
     def _load(self, reqs) -> None:
         members = tuple((r.request_id, r.slot) for r in reqs)
-        if members != self.members:              # lanes joined or left: reload their tables
+        if members != self.members:  # lanes joined or left: reload their tables
             for i, r in enumerate(reqs):
                 self.table[i, : r.capacity] = r.kv_rows.to(torch.int32)
             self.slots.copy_(torch.tensor([r.slot for r in reqs]))
@@ -61,10 +68,10 @@ class DecodeGraph:
         self._load(reqs)
         with torch.inference_mode():
             if self.graph is None:
-                logits = self._forward()             # compiles every kernel and does this step's work
+                logits = self._forward()  # compiles every kernel and does this step's work
                 torch.cuda.synchronize()
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):   # recorded, not run
+                with torch.cuda.graph(self.graph):  # recorded, not run
                     self.logits = self._forward()
                 return logits
             self.graph.replay()

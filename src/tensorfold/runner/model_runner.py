@@ -1,4 +1,5 @@
 """Turns a pass's work into one forward over all its rows, and returns the logits it needs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,6 @@ from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
 from .cuda_graph import DecodeGraph, is_decode_pass
-
 
 SMALL_MODEL_BYTES = 512 << 20
 
@@ -31,8 +31,14 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen35Model, caches: ModelCaches, threads: int | None = None,
-                 cuda_graphs: bool = False, context: int = 0) -> None:
+    def __init__(
+        self,
+        model: Qwen35Model,
+        caches: ModelCaches,
+        threads: int | None = None,
+        cuda_graphs: bool = False,
+        context: int = 0,
+    ) -> None:
         self.model, self.caches = model, caches
         self.device = model.device
         if self.device.type == "cpu":
@@ -49,7 +55,7 @@ class ModelRunner:
         row = 0
         for i, (req, n) in enumerate(work):
             start = req.num_computed
-            ids += req.all_ids[start:start + n]
+            ids += req.all_ids[start : start + n]
             segments.append(Segment(req.slot, start, row, n, req.kv_rows[: start + n]))
             wanted = req.logit_rows(n)
             logit_rows += [row + j for j in wanted]
@@ -60,7 +66,7 @@ class ModelRunner:
         batch = ForwardBatch(
             token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=positions,
-            kv_write=torch.cat([s.kv_rows[s.start:] for s in segments]),
+            kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
             segments=tuple(segments),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
             lanes=lane_index(tuple(segments), dev, self.model.config.conv_kernel),
@@ -75,9 +81,13 @@ class ModelRunner:
     def _replay(self, reqs) -> dict[int, torch.Tensor]:
         graph = self.graphs.get(len(reqs))
         if graph is None:
-            graph = self.graphs[len(reqs)] = DecodeGraph(self.model, self.caches, len(reqs), self.context)
-        logits = graph.run(reqs).clone()          # the graph's output buffer is rewritten by the next replay
-        return {i: logits[i:i + 1] for i in range(len(reqs))}
+            graph = self.graphs[len(reqs)] = DecodeGraph(
+                self.model, self.caches, len(reqs), self.context
+            )
+        logits = graph.run(
+            reqs
+        ).clone()  # the graph's output buffer is rewritten by the next replay
+        return {i: logits[i : i + 1] for i in range(len(reqs))}
 
     def fingerprint(self, req, logits: torch.Tensor | None) -> str:
         """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""

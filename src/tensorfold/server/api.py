@@ -1,4 +1,5 @@
 """The FastAPI app: OpenAI routes, health, metrics, memory, tokenize; create_app builds one."""
+
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
@@ -20,17 +21,29 @@ from .limits import Limits
 from .logsafe import guard_logger
 from .metrics import Metrics
 from .page import PAGE_PATHS, mount_page
-from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard,
-                       ModelList, TokenizeRequest)
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
 from .serving import SamplingDefaults, ServerState, chat, check_model, complete
 from .textwork import ChatInput, TextWorker
 
 OPEN_PATHS = (*MONITORING_PATHS, *DOCS_PATHS, *PAGE_PATHS)
 
 
-def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: str,
-               api_key: str | None = None, defaults: SamplingDefaults | None = None,
-               web: bool = True, limits: Limits | None = None) -> FastAPI:
+def create_app(
+    engine: Engine,
+    tokenizer: Tokenizer | None,
+    served_model_name: str,
+    api_key: str | None = None,
+    defaults: SamplingDefaults | None = None,
+    web: bool = True,
+    limits: Limits | None = None,
+) -> FastAPI:
     """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
     page at GET / (server/page.py)."""
     bridge = AsyncEngine(engine)
@@ -38,9 +51,17 @@ def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: s
     limits = limits or Limits.for_context(bridge.facts.context, bridge.facts.max_queue)
     limits.check()
     text = TextWorker(tokenizer, bridge.facts.vocab_size, limits)
-    state = ServerState(bridge, tokenizer, served_model_name, metrics,
-                        defaults or SamplingDefaults(), TokenTexts(tokenizer), text, limits)
-    guard_logger(log)             # every server log line escaped and bounded
+    state = ServerState(
+        bridge,
+        tokenizer,
+        served_model_name,
+        metrics,
+        defaults or SamplingDefaults(),
+        TokenTexts(tokenizer),
+        text,
+        limits,
+    )
+    guard_logger(log)  # every server log line escaped and bounded
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -51,13 +72,15 @@ def create_app(engine: Engine, tokenizer: Tokenizer | None, served_model_name: s
 
     app = FastAPI(title="TensorFold", lifespan=lifespan)
     app.state.server = state
-    app.state.connection_guard = ConnectionGuard(limits.connections, metrics.dropped,
-                                                 metrics.refused)
+    app.state.connection_guard = ConnectionGuard(
+        limits.connections, metrics.dropped, metrics.refused
+    )
     install_handlers(app)
     app.add_middleware(BodyGuard, limits=limits, refuse=refusal_sender(metrics.refused))
-    if api_key:                   # added last: runs first, before any body is read
-        app.add_middleware(APIKeyCheck, api_key=api_key, count=metrics.refused,
-                           open_paths=OPEN_PATHS)
+    if api_key:  # added last: runs first, before any body is read
+        app.add_middleware(
+            APIKeyCheck, api_key=api_key, count=metrics.refused, open_paths=OPEN_PATHS
+        )
     _generation_routes(app, state)
     _info_routes(app, state)
     _token_routes(app, state)
@@ -84,7 +107,9 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         if not s.engine.alive:
-            body = {"status": "engine stopped"} | ({"fault": s.engine.fault} if s.engine.fault else {})
+            body = {"status": "engine stopped"} | (
+                {"fault": s.engine.fault} if s.engine.fault else {}
+            )
             return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -94,7 +119,7 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
 
     @app.get("/memory")
     async def memory() -> dict:
-        return asdict(s.engine.memory())      # bytes by owner (engine/stats.py MemoryReport)
+        return asdict(s.engine.memory())  # bytes by owner (engine/stats.py MemoryReport)
 
 
 def _token_routes(app: FastAPI, s: ServerState) -> None:
@@ -102,8 +127,9 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
     async def tokenize(body: TokenizeRequest) -> dict:
         check_model(body.model, s.model_name)
         if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "send exactly one of prompt and messages", "prompt",
-                           code="invalid_value")
+            raise APIError(
+                400, "send exactly one of prompt and messages", "prompt", code="invalid_value"
+            )
         if body.messages is not None:
             ids = await s.text.chat(ChatInput.of(body))
         else:

@@ -3,6 +3,7 @@
 Handlers call submit() on the event loop; the engine thread loops step() while there is work and
 waits on engine.wakeup otherwise, handing each TokenEvent to its request's asyncio queue.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,18 +25,21 @@ log = logging.getLogger("tensorfold.server")
 class Choice:
     """One choice of one prompt: an engine request of its own."""
 
-    index: int              # the choice's index in the response
+    index: int  # the choice's index in the response
     prompt_ids: list[int]
     params: SamplingParams
-    choice: int = 0         # which choice of its prompt: keys the random numbers with the seed
+    choice: int = 0  # which choice of its prompt: keys the random numbers with the seed
 
 
 def is_device_fault(exc: BaseException) -> bool:
     """A CUDA error such as an illegal address poisons the process's device context: every later
     pass would fail too."""
     fault_type = getattr(torch, "AcceleratorError", None)
-    return (fault_type is not None and isinstance(exc, fault_type)) or "CUDA error" in str(exc) \
+    return (
+        (fault_type is not None and isinstance(exc, fault_type))
+        or "CUDA error" in str(exc)
         or "illegal memory access" in str(exc)
+    )
 
 
 class EngineFailed(RuntimeError):
@@ -77,12 +81,12 @@ class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.facts: EngineFacts = engine.facts
-        self.stats = EngineStats()        # after the engine thread's last step (read by /metrics)
+        self.stats = EngineStats()  # after the engine thread's last step (read by /metrics)
         self._routes: dict[str, _Route] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.fault: str | None = None     # set when a device fault ended the engine thread
+        self.fault: str | None = None  # set when a device fault ended the engine thread
 
     # -- event loop side ----------------------------------------------------------------------
     def submit(self, request_id: str, choices: list[Choice]) -> Generation:
@@ -93,10 +97,11 @@ class AsyncEngine:
         try:
             for c in choices:
                 rid = f"{request_id}-{c.index}"
-                with self._lock:     # routed before admission, so no event can miss its queue
+                with self._lock:  # routed before admission, so no event can miss its queue
                     self._routes[rid] = _Route(loop, queue, c.index)
-                requests.append(self.engine.add_request(c.prompt_ids, c.params, rid,
-                                                        choice=c.choice))
+                requests.append(
+                    self.engine.add_request(c.prompt_ids, c.params, rid, choice=c.choice)
+                )
         except BaseException:
             self._withdraw([f"{request_id}-{c.index}" for c in choices], requests)
             raise
@@ -141,8 +146,11 @@ class AsyncEngine:
         self.engine.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        log.info("engine stopped after %d passes (%d requests cancelled at stop)",
-                 self.stats.passes, cancelled)
+        log.info(
+            "engine stopped after %d passes (%d requests cancelled at stop)",
+            self.stats.passes,
+            cancelled,
+        )
 
     # -- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -155,14 +163,16 @@ class AsyncEngine:
                 continue
             try:
                 events = self.engine.step()
-            except Exception as exc:   # a failed pass fails its requests, never the server
+            except Exception as exc:  # a failed pass fails its requests, never the server
                 log.exception("engine pass failed")
                 self._fail_all(exc)
-                self.engine.abandon_all()            # nothing left to retry the failed pass with
+                self.engine.abandon_all()  # nothing left to retry the failed pass with
                 self.stats = self.engine.stats()
                 if is_device_fault(exc):
                     self.fault = f"{type(exc).__name__}: {exc}"
-                    log.error("the device faulted; the engine stops (restart the server): %s", self.fault)
+                    log.error(
+                        "the device faulted; the engine stops (restart the server): %s", self.fault
+                    )
                     return
                 continue
             self._dispatch(events)
@@ -171,8 +181,11 @@ class AsyncEngine:
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
             with self._lock:
-                route = (self._routes.pop(event.request_id, None) if event.finished
-                         else self._routes.get(event.request_id))
+                route = (
+                    self._routes.pop(event.request_id, None)
+                    if event.finished
+                    else self._routes.get(event.request_id)
+                )
             if route is not None:
                 self._post(route, (route.index, event))
 
@@ -187,5 +200,5 @@ class AsyncEngine:
     def _post(route: _Route, item) -> None:
         try:
             route.loop.call_soon_threadsafe(route.queue.put_nowait, item)
-        except RuntimeError:         # the loop is closed: nobody is listening any more
+        except RuntimeError:  # the loop is closed: nobody is listening any more
             pass

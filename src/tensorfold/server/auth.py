@@ -1,4 +1,5 @@
 """The API key: where it comes from (flag, file, environment) and the check on every request."""
+
 from __future__ import annotations
 
 import hmac
@@ -16,8 +17,9 @@ DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 MONITORING_PATHS = ("/health", "/metrics")
 
 
-def resolve_api_key(flag: str | None, key_file: str | None,
-                    environ: Mapping[str, str] = os.environ) -> str | None:
+def resolve_api_key(
+    flag: str | None, key_file: str | None, environ: Mapping[str, str] = os.environ
+) -> str | None:
     """--api-key, else --api-key-file, else $TENSORFOLD_API_KEY; a file or the environment keeps
     the key out of the process list."""
     if flag is not None and key_file is not None:
@@ -39,8 +41,9 @@ class APIKeyCheck:
     """Bearer-token check before anything else (body parsing included); the open paths skip it.
     Exactly one Authorization header; the comparison takes the same time whatever the key."""
 
-    def __init__(self, app: ASGIApp, api_key: str, count: Count,
-                 open_paths: tuple[str, ...]) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str, count: Count, open_paths: tuple[str, ...]
+    ) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
         self.open_paths, self.refuse = frozenset(open_paths), refusal_sender(count)
 
@@ -50,8 +53,15 @@ class APIKeyCheck:
         given = [value for name, value in scope["headers"] if name == b"authorization"]
         if len(given) == 1 and hmac.compare_digest(given[0], self.expected):
             return await self.app(scope, receive, send)
-        why = ("send exactly one Authorization header" if len(given) > 1 else
-               "invalid or missing API key (send Authorization: Bearer KEY)")
-        err = APIError(401, why, code="invalid_api_key",
-                       headers={"WWW-Authenticate": 'Bearer realm="tensorfold"'})
+        why = (
+            "send exactly one Authorization header"
+            if len(given) > 1
+            else "invalid or missing API key (send Authorization: Bearer KEY)"
+        )
+        err = APIError(
+            401,
+            why,
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="tensorfold"'},
+        )
         await self.refuse(err, scope, receive, send)

@@ -2,6 +2,7 @@
 Content-Length when there is one, else as soon as the count passes the cap) and text the JSON
 parser would take but nothing after it can handle (invalid UTF-8, lone surrogates, integers of
 thousands of digits), each refused with a 400 naming its field."""
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,16 @@ from .limits import Limits
 from .logsafe import clip
 
 # The routes whose body is a prompt (or token ids), and the field a size refusal names.
-PROMPT_PARAMS = {"/v1/completions": "prompt", "/v1/chat/completions": "messages",
-                 "/tokenize": "prompt", "/detokenize": "tokens"}
+PROMPT_PARAMS = {
+    "/v1/completions": "prompt",
+    "/v1/chat/completions": "messages",
+    "/tokenize": "prompt",
+    "/detokenize": "tokens",
+}
 BODY_METHODS = ("POST", "PUT", "PATCH")
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-BAD_TEXT = re.compile("[\ud800-\udfff]")      # lone surrogates; invalid bytes land here too
-MAX_INT_DIGITS = 4000                         # Python refuses to parse past 4300
+BAD_TEXT = re.compile("[\ud800-\udfff]")  # lone surrogates; invalid bytes land here too
+MAX_INT_DIGITS = 4000  # Python refuses to parse past 4300
 MAX_PARAM = 200
 
 
@@ -54,8 +59,12 @@ class BodyGuard:
     def cap(self, path: str) -> Cap:
         body = Cap(self.limits.max_body_bytes, None, "body_too_large", "--max-body-bytes")
         if path in PROMPT_PARAMS and self.limits.max_prompt_bytes < body.limit:
-            return Cap(self.limits.max_prompt_bytes, PROMPT_PARAMS[path], "prompt_too_large",
-                       "--max-prompt-bytes")
+            return Cap(
+                self.limits.max_prompt_bytes,
+                PROMPT_PARAMS[path],
+                "prompt_too_large",
+                "--max-prompt-bytes",
+            )
         return body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -63,16 +72,17 @@ class BodyGuard:
             return await self.app(scope, receive, send)
         cap = self.cap(scope["path"])
         declared = _content_length(scope)
-        if declared is not None and declared > cap.limit:   # refused before a byte is read
+        if declared is not None and declared > cap.limit:  # refused before a byte is read
             return await self.refuse(_too_large(cap, f"{declared} bytes"), scope, receive, send)
         if scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         try:
             body = await _read(receive, cap.limit)
         except _TooLarge:
-            return await self.refuse(_too_large(cap, f"more than {cap.limit} bytes"), scope,
-                                     receive, send)
-        if body is None:                     # the client left (or a read timeout closed it)
+            return await self.refuse(
+                _too_large(cap, f"more than {cap.limit} bytes"), scope, receive, send
+            )
+        if body is None:  # the client left (or a read timeout closed it)
             return
         err = check_json(body, cap, self.limits.max_json_objects)
         if err is not None:
@@ -83,14 +93,18 @@ class BodyGuard:
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
-            return int(value)            # h11 has checked it is digits and not contradicted
+            return int(value)  # h11 has checked it is digits and not contradicted
     return None
 
 
 def _too_large(cap: Cap, size: str) -> APIError:
     what = "a request with a prompt" if cap.param else "a request body"
-    return APIError(413, f"the request body is {size}; {what} may have at most {cap.limit} bytes "
-                    f"({cap.flag})", cap.param, code=cap.code)
+    return APIError(
+        413,
+        f"the request body is {size}; {what} may have at most {cap.limit} bytes ({cap.flag})",
+        cap.param,
+        code=cap.code,
+    )
 
 
 async def _read(receive: Receive, limit: int) -> bytes | None:
@@ -136,12 +150,16 @@ def check_json(raw: bytes, cap: Cap, max_objects: int) -> APIError | None:
     try:
         obj = json.loads(text, object_hook=count)
     except _TooManyObjects:
-        return APIError(413, f"the body holds more than {max_objects} JSON objects, more than "
-                        "a prompt of --context tokens can need", cap.param,
-                        code="too_many_objects")
+        return APIError(
+            413,
+            f"the body holds more than {max_objects} JSON objects, more than "
+            "a prompt of --context tokens can need",
+            cap.param,
+            code="too_many_objects",
+        )
     except json.JSONDecodeError:
         return None if utf8 else _not_utf8()
-    except ValueError:                   # an integer past Python's digit limit
+    except ValueError:  # an integer past Python's digit limit
         obj, suspect = json.loads(text, parse_int=_bounded_int), True
     if not suspect:
         return None

@@ -1,4 +1,5 @@
 """`tensorfold serve`: load a checkpoint, start the engine thread, serve the OpenAI API."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,35 +12,63 @@ from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
 MIB = 1 << 20
-SHUTDOWN_BACKSTOP_S = 5.0      # after the grace: how long cancelled streams get to end
+SHUTDOWN_BACKSTOP_S = 5.0  # after the grace: how long cancelled streams get to end
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    p.add_argument("checkpoint", nargs="?", default=None,
-                   help="checkpoint folder (default: the bundled demo model)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default=None,
+        help="checkpoint folder (default: the bundled demo model)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
-    p.add_argument("--context", type=int, default=65536,
-                   help="prompt + generation limit per request")
+    p.add_argument(
+        "--context", type=int, default=65536, help="prompt + generation limit per request"
+    )
     p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                   help="on a GPU, replay decode passes as CUDA graphs (same kernels and bits, one launch per pass)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)")
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a GPU, replay decode passes as CUDA graphs (same kernels and bits, one launch per pass)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
+    )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
-    p.add_argument("--prompt-cache-gib", type=float, default=1.0,
-                   help="memory for the prompt cache, on top of the lanes' (0 turns it off)")
+    p.add_argument(
+        "--prompt-cache-gib",
+        type=float,
+        default=1.0,
+        help="memory for the prompt cache, on top of the lanes' (0 turns it off)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
-    p.add_argument("--served-model-name", default=None,
-                   help="the model name clients send (default: the checkpoint folder's name)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: the checkpoint folder's name)",
+    )
     add_limit_flags(p)
-    p.add_argument("--shutdown-grace", type=float, default=10.0,
-                   help="seconds running requests get to finish on SIGINT/SIGTERM before cancel")
-    p.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
-                   help="the chat page at GET / (--no-web: the API alone)")
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="seconds running requests get to finish on SIGINT/SIGTERM before cancel",
+    )
+    p.add_argument(
+        "--web",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the chat page at GET / (--no-web: the API alone)",
+    )
     p.set_defaults(func=serve)
 
 
@@ -47,17 +76,16 @@ DEMO_NAME = "tensorfold-demo"
 
 
 def _build(args: argparse.Namespace):
-    from ..util import default_checkpoint
     from ..engine.engine import Engine, EngineConfig
-    from ..util import resolve_device, resolve_dtype
     from ..models.loader import load_model
     from ..tokenizer import Tokenizer
+    from ..util import default_checkpoint, resolve_device, resolve_dtype
     from .api import create_app
     from .auth import resolve_api_key
     from .limits import from_args
     from .serving import SamplingDefaults
 
-    try:                     # a bad key file or limit fails before a weight is loaded
+    try:  # a bad key file or limit fails before a weight is loaded
         api_key = resolve_api_key(args.api_key, args.api_key_file)
         limits = from_args(args, args.context, args.max_queue)
     except (OSError, ValueError) as exc:
@@ -70,20 +98,35 @@ def _build(args: argparse.Namespace):
     model = load_model(path, dtype=dtype, device=device, progress=True)
     tokenizer = Tokenizer(path) if Tokenizer.exists(path) else None
     if args.context > model.config.max_position_embeddings:
-        log.warning("--context %d is past the model's max_position_embeddings (%d)", args.context,
-                    model.config.max_position_embeddings)
-    config = EngineConfig(parallel=args.parallel, context=args.context, chunk=args.chunk, threads=args.threads,
-                          cuda_graphs=args.cuda_graphs,
-                          max_queue=args.max_queue,
-                          prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)))
+        log.warning(
+            "--context %d is past the model's max_position_embeddings (%d)",
+            args.context,
+            model.config.max_position_embeddings,
+        )
+    config = EngineConfig(
+        parallel=args.parallel,
+        context=args.context,
+        chunk=args.chunk,
+        threads=args.threads,
+        cuda_graphs=args.cuda_graphs,
+        max_queue=args.max_queue,
+        prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)),
+    )
     engine = Engine(model, tokenizer, config)
     defaults, memory = SamplingDefaults.from_checkpoint(path), engine.memory()
-    log.info("loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
-             "sampling defaults %s", time.monotonic() - start, memory.weights_bytes / MIB,
-             memory.kv_pool_bytes / MIB, memory.state_pool_bytes / MIB, defaults)
+    log.info(
+        "loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
+        "sampling defaults %s",
+        time.monotonic() - start,
+        memory.weights_bytes / MIB,
+        memory.kv_pool_bytes / MIB,
+        memory.state_pool_bytes / MIB,
+        defaults,
+    )
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
-    app = create_app(engine, tokenizer, name, api_key=api_key, defaults=defaults,
-                     web=args.web, limits=limits)
+    app = create_app(
+        engine, tokenizer, name, api_key=api_key, defaults=defaults, web=args.web, limits=limits
+    )
     return app, name
 
 
@@ -108,12 +151,23 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     app, name = _build(args)
-    log.info("serving %r: parallel %d, context %d, chunk %d, queue %d", name, args.parallel,
-             args.context, args.chunk, args.max_queue)
+    log.info(
+        "serving %r: parallel %d, context %d, chunk %d, queue %d",
+        name,
+        args.parallel,
+        args.context,
+        args.chunk,
+        args.max_queue,
+    )
     if args.web:
         log.info("chat page: http://%s:%d/", args.host, args.port)
-    config = server_config(app, args.host, args.port, access_log=False,
-                           timeout_graceful_shutdown=args.shutdown_grace + SHUTDOWN_BACKSTOP_S)
+    config = server_config(
+        app,
+        args.host,
+        args.port,
+        access_log=False,
+        timeout_graceful_shutdown=args.shutdown_grace + SHUTDOWN_BACKSTOP_S,
+    )
     # uvicorn re-raises SIGINT/SIGTERM to the previous handler once it has shut down gracefully;
     # a no-op one there lets a signalled server end like any other: exit code 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -124,4 +178,3 @@ def serve(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     log.info("stopped")
     return 0
-

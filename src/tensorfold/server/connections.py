@@ -1,6 +1,7 @@
 """Connection hygiene under uvicorn's h11 protocol: a request's headers and body must arrive in
 time, an idle connection is closed, and past a cap on open connections each request gets a 503.
 uvicorn alone waits forever for a half-sent request and answers its own cap in plain text."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ from .limits import ConnectionLimits
 from .logsafe import clip
 
 log = logging.getLogger("tensorfold.server")
-LOG_EVERY_S = 10.0          # a flood of refused connections logs one line per this many seconds
+LOG_EVERY_S = 10.0  # a flood of refused connections logs one line per this many seconds
 
 
 @dataclass
@@ -27,46 +28,58 @@ class ConnectionGuard:
     """What every connection of one server shares: its limits and where refusals are counted."""
 
     limits: ConnectionLimits
-    dropped: Callable[[str], None]               # Metrics.dropped(reason)
-    refused: Callable[[str, str], None]          # Metrics.refused(outcome, reason)
+    dropped: Callable[[str], None]  # Metrics.dropped(reason)
+    refused: Callable[[str, str], None]  # Metrics.refused(outcome, reason)
     last_log: float = 0.0
 
     def note(self, what: str) -> None:
         now = time.monotonic()
         if now - self.last_log >= LOG_EVERY_S:
             self.last_log = now
-            log.warning("%s (further ones in the next %.0fs are counted in /metrics only)", what,
-                        LOG_EVERY_S)
+            log.warning(
+                "%s (further ones in the next %.0fs are counted in /metrics only)",
+                what,
+                LOG_EVERY_S,
+            )
 
     def past_cap(self, app: Any) -> Any:
         """The app of a connection past the cap: monitoring is answered (a supervisor sees a
         live server), anything else gets a 503; either way the connection then closes."""
+
         async def refuse_or_monitor(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"] in MONITORING_PATHS:
                 return await app(scope, receive, _closing(send))
             cap = self.limits.max_connections
             self.refused("overloaded", "too_many_connections")
             self.note(f"refused a request: more than {cap} open connections (--max-connections)")
-            err = APIError(503, f"the server has more than {cap} open connections; retry "
-                           "shortly", code="too_many_connections", type="server_error",
-                           headers={"Retry-After": "1", "Connection": "close"})
+            err = APIError(
+                503,
+                f"the server has more than {cap} open connections; retry shortly",
+                code="too_many_connections",
+                type="server_error",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
             await err.response()(scope, receive, send)
+
         return refuse_or_monitor
 
 
 def _closing(send: Any) -> Any:
     async def send_then_close(message: dict) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []),
-                                              (b"connection", b"close")]}
+            message = {
+                **message,
+                "headers": [*message.get("headers", []), (b"connection", b"close")],
+            }
         await send(message)
+
     return send_then_close
 
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and the connection cap (see the module doc)."""
 
-    guard: ConnectionGuard           # set on the subclass that guarded_protocol() makes
+    guard: ConnectionGuard  # set on the subclass that guarded_protocol() makes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -97,13 +110,13 @@ class GuardedH11Protocol(H11Protocol):
         if state is h11.SEND_BODY:
             self._arm("body")
         elif state is not h11.IDLE:
-            self._arm(None)          # the request is in: the reply may take as long as it needs
+            self._arm(None)  # the request is in: the reply may take as long as it needs
         elif self.cycle is None or self.conn.trailing_data[0]:
-            self._arm("header")      # a request has begun (or the connection is new)
+            self._arm("header")  # a request has begun (or the connection is new)
         elif self.timeout_keep_alive_task is None:
-            self._arm("idle")        # e.g. after an early reply's unread body was drained
+            self._arm("idle")  # e.g. after an early reply's unread body was drained
         else:
-            self._arm(None)          # between requests: uvicorn's keep-alive timer runs
+            self._arm(None)  # between requests: uvicorn's keep-alive timer runs
 
     def _arm(self, phase: str | None) -> None:
         if phase == self._phase:
@@ -114,20 +127,25 @@ class GuardedH11Protocol(H11Protocol):
         self._phase = phase
         if phase is not None:
             limits = self.guard.limits
-            seconds = {"header": limits.header_timeout_s, "body": limits.body_timeout_s,
-                       "idle": limits.keep_alive_s}[phase]
+            seconds = {
+                "header": limits.header_timeout_s,
+                "body": limits.body_timeout_s,
+                "idle": limits.keep_alive_s,
+            }[phase]
             self._deadline = self.loop.call_later(seconds, self._expired, phase)
 
     def _expired(self, phase: str) -> None:
         self._deadline = None
         if self.transport.is_closing():
             return
-        if phase == "idle":          # an ordinary keep-alive end, not a refusal
+        if phase == "idle":  # an ordinary keep-alive end, not a refusal
             return self.transport.close()
         self.guard.dropped(f"{phase}_timeout")
         peer = clip(str(self.client), 80)
-        self.guard.note(f"closed a connection from {peer}: its request's {phase} did not arrive "
-                        f"in time (--{phase}-timeout)")
+        self.guard.note(
+            f"closed a connection from {peer}: its request's {phase} did not arrive "
+            f"in time (--{phase}-timeout)"
+        )
         self.transport.close()
 
 
@@ -138,5 +156,11 @@ def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:
 def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
     """uvicorn's config for an app from create_app, with its connection limits in force."""
     guard: ConnectionGuard = app.state.connection_guard
-    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(guard),
-                          timeout_keep_alive=guard.limits.keep_alive_s, **options)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(guard),
+        timeout_keep_alive=guard.limits.keep_alive_s,
+        **options,
+    )

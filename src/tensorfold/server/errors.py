@@ -1,4 +1,5 @@
 """Every refusal as an OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
+
 from __future__ import annotations
 
 import logging
@@ -16,29 +17,48 @@ from .protocol import ErrorInfo, ErrorResponse
 log = logging.getLogger("tensorfold.server")
 
 RETRY_AFTER_S = 1
-OUTCOMES = {401: "unauthorized", 429: "queue_full"}    # metrics labels; other 4xx are "invalid"
+OUTCOMES = {401: "unauthorized", 429: "queue_full"}  # metrics labels; other 4xx are "invalid"
 # pydantic error types that mean a value out of range (the rest: a wrong type)
-VALUE_ERRORS = frozenset({"finite_number", "greater_than", "greater_than_equal", "less_than",
-                          "less_than_equal", "literal_error", "too_long", "too_short",
-                          "string_too_short", "string_too_long", "value_error"})
-Count = Callable[[str, str], None]          # (outcome, reason): Metrics.refused
+VALUE_ERRORS = frozenset(
+    {
+        "finite_number",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "literal_error",
+        "too_long",
+        "too_short",
+        "string_too_short",
+        "string_too_long",
+        "value_error",
+    }
+)
+Count = Callable[[str, str], None]  # (outcome, reason): Metrics.refused
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 class APIError(Exception):
     """An error the client caused (or must wait out), with its HTTP status and OpenAI fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type, self.headers = type, headers or {}
 
     def response(self) -> JSONResponse:
         info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
-        return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=self.status,
-                            headers=self.headers)
+        return JSONResponse(
+            ErrorResponse(error=info).model_dump(), status_code=self.status, headers=self.headers
+        )
 
     @property
     def outcome(self) -> str:
@@ -53,8 +73,13 @@ class APIError(Exception):
 def from_engine(exc: RequestError | QueueFull, renames: dict[str, str] | None = None) -> APIError:
     """Maps an engine refusal to its status; `renames` maps engine parameter names to the API's."""
     if isinstance(exc, QueueFull):
-        return APIError(429, str(exc), code="queue_full", type="rate_limit_error",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+        return APIError(
+            429,
+            str(exc),
+            code="queue_full",
+            type="rate_limit_error",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     param = (renames or {}).get(exc.param, exc.param)
     if isinstance(exc, ContextOverflow):
         return APIError(413, str(exc), param, code="context_length_exceeded")
@@ -69,8 +94,11 @@ def _param(loc: tuple, body: Any) -> str | None:
     for i, part in enumerate(parts):
         if isinstance(part, int) and isinstance(here, list) and part < len(here):
             path, here = f"{path}[{part}]", here[part]
-        elif isinstance(part, str) and isinstance(here, dict) and (
-                part in here or i == len(parts) - 1):
+        elif (
+            isinstance(part, str)
+            and isinstance(here, dict)
+            and (part in here or i == len(parts) - 1)
+        ):
             path, here = f"{path}.{part}" if path else part, here.get(part)
         elif not path:
             return None
@@ -97,10 +125,12 @@ def log_refusal(method: str, path: str, err: APIError) -> None:
 
 def refusal_sender(count: Count) -> Callable[[APIError, Scope, Receive, Send], Awaitable[None]]:
     """How a middleware refuses (before any route): logged, counted, an OpenAI error body."""
+
     async def refuse(err: APIError, scope: Scope, receive: Receive, send: Send) -> None:
         log_refusal(scope["method"], scope["path"], err)
         count(err.outcome, err.reason)
         await err.response()(scope, receive, send)
+
     return refuse
 
 
@@ -117,14 +147,16 @@ def install_handlers(app: FastAPI) -> None:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         code = HTTP_CODES.get(exc.status_code, "invalid_request")
         request.app.state.server.metrics.refused("invalid", code)
-        return APIError(exc.status_code, str(exc.detail), type=kind, code=code,
-                        headers=exc.headers).response()
+        return APIError(
+            exc.status_code, str(exc.detail), type=kind, code=code, headers=exc.headers
+        ).response()
 
     async def on_crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
         request.app.state.server.metrics.refused("error", "internal_error")
-        err = APIError(500, f"internal error: {type(exc).__name__}", type="server_error",
-                       code="internal_error")
+        err = APIError(
+            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+        )
         return err.response()
 
     app.add_exception_handler(APIError, on_api_error)

@@ -1,4 +1,5 @@
 """Response shapes: the legacy completion format and the chat format, whole or as stream chunks."""
+
 from __future__ import annotations
 
 import math
@@ -9,21 +10,33 @@ from functools import lru_cache
 from pydantic import BaseModel
 
 from ..tokenizer import Tokenizer
-from .protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                       ChatCompletionResponse, ChatLogprobs, CompletionChoice, CompletionChunk,
-                       CompletionLogprobs, CompletionResponse, Delta, PromptTokensDetails,
-                       TokenLogprob, TopLogprob, Usage)
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionResponse,
+    Delta,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 
 # One sampled token's logprob and the top alternatives, as the engine reports it.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
-LOGPROB_FLOOR = -9999.0     # -inf is not JSON
+LOGPROB_FLOOR = -9999.0  # -inf is not JSON
 
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: printable stand-in character -> raw byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), 256)]
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
     chars, extra = list(keep), 0
     for b in range(256):
         if b not in keep:
@@ -66,7 +79,7 @@ class ChoiceState:
 
     index: int
     prompt_tokens: int
-    prefix: str = ""                      # the echoed prompt, for completions with echo
+    prefix: str = ""  # the echoed prompt, for completions with echo
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -76,20 +89,24 @@ class ChoiceState:
 
 def usage(choices: list[ChoiceState], prompt_tokens: int, cached: int) -> Usage:
     done = sum(len(c.token_ids) for c in choices)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=done,
-                 total_tokens=prompt_tokens + done,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=done,
+        total_tokens=prompt_tokens + done,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 class CompletionFormat:
     """/v1/completions: text choices, logprobs in the legacy {tokens, token_logprobs, ...} shape."""
 
-    def __init__(self, request_id: str, model: str, texts: TokenTexts, logprobs: bool,
-                 token_ids: bool) -> None:
+    def __init__(
+        self, request_id: str, model: str, texts: TokenTexts, logprobs: bool, token_ids: bool
+    ) -> None:
         self.id, self.model, self.texts = request_id, model, texts
         self.want_logprobs, self.want_ids = logprobs, token_ids
         self.created = int(time.time())
-        self._offsets: dict[int, int] = {}     # text_offset reached by each streamed choice
+        self._offsets: dict[int, int] = {}  # text_offset reached by each streamed choice
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
         self._offsets[choice.index] = len(choice.prefix)
@@ -97,43 +114,66 @@ class CompletionFormat:
             return None
         return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix))
 
-    def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
-              finish: str | None) -> BaseModel:
+    def delta(
+        self,
+        choice: ChoiceState,
+        text: str,
+        ids: list[int],
+        lps: list[TokenLogprobs],
+        finish: str | None,
+    ) -> BaseModel:
         logprobs = None
         if self.want_logprobs:
             start = self._offsets.get(choice.index, 0)
             logprobs = self._logprobs(ids, lps, start)
             self._offsets[choice.index] = start + sum(len(t) for t in logprobs.tokens)
-        return self._chunk(CompletionChoice(index=choice.index, text=text, finish_reason=finish,
-                                            logprobs=logprobs,
-                                            token_ids=ids if self.want_ids else None))
+        return self._chunk(
+            CompletionChoice(
+                index=choice.index,
+                text=text,
+                finish_reason=finish,
+                logprobs=logprobs,
+                token_ids=ids if self.want_ids else None,
+            )
+        )
 
     def usage_chunk(self, u: Usage) -> BaseModel:
-        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[],
-                               usage=u)
+        return CompletionChunk(
+            id=self.id, model=self.model, created=self.created, choices=[], usage=u
+        )
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [CompletionChoice(
-            index=c.index, text=c.prefix + c.text, finish_reason=c.finish_reason,
-            logprobs=(self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
-                      if self.want_logprobs else None),
-            token_ids=c.token_ids if self.want_ids else None) for c in choices]
-        return CompletionResponse(id=self.id, model=self.model, created=self.created,
-                                  choices=out, usage=u)
+        out = [
+            CompletionChoice(
+                index=c.index,
+                text=c.prefix + c.text,
+                finish_reason=c.finish_reason,
+                logprobs=(
+                    self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
+                    if self.want_logprobs
+                    else None
+                ),
+                token_ids=c.token_ids if self.want_ids else None,
+            )
+            for c in choices
+        ]
+        return CompletionResponse(
+            id=self.id, model=self.model, created=self.created, choices=out, usage=u
+        )
 
     def _chunk(self, choice: CompletionChoice) -> BaseModel:
-        return CompletionChunk(id=self.id, model=self.model, created=self.created,
-                               choices=[choice])
+        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
 
-    def _logprobs(self, ids: list[int], lps: list[TokenLogprobs],
-                  offset: int) -> CompletionLogprobs:
+    def _logprobs(
+        self, ids: list[int], lps: list[TokenLogprobs], offset: int
+    ) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for token_id, (logprob, top) in zip(ids, lps):
             text = self.texts.get(token_id)[0]
             out.tokens.append(text)
             out.token_logprobs.append(_lp(logprob))
             alternatives: dict[str, float] = {}
-            for t, v in top:        # tokens with the same text keep the likelier one's logprob
+            for t, v in top:  # tokens with the same text keep the likelier one's logprob
                 alternatives.setdefault(self.texts.get(t)[0], _lp(v))
             out.top_logprobs.append(alternatives)
             out.text_offset.append(offset)
@@ -144,8 +184,9 @@ class CompletionFormat:
 class ChatFormat:
     """/v1/chat/completions: an assistant message per choice, logprobs in the chat shape."""
 
-    def __init__(self, request_id: str, model: str, texts: TokenTexts, logprobs: bool,
-                 token_ids: bool) -> None:
+    def __init__(
+        self, request_id: str, model: str, texts: TokenTexts, logprobs: bool, token_ids: bool
+    ) -> None:
         self.id, self.model, self.texts = request_id, model, texts
         self.want_logprobs, self.want_ids = logprobs, token_ids
         self.created = int(time.time())
@@ -154,28 +195,48 @@ class ChatFormat:
         opening = Delta(role="assistant", content="")
         return self._chunk(ChatChunkChoice(index=choice.index, delta=opening))
 
-    def delta(self, choice: ChoiceState, text: str, ids: list[int], lps: list[TokenLogprobs],
-              finish: str | None) -> BaseModel:
-        return self._chunk(ChatChunkChoice(
-            index=choice.index, delta=Delta(content=text) if text or not finish else Delta(),
-            finish_reason=finish, logprobs=self._logprobs(ids, lps) if self.want_logprobs else None,
-            token_ids=ids if self.want_ids else None))
+    def delta(
+        self,
+        choice: ChoiceState,
+        text: str,
+        ids: list[int],
+        lps: list[TokenLogprobs],
+        finish: str | None,
+    ) -> BaseModel:
+        return self._chunk(
+            ChatChunkChoice(
+                index=choice.index,
+                delta=Delta(content=text) if text or not finish else Delta(),
+                finish_reason=finish,
+                logprobs=self._logprobs(ids, lps) if self.want_logprobs else None,
+                token_ids=ids if self.want_ids else None,
+            )
+        )
 
     def usage_chunk(self, u: Usage) -> BaseModel:
-        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created, choices=[],
-                                   usage=u)
+        return ChatCompletionChunk(
+            id=self.id, model=self.model, created=self.created, choices=[], usage=u
+        )
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [ChatChoice(
-            index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
-            logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
-            token_ids=c.token_ids if self.want_ids else None) for c in choices]
-        return ChatCompletionResponse(id=self.id, model=self.model, created=self.created,
-                                      choices=out, usage=u)
+        out = [
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                finish_reason=c.finish_reason,
+                logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
+                token_ids=c.token_ids if self.want_ids else None,
+            )
+            for c in choices
+        ]
+        return ChatCompletionResponse(
+            id=self.id, model=self.model, created=self.created, choices=out, usage=u
+        )
 
     def _chunk(self, choice: ChatChunkChoice) -> BaseModel:
-        return ChatCompletionChunk(id=self.id, model=self.model, created=self.created,
-                                   choices=[choice])
+        return ChatCompletionChunk(
+            id=self.id, model=self.model, created=self.created, choices=[choice]
+        )
 
     def _entry(self, token_id: int, logprob: float) -> TopLogprob:
         text, raw = self.texts.get(token_id)

@@ -1,11 +1,12 @@
 """Log lines a client cannot forge: control characters escaped (repr-style), length bounded."""
+
 from __future__ import annotations
 
 import logging
 
-MAX_LINE = 2000         # characters of one log message
-MAX_NAME = 40           # characters of one client-chosen name (an unknown field, a key)
-MAX_NAMES = 8           # names listed in one line; the rest are counted
+MAX_LINE = 2000  # characters of one log message
+MAX_NAME = 40  # characters of one client-chosen name (an unknown field, a key)
+MAX_NAMES = 8  # names listed in one line; the rest are counted
 
 
 def escape(text: str) -> str:

@@ -1,4 +1,5 @@
 """Prometheus metrics of one app (its own CollectorRegistry: two apps in a process never mix)."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -9,11 +10,15 @@ from ..engine.stats import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-OUTCOMES_DOC = ("Choices served, by finish reason (stop, length, cancelled), and requests refused "
-                "(invalid, unauthorized, queue_full, overloaded, error)")
-REFUSALS_DOC = ("Requests and connections refused, by reason: the error code of the reply "
-                "(e.g. prompt_too_large, invalid_value, queue_full), or a connection's "
-                "(header_timeout, body_timeout, too_many_connections)")
+OUTCOMES_DOC = (
+    "Choices served, by finish reason (stop, length, cancelled), and requests refused "
+    "(invalid, unauthorized, queue_full, overloaded, error)"
+)
+REFUSALS_DOC = (
+    "Requests and connections refused, by reason: the error code of the reply "
+    "(e.g. prompt_too_large, invalid_value, queue_full), or a connection's "
+    "(header_timeout, body_timeout, too_many_connections)"
+)
 
 
 class Metrics:
@@ -21,35 +26,61 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("tensorfold_requests", OUTCOMES_DOC, ["outcome"], registry=r)
         self.refusals = Counter("tensorfold_refusals", REFUSALS_DOC, ["reason"], registry=r)
-        self.prompt_tokens = Counter("tensorfold_prompt_tokens", "Prompt tokens admitted",
-                                     registry=r)
-        self.generated_tokens = Counter("tensorfold_generation_tokens", "Tokens generated",
-                                        registry=r)
-        self.cache_hits = Counter("tensorfold_prompt_cache_hits",
-                                  "Choices that resumed from the prompt cache", registry=r)
-        self.cached_tokens = Counter("tensorfold_prompt_cache_tokens",
-                                     "Prompt tokens resumed from the prompt cache", registry=r)
-        self.ttft = Histogram("tensorfold_time_to_first_token_seconds", "Arrival to first token",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.token_latency = Histogram("tensorfold_time_per_output_token_seconds",
-                                       "Time between successive tokens of one choice",
-                                       buckets=TOKEN_BUCKETS, registry=r)
-        self._gauge("tensorfold_queue_depth", "Requests waiting for a lane",
-                    lambda: stats().queued)
+        self.prompt_tokens = Counter(
+            "tensorfold_prompt_tokens", "Prompt tokens admitted", registry=r
+        )
+        self.generated_tokens = Counter(
+            "tensorfold_generation_tokens", "Tokens generated", registry=r
+        )
+        self.cache_hits = Counter(
+            "tensorfold_prompt_cache_hits", "Choices that resumed from the prompt cache", registry=r
+        )
+        self.cached_tokens = Counter(
+            "tensorfold_prompt_cache_tokens",
+            "Prompt tokens resumed from the prompt cache",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tensorfold_time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.token_latency = Histogram(
+            "tensorfold_time_per_output_token_seconds",
+            "Time between successive tokens of one choice",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self._gauge("tensorfold_queue_depth", "Requests waiting for a lane", lambda: stats().queued)
         self._gauge("tensorfold_lanes_busy", "Lanes holding a request", lambda: stats().busy_lanes)
-        self._gauge("tensorfold_lanes_prompt", "Busy lanes still reading their prompt",
-                    lambda: stats().prompt_lanes)
+        self._gauge(
+            "tensorfold_lanes_prompt",
+            "Busy lanes still reading their prompt",
+            lambda: stats().prompt_lanes,
+        )
         self._gauge("tensorfold_lanes_total", "Lanes (--parallel)", lambda: lanes)
-        self._gauge("tensorfold_engine_passes", "Forward passes run so far",
-                    lambda: stats().passes)
-        self._gauge("tensorfold_prompt_cache_misses", "Prompt-cache lookups with no cached prefix",
-                    lambda: stats().cache_misses)
-        self._gauge("tensorfold_prompt_cache_evictions", "Prompt-cache entries evicted (LRU)",
-                    lambda: stats().cache_evictions)
-        self._gauge("tensorfold_prompt_cache_inserts", "Prompt-cache entries stored",
-                    lambda: stats().cache_inserts)
-        self._gauge("tensorfold_prompt_cache_bytes", "Bytes the prompt cache holds (within its budget)",
-                    lambda: stats().cache_bytes)
+        self._gauge("tensorfold_engine_passes", "Forward passes run so far", lambda: stats().passes)
+        self._gauge(
+            "tensorfold_prompt_cache_misses",
+            "Prompt-cache lookups with no cached prefix",
+            lambda: stats().cache_misses,
+        )
+        self._gauge(
+            "tensorfold_prompt_cache_evictions",
+            "Prompt-cache entries evicted (LRU)",
+            lambda: stats().cache_evictions,
+        )
+        self._gauge(
+            "tensorfold_prompt_cache_inserts",
+            "Prompt-cache entries stored",
+            lambda: stats().cache_inserts,
+        )
+        self._gauge(
+            "tensorfold_prompt_cache_bytes",
+            "Bytes the prompt cache holds (within its budget)",
+            lambda: stats().cache_bytes,
+        )
 
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
@@ -63,8 +94,9 @@ class Metrics:
         """A connection closed before it made a request (a read timeout)."""
         self.refusals.labels(reason=reason).inc()
 
-    def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int,
-                 cached: int) -> None:
+    def finished(
+        self, outcome: str, prompt_tokens: int, completion_tokens: int, cached: int
+    ) -> None:
         """One choice ended; each choice is its own lane, so its prompt counts once per choice."""
         self.requests.labels(outcome=outcome).inc()
         self.prompt_tokens.inc(prompt_tokens)

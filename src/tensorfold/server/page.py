@@ -1,4 +1,5 @@
 """The chat page at GET /: static files from the package (no build step, nothing from a CDN)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,11 +15,11 @@ ASSETS = {
     "/web/sha256.js": ("sha256.js", "text/javascript; charset=utf-8"),
     "/web/style.css": ("style.css", "text/css; charset=utf-8"),
 }
-PAGE_PATHS = tuple(ASSETS)          # open without an API key: the page asks for the key itself
+PAGE_PATHS = tuple(ASSETS)  # open without an API key: the page asks for the key itself
 # The page and its scripts come from this server only; it talks to this server only.
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
@@ -34,8 +35,10 @@ class Asset:
 def load_assets() -> dict[str, Asset]:
     """Every file read once at start, so a request never touches the file system."""
     folder = resources.files("tensorfold.server") / "web"
-    return {path: Asset(folder.joinpath(name).read_bytes(), media)
-            for path, (name, media) in ASSETS.items()}
+    return {
+        path: Asset(folder.joinpath(name).read_bytes(), media)
+        for path, (name, media) in ASSETS.items()
+    }
 
 
 def mount_page(app: FastAPI) -> None:
@@ -44,6 +47,7 @@ def mount_page(app: FastAPI) -> None:
     def route(asset: Asset):
         async def serve() -> Response:
             return Response(asset.body, media_type=asset.media_type, headers=HEADERS)
+
         return serve
 
     for path, asset in assets.items():

@@ -1,5 +1,6 @@
 """Prompts to token ids: raw text, token ids, batches of either, and chat messages. These run on
 the worker threads of textwork.py, never on the event loop."""
+
 from __future__ import annotations
 
 import logging
@@ -18,22 +19,46 @@ from .sandbox import RenderJob, TemplateFailed, TemplateSandbox
 
 # Names the server sets itself, or Hugging Face's apply_chat_template takes as its own arguments:
 # a request's chat_template_kwargs may not set them (chat_template would run the client's code).
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "messages", "tokenize", "add_generation_prompt", "conversation", "tools", "documents",
-    "chat_template", "continue_final_message", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs", "processor_kwargs", "padding", "truncation", "max_length",
-    "return_tensors", "bos_token", "eos_token", "unk_token", "pad_token", "sep_token",
-    "cls_token", "mask_token", "additional_special_tokens"})
-JINJA_GLOBALS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace",
-                           "raise_exception", "strftime_now"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tokenize",
+        "add_generation_prompt",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "continue_final_message",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "processor_kwargs",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+    }
+)
+JINJA_GLOBALS = frozenset(
+    {"range", "dict", "lipsum", "cycler", "joiner", "namespace", "raise_exception", "strftime_now"}
+)
 MAX_EXACT_INT = 1 << 53
 log = logging.getLogger("tensorfold.server")
 
 
 def _need(tokenizer: Tokenizer | None, param: str) -> Tokenizer:
     if tokenizer is None:
-        raise APIError(400, "this checkpoint has no tokenizer: send token ids", param,
-                       code="no_tokenizer")
+        raise APIError(
+            400, "this checkpoint has no tokenizer: send token ids", param, code="no_tokenizer"
+        )
     return tokenizer
 
 
@@ -44,8 +69,7 @@ def split_prompt(prompt: Prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def encode_prompts(prompt: Prompt, tokenizer: Tokenizer | None,
-                   vocab_size: int) -> list[list[int]]:
+def encode_prompts(prompt: Prompt, tokenizer: Tokenizer | None, vocab_size: int) -> list[list[int]]:
     """Ids of each prompt; ids outside the vocabulary are refused here (echo decodes them before
     the engine sees them); an empty prompt is the engine's to refuse."""
     out = []
@@ -53,28 +77,41 @@ def encode_prompts(prompt: Prompt, tokenizer: Tokenizer | None,
         ids = _need(tokenizer, "prompt").encode(p) if isinstance(p, str) else list(p)
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})",
-                           "prompt", code="invalid_value")
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary [0, {vocab_size})",
+                "prompt",
+                code="invalid_value",
+            )
         out.append(ids)
     return out
 
 
-def template_messages(messages: list[ChatMessage],
-                      roles: tuple[str, ...] | None = CHAT_ROLES) -> list[dict[str, Any]]:
+def template_messages(
+    messages: list[ChatMessage], roles: tuple[str, ...] | None = CHAT_ROLES
+) -> list[dict[str, Any]]:
     """Messages as the chat template expects them: content parts joined into one string. A role
     the template does not render would vanish from the prompt, so it is refused (`roles` None:
     the request's own template decides)."""
     out = []
     for i, m in enumerate(messages):
         if roles is not None and m.role not in roles:
-            raise APIError(400, f"role {clip(repr(m.role), 60)} is not one of {', '.join(roles)}",
-                           f"messages[{i}].role", code="invalid_value")
+            raise APIError(
+                400,
+                f"role {clip(repr(m.role), 60)} is not one of {', '.join(roles)}",
+                f"messages[{i}].role",
+                code="invalid_value",
+            )
         d = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             for part in m.content:
                 if part.type != "text":
-                    raise APIError(400, f"content parts of type {part.type!r} are not supported "
-                                   "(text only)", f"messages[{i}].content", code="unsupported")
+                    raise APIError(
+                        400,
+                        f"content parts of type {part.type!r} are not supported (text only)",
+                        f"messages[{i}].content",
+                        code="unsupported",
+                    )
             d["content"] = "".join(part.text or "" for part in m.content)
         out.append(d)
     return out
@@ -91,14 +128,17 @@ def template_names(tokenizer: Tokenizer | None) -> frozenset[str]:
     for text in sources:
         try:
             tree = env.parse(text)
-        except TemplateError as exc:     # rendering will say so; meanwhile no kwargs are taken
+        except TemplateError as exc:  # rendering will say so; meanwhile no kwargs are taken
             log.warning("could not read the chat template's variables: %s", exc)
             continue
         # a name the template assigns is its own working variable, unless it asks whether the
         # caller defined it (`set x = x if x is defined else true`): that is a knob
         stored = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
-        asked = {t.node.name for t in tree.find_all(nodes.Test)
-                 if t.name in ("defined", "undefined") and isinstance(t.node, nodes.Name)}
+        asked = {
+            t.node.name
+            for t in tree.find_all(nodes.Test)
+            if t.name in ("defined", "undefined") and isinstance(t.node, nodes.Name)
+        }
         names |= meta.find_undeclared_variables(tree) - (stored - asked)
     return frozenset(names - RESERVED_TEMPLATE_KWARGS - JINJA_GLOBALS)
 
@@ -113,27 +153,43 @@ def _plain(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= MAX_KWARG_CHARS
 
 
-def template_kwargs(kwargs: dict[str, Any] | None,
-                    allowed: frozenset[str] | None) -> dict[str, Any]:
+def template_kwargs(
+    kwargs: dict[str, Any] | None, allowed: frozenset[str] | None
+) -> dict[str, Any]:
     """Plain values (booleans, numbers, short strings) under names the template reads; `allowed`
     None (the request's own template): any name but the reserved ones."""
     for name, value in (kwargs or {}).items():
-        ok = name.isidentifier() and name not in RESERVED_TEMPLATE_KWARGS and (
-            allowed is None or name in allowed)
+        ok = (
+            name.isidentifier()
+            and name not in RESERVED_TEMPLATE_KWARGS
+            and (allowed is None or name in allowed)
+        )
         if not ok:
             known = ", ".join(sorted(allowed)) if allowed else "none"
-            raise APIError(400, f"chat_template_kwargs may not set {clip(repr(name), 60)} "
-                           f"(the chat template reads: {known})", "chat_template_kwargs",
-                           code="invalid_value")
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {clip(repr(name), 60)} "
+                f"(the chat template reads: {known})",
+                "chat_template_kwargs",
+                code="invalid_value",
+            )
         if not _plain(value):
-            raise APIError(400, f"chat_template_kwargs.{name} must be a boolean, a number or a "
-                           f"string of at most {MAX_KWARG_CHARS} characters",
-                           f"chat_template_kwargs.{name}", code="invalid_value")
+            raise APIError(
+                400,
+                f"chat_template_kwargs.{name} must be a boolean, a number or a "
+                f"string of at most {MAX_KWARG_CHARS} characters",
+                f"chat_template_kwargs.{name}",
+                code="invalid_value",
+            )
     return dict(kwargs or {})
 
 
-def encode_chat(messages: list[ChatMessage], tokenizer: Tokenizer | None,
-                kwargs: dict[str, Any], add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(
+    messages: list[ChatMessage],
+    tokenizer: Tokenizer | None,
+    kwargs: dict[str, Any],
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """Renders the messages with the checkpoint's chat template (e.g. enable_thinking=False);
     `kwargs` were checked by template_kwargs."""
     tok = _need(tokenizer, "messages")
@@ -144,11 +200,16 @@ def encode_chat(messages: list[ChatMessage], tokenizer: Tokenizer | None,
         raise APIError(400, str(exc), "messages", code="no_chat_template") from exc
     except (TemplateError, TypeError, ValueError, KeyError) as exc:
         param = "messages"
-        if kwargs and _renders(lambda: tok.chat(rendered,
-                                                add_generation_prompt=add_generation_prompt)):
-            param = "chat_template_kwargs"      # the template takes the messages without them
-        raise APIError(400, f"the chat template refused the {param}: {clip(str(exc), 300)}",
-                       param, code="invalid_value") from exc
+        if kwargs and _renders(
+            lambda: tok.chat(rendered, add_generation_prompt=add_generation_prompt)
+        ):
+            param = "chat_template_kwargs"  # the template takes the messages without them
+        raise APIError(
+            400,
+            f"the chat template refused the {param}: {clip(str(exc), 300)}",
+            param,
+            code="invalid_value",
+        ) from exc
 
 
 def _renders(render) -> bool:
@@ -159,31 +220,56 @@ def _renders(render) -> bool:
         return False
 
 
-def encode_own_chat(messages: list[ChatMessage], tokenizer: Tokenizer | None, template: str,
-                    sandbox: TemplateSandbox, kwargs: dict[str, Any],
-                    add_generation_prompt: bool = True) -> list[int]:
+def encode_own_chat(
+    messages: list[ChatMessage],
+    tokenizer: Tokenizer | None,
+    template: str,
+    sandbox: TemplateSandbox,
+    kwargs: dict[str, Any],
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """Renders the messages with the request's own template, in the sandbox's child process."""
     tok = _need(tokenizer, "messages")
     special = {k: v for k, v in tok.hf.special_tokens_map.items() if isinstance(v, str)}
-    job = RenderJob(template, template_messages(messages, roles=None), kwargs,
-                    add_generation_prompt, special)
+    job = RenderJob(
+        template, template_messages(messages, roles=None), kwargs, add_generation_prompt, special
+    )
     try:
         return tok.encode(sandbox.render(job))
     except TemplateFailed as exc:
         raise _own_template_error(exc, job, sandbox) from exc
 
 
-def _own_template_error(exc: TemplateFailed, job: RenderJob,
-                        sandbox: TemplateSandbox) -> APIError:
+def _own_template_error(exc: TemplateFailed, job: RenderJob, sandbox: TemplateSandbox) -> APIError:
     if exc.kind == "busy":
-        return APIError(503, str(exc), "chat_template", code="chat_template_busy",
-                        type="server_error", headers={"Retry-After": "1"})
-    codes = {"syntax": "invalid_chat_template", "timeout": "chat_template_timeout",
-             "limit": "chat_template_limit", "render": "invalid_chat_template"}
+        return APIError(
+            503,
+            str(exc),
+            "chat_template",
+            code="chat_template_busy",
+            type="server_error",
+            headers={"Retry-After": "1"},
+        )
+    codes = {
+        "syntax": "invalid_chat_template",
+        "timeout": "chat_template_timeout",
+        "limit": "chat_template_limit",
+        "render": "invalid_chat_template",
+    }
     param = "chat_template"
-    if exc.kind == "render" and job.kwargs and _renders(
-            lambda: sandbox.render(RenderJob(job.template, job.messages, {},
-                                             job.add_generation_prompt, job.special))):
-        param = "chat_template_kwargs"          # the template renders without them
-    return APIError(400, f"the request's chat template failed: {clip(str(exc), 300)}", param,
-                    code=codes[exc.kind])
+    if (
+        exc.kind == "render"
+        and job.kwargs
+        and _renders(
+            lambda: sandbox.render(
+                RenderJob(job.template, job.messages, {}, job.add_generation_prompt, job.special)
+            )
+        )
+    ):
+        param = "chat_template_kwargs"  # the template renders without them
+    return APIError(
+        400,
+        f"the request's chat template failed: {clip(str(exc), 300)}",
+        param,
+        code=codes[exc.kind],
+    )

@@ -1,4 +1,5 @@
 """OpenAI request and response schemas (pydantic), plus the vLLM-style extensions we honour."""
+
 from __future__ import annotations
 
 import time
@@ -15,13 +16,20 @@ Prompt = str | TokenIds | Annotated[list[str], FAIL_FAST] | Annotated[list[Token
 # JSON's numbers only (Python's parser also takes Infinity and NaN); a bool is never "yes".
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Temperature = Annotated[float, Field(allow_inf_nan=False, le=MAX_TEMPERATURE)]
-Seed = Annotated[StrictInt, Field(ge=-(1 << 63), le=(1 << 63) - 1)]     # int64, as vLLM
+Seed = Annotated[StrictInt, Field(ge=-(1 << 63), le=(1 << 63) - 1)]  # int64, as vLLM
 
 # Fields that would change the output: refused when set to anything but their no-op value.
 PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 # Fields that are bookkeeping only: accepted and ignored (they never change tokens).
-IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-           "safety_identifier")
+IGNORED = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+)
 
 
 class StreamOptions(BaseModel):
@@ -41,18 +49,18 @@ class GenerationRequest(BaseModel):
     top_k: StrictInt | None = None
     min_p: Finite | None = None
     seed: Seed | None = None
-    stop: str | Annotated[list[str], FAIL_FAST] | None = None   # sizes: serving.check_stops
+    stop: str | Annotated[list[str], FAIL_FAST] | None = None  # sizes: serving.check_stops
     stop_token_ids: TokenIds | None = None
     ignore_eos: StrictBool = False
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    draft: StrictBool | None = None        # no drafter yet: every request is served plain
-    return_token_ids: StrictBool = False   # adds token_ids to each choice (and chunk)
+    draft: StrictBool | None = None  # no drafter yet: every request is served plain
+    return_token_ids: StrictBool = False  # adds token_ids to each choice (and chunk)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None      # refused unless empty
+    logit_bias: dict[str, Any] | None = None  # refused unless empty
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
@@ -105,7 +113,7 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    chat_template: str | None = None       # only with --trust-request-chat-template
+    chat_template: str | None = None  # only with --trust-request-chat-template
     add_generation_prompt: StrictBool = True
     tools: Annotated[list[dict[str, Any]], FAIL_FAST] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -137,6 +145,7 @@ class DetokenizeRequest(BaseModel):
 
 
 # -- responses ---------------------------------------------------------------------------------
+
 
 def _unix() -> int:
     return int(time.time())

@@ -1,5 +1,6 @@
 """One request's answer: events from its choices become a JSON response or an SSE stream, and a
 client that leaves (or a server that stops) cancels the choices still running."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,14 +28,22 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 class Reply:
     """Drives one Generation to its end, keeping per-choice state, metrics and the log line."""
 
-    def __init__(self, request_id: str, asked: list[Choice], gen: Generation,
-                 fmt: CompletionFormat | ChatFormat, metrics: Metrics,
-                 prefixes: dict[int, str]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        asked: list[Choice],
+        gen: Generation,
+        fmt: CompletionFormat | ChatFormat,
+        metrics: Metrics,
+        prefixes: dict[int, str],
+    ) -> None:
         self.request_id, self.gen, self.fmt, self.metrics = request_id, gen, fmt, metrics
         self.asked = asked
         self.requests = {c.index: req for c, req in zip(asked, gen.requests)}
-        self.choices = {c.index: ChoiceState(c.index, len(c.prompt_ids), prefixes.get(c.index, ""))
-                        for c in asked}
+        self.choices = {
+            c.index: ChoiceState(c.index, len(c.prompt_ids), prefixes.get(c.index, ""))
+            for c in asked
+        }
 
     def add(self, index: int, event: TokenEvent) -> ChoiceState:
         c, now = self.choices[index], time.monotonic()
@@ -79,17 +88,30 @@ class Reply:
         span = time.monotonic() - min(firsts) if firsts else 0.0
         rate = f"{u.completion_tokens / span:.1f}" if span > 0 else "-"
         reasons = ",".join(sorted({c.finish_reason or "-" for c in self.choices.values()}))
-        log.info("%s %d prompt=%d completion=%d cached=%d ttft=%s tok/s=%s finish=%s",
-                 self.request_id, status, u.prompt_tokens, u.completion_tokens,
-                 u.prompt_tokens_details.cached_tokens, ttft, rate, reasons)
+        log.info(
+            "%s %d prompt=%d completion=%d cached=%d ttft=%s tok/s=%s finish=%s",
+            self.request_id,
+            status,
+            u.prompt_tokens,
+            u.completion_tokens,
+            u.prompt_tokens_details.cached_tokens,
+            ttft,
+            rate,
+            reasons,
+        )
 
     def chunk_for(self, c: ChoiceState, event: TokenEvent) -> str | None:
         """The SSE chunk for one event, or None when it carries nothing to show yet."""
         wanted = self.fmt.want_logprobs or self.fmt.want_ids
         if not (event.text or event.finished or (event.token_ids and wanted)):
             return None
-        body = self.fmt.delta(c, event.text, event.token_ids, event.logprobs,
-                              event.finish_reason if event.finished else None)
+        body = self.fmt.delta(
+            c,
+            event.text,
+            event.token_ids,
+            event.logprobs,
+            event.finish_reason if event.finished else None,
+        )
         return sse(body.model_dump_json())
 
 
@@ -104,6 +126,7 @@ class EventStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
+
             async def run_then_stop(func) -> None:
                 await func()
                 tg.cancel_scope.cancel()
@@ -113,7 +136,7 @@ class EventStream(StreamingResponse):
 
 
 async def stream_events(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-    status = 499                  # until the stream ends normally: the client left
+    status = 499  # until the stream ends normally: the client left
     try:
         for c in reply.choices.values():
             opening = reply.fmt.opening(c)
@@ -142,13 +165,14 @@ async def _until_disconnect(receive: Receive) -> None:
 
 async def collect(reply: Reply, request: Request) -> Response:
     """Waits for every choice, or cancels them all the moment the client disconnects."""
+
     async def drain() -> None:
         async for index, event in reply.gen.events():
             reply.add(index, event)
 
     work = asyncio.ensure_future(drain())
     watch = asyncio.ensure_future(_until_disconnect(request.receive))
-    status = 499                  # unless the work ends first: the client left (or we stop)
+    status = 499  # unless the work ends first: the client left (or we stop)
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if work.done():
@@ -164,7 +188,11 @@ async def collect(reply: Reply, request: Request) -> Response:
     if status != 200:
         return Response(status_code=status)
     if any(c.finish_reason == "cancelled" for c in reply.choices.values()):
-        raise APIError(503, "the request was cancelled: the server is shutting down",
-                       code="cancelled", type="server_error")
+        raise APIError(
+            503,
+            "the request was cancelled: the server is shutting down",
+            code="cancelled",
+            type="server_error",
+        )
     body = reply.fmt.response(list(reply.choices.values()), reply.usage())
     return JSONResponse(body.model_dump())

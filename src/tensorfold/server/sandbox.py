@@ -1,6 +1,7 @@
 """A request's own chat template (only with --trust-request-chat-template) is code from the
 client: it renders in a child process (template_child.py) under jinja2's immutable sandbox, a
 memory cap and a time limit at which the child is killed. Renders take turns on one child."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 CHILD = Path(__file__).with_name("template_child.py")
-CHILD_MEMORY = 1 << 30          # address space of the child: a template can never take more
-CHILD_START_S = 30.0            # a fresh child's start (a loaded machine), before any time limit
+CHILD_MEMORY = 1 << 30  # address space of the child: a template can never take more
+CHILD_START_S = 30.0  # a fresh child's start (a loaded machine), before any time limit
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class RenderJob:
     messages: list[dict[str, Any]]
     kwargs: dict[str, Any]
     add_generation_prompt: bool
-    special: dict[str, str]          # the tokenizer's special tokens, as Hugging Face passes them
+    special: dict[str, str]  # the tokenizer's special tokens, as Hugging Face passes them
 
 
 class TemplateFailed(Exception):
@@ -60,8 +61,12 @@ class TemplateSandbox:
             # A clean environment: the child never sees the server's (an API key, say).
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", str(CHILD), str(CHILD_MEMORY), str(self.max_output)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env={}, close_fds=True)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env={},
+                close_fds=True,
+            )
             try:
                 self._read_line(self._proc.stdout.fileno(), time.monotonic() + CHILD_START_S)
             except TemplateFailed:
@@ -85,7 +90,7 @@ class TemplateSandbox:
         except TemplateFailed:
             self._kill()
             raise
-        except OSError as exc:       # the child died under us (e.g. its memory cap)
+        except OSError as exc:  # the child died under us (e.g. its memory cap)
             self._kill()
             raise TemplateFailed("limit", "the template's renderer stopped") from exc
         reply = json.loads(line)
@@ -98,8 +103,10 @@ class TemplateSandbox:
         while not buf.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TemplateFailed("timeout", f"the template did not render within "
-                                     f"{self.timeout_s:g}s (--template-timeout)")
+                raise TemplateFailed(
+                    "timeout",
+                    f"the template did not render within {self.timeout_s:g}s (--template-timeout)",
+                )
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 raise TemplateFailed("limit", "the template's renderer stopped (memory cap)")

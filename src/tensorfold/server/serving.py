@@ -1,4 +1,5 @@
 """The two generation endpoints: checks, prompt ids, sampling parameters, choices, the reply."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ class SamplingDefaults:
     def from_checkpoint(cls, path: str | Path) -> SamplingDefaults:
         f = Path(path) / "generation_config.json"
         raw = json.loads(f.read_text()) if f.is_file() else {}
-        if raw.get("do_sample") is False:            # the checkpoint asks for greedy decoding
+        if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
             return cls(temperature=0.0)
         return cls(**{k.name: raw[k.name] for k in fields(cls) if raw.get(k.name) is not None})
 
@@ -55,7 +56,7 @@ class ServerState:
     metrics: Metrics
     defaults: SamplingDefaults
     texts: TokenTexts
-    text: TextWorker                     # tokenizing and templates, off the event loop
+    text: TextWorker  # tokenizing and templates, off the event loop
     limits: Limits
 
     @property
@@ -71,16 +72,20 @@ class Job:
     choices: list[Choice]
     stream: bool
     include_usage: bool
-    prefixes: dict[int, str]             # echoed prompt text by choice index
-    renames: dict[str, str]              # engine parameter names -> the names the client used
+    prefixes: dict[int, str]  # echoed prompt text by choice index
+    renames: dict[str, str]  # engine parameter names -> the names the client used
 
 
 async def complete(s: ServerState, body: CompletionRequest, request: Request):
     check_common(body, s)
     if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo with logprobs needs prompt logprobs, which are not supported",
-                       "echo", code="unsupported")
-    check_choices(len(split_prompt(body.prompt)), body.n, "prompt", s)   # before tokenizing
+        raise APIError(
+            400,
+            "echo with logprobs needs prompt logprobs, which are not supported",
+            "echo",
+            code="unsupported",
+        )
+    check_choices(len(split_prompt(body.prompt)), body.n, "prompt", s)  # before tokenizing
     prompts = await s.text.prompts(body.prompt)
     check_context(prompts, "prompt", s)
     renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
@@ -90,53 +95,84 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
     if body.echo and s.tokenizer is not None:
         texts = [await s.text.decode(ids) for ids in prompts]
         prefixes = {c.index: texts[c.index // body.n] for c in choices}
-    job = Job(f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes,
-              renames)
-    fmt = CompletionFormat(job.request_id, s.model_name, s.texts, body.logprobs is not None,
-                           body.return_token_ids)
+    job = Job(
+        f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes, renames
+    )
+    fmt = CompletionFormat(
+        job.request_id, s.model_name, s.texts, body.logprobs is not None, body.return_token_ids
+    )
     return await respond(s, job, fmt, request)
 
 
 async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
     check_common(body, s)
     if body.top_logprobs is not None and not body.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs",
-                       code="invalid_value")
+        raise APIError(
+            400, "top_logprobs needs logprobs: true", "top_logprobs", code="invalid_value"
+        )
     check_choices(1, body.n, "messages", s)
     ids = await s.text.chat(ChatInput.of(body))
     check_context([ids], "messages", s)
     limit_name = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     limit = getattr(body, limit_name)
-    renames = {"logprobs": "top_logprobs", "prompt": "messages",
-               "max_tokens": limit_name if limit is not None else "messages"}
+    renames = {
+        "logprobs": "top_logprobs",
+        "prompt": "messages",
+        "max_tokens": limit_name if limit is not None else "messages",
+    }
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, s.defaults, limit, top, renames)
-    job = Job(f"chatcmpl-{uuid.uuid4().hex}", choices_for([ids], params, body.n), body.stream,
-              body.include_usage, {}, renames)
+    job = Job(
+        f"chatcmpl-{uuid.uuid4().hex}",
+        choices_for([ids], params, body.n),
+        body.stream,
+        body.include_usage,
+        {},
+        renames,
+    )
     fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
     return await respond(s, job, fmt, request)
 
 
-def sampling_params(req: GenerationRequest, defaults: SamplingDefaults, max_tokens: int | None,
-                    logprobs: int | None, renames: dict[str, str]) -> SamplingParams:
+def sampling_params(
+    req: GenerationRequest,
+    defaults: SamplingDefaults,
+    max_tokens: int | None,
+    logprobs: int | None,
+    renames: dict[str, str],
+) -> SamplingParams:
     """The engine's parameters; a bad value is a 400 naming the field as the client spelt it."""
+
     def pick(name: str):
         value = getattr(req, name)
         return getattr(defaults, name) if value is None else value
 
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=pick("temperature"),
-                              top_p=pick("top_p"), top_k=pick("top_k"), min_p=pick("min_p"),
-                              seed=req.seed, stop=req.stop or (), ignore_eos=req.ignore_eos,
-                              stop_token_ids=tuple(req.stop_token_ids or ()), logprobs=logprobs)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=pick("temperature"),
+            top_p=pick("top_p"),
+            top_k=pick("top_k"),
+            min_p=pick("min_p"),
+            seed=req.seed,
+            stop=req.stop or (),
+            ignore_eos=req.ignore_eos,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            logprobs=logprobs,
+        )
     except RequestError as exc:
         raise from_engine(exc, renames) from exc
 
 
 def check_model(name: str | None, served: str) -> None:
     if name is not None and name != served:
-        raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
-                       "model", code="model_not_found", type="not_found_error")
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves {served!r}",
+            "model",
+            code="model_not_found",
+            type="not_found_error",
+        )
 
 
 def check_common(req: GenerationRequest, s: ServerState) -> None:
@@ -144,34 +180,50 @@ def check_common(req: GenerationRequest, s: ServerState) -> None:
     stops the engine could not check cheaply at every token."""
     check_model(req.model, s.model_name)
     if not 1 <= req.n <= MAX_N:
-        raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n",
-                       code="invalid_value")
+        raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n", code="invalid_value")
     bad = req.unsupported()
     if bad is not None:
         raise APIError(400, f"{bad} is not supported by this server", bad, code="unsupported")
     check_stops(req, s.text.vocab_size)
     if req.model_extra:
-        log.warning("ignoring %d unknown field(s): %s", len(req.model_extra),
-                    names(sorted(req.model_extra)))
+        log.warning(
+            "ignoring %d unknown field(s): %s", len(req.model_extra), names(sorted(req.model_extra))
+        )
 
 
 def check_stops(req: GenerationRequest, vocab_size: int) -> None:
     stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
     if len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS}", "stop",
-                       code="invalid_value")
+        raise APIError(
+            400,
+            f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS}",
+            "stop",
+            code="invalid_value",
+        )
     for stop in stops:
         if not 1 <= len(stop) <= MAX_STOP_CHARS:
-            raise APIError(400, f"a stop string must have 1 to {MAX_STOP_CHARS} characters, "
-                           f"not {len(stop)}", "stop", code="invalid_value")
+            raise APIError(
+                400,
+                f"a stop string must have 1 to {MAX_STOP_CHARS} characters, not {len(stop)}",
+                "stop",
+                code="invalid_value",
+            )
     ids = req.stop_token_ids or []
     if len(ids) > MAX_STOP_TOKEN_IDS:
-        raise APIError(400, f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}",
-                       "stop_token_ids", code="invalid_value")
+        raise APIError(
+            400,
+            f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}",
+            "stop_token_ids",
+            code="invalid_value",
+        )
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise APIError(400, f"stop token id {bad} is outside the vocabulary [0, {vocab_size})",
-                       "stop_token_ids", code="invalid_value")
+        raise APIError(
+            400,
+            f"stop token id {bad} is outside the vocabulary [0, {vocab_size})",
+            "stop_token_ids",
+            code="invalid_value",
+        )
 
 
 def check_choices(prompts: int, n: int, param: str, s: ServerState) -> None:
@@ -179,34 +231,42 @@ def check_choices(prompts: int, n: int, param: str, s: ServerState) -> None:
     choices, queue = prompts * n, s.limits.max_queue
     if choices > queue:
         who = "n" if n > 1 else param
-        raise APIError(400, f"{prompts} prompt(s) x n={n} = {choices} choices can never wait "
-                       f"in a queue of {queue} (--max-queue); send at most {queue}", who,
-                       code="too_many_choices")
+        raise APIError(
+            400,
+            f"{prompts} prompt(s) x n={n} = {choices} choices can never wait "
+            f"in a queue of {queue} (--max-queue); send at most {queue}",
+            who,
+            code="too_many_choices",
+        )
 
 
 def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
     """A prompt past the context on its own is the prompt's fault, not max_tokens'."""
     longest = max((len(ids) for ids in prompts), default=0)
     if longest >= s.context:
-        raise APIError(413, f"the prompt is {longest} tokens; the context is {s.context} tokens "
-                       "and at least one must be generated", param,
-                       code="context_length_exceeded")
+        raise APIError(
+            413,
+            f"the prompt is {longest} tokens; the context is {s.context} tokens "
+            "and at least one must be generated",
+            param,
+            code="context_length_exceeded",
+        )
 
 
 def choices_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Choice]:
     """Choice i of prompt p has index p * n + i and choice i, whatever else is in the batch."""
-    return [Choice(p * n + i, ids, params, choice=i)
-            for p, ids in enumerate(prompts) for i in range(n)]
+    return [
+        Choice(p * n + i, ids, params, choice=i) for p, ids in enumerate(prompts) for i in range(n)
+    ]
 
 
-async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat,
-                  request: Request):
+async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat, request: Request):
     """Admits the job's choices (or refuses with the engine's reason), then answers."""
     try:
         gen = s.engine.submit(job.request_id, job.choices)
     except (RequestError, QueueFull) as exc:
         raise from_engine(exc, job.renames) from exc
-    except EngineFailed as exc:             # the engine has stopped: nothing can be served
+    except EngineFailed as exc:  # the engine has stopped: nothing can be served
         raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
     reply = Reply(job.request_id, job.choices, gen, fmt, s.metrics, job.prefixes)
     if job.stream:

@@ -2,6 +2,7 @@
 answer per line on stdout. Run as a script (`python -I template_child.py MEMORY MAX_OUTPUT`): it
 imports only the standard library and jinja2, caps its own address space, and the server kills it
 at the time limit, so no template can hold the server's memory or time."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ import jinja2
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-MAX_POWER = 256             # ** with a larger exponent could build an enormous integer
-COMPILED = 8                # templates kept compiled (most clients send the same one)
+MAX_POWER = 256  # ** with a larger exponent could build an enormous integer
+COMPILED = 8  # templates kept compiled (most clients send the same one)
 
 
 class LimitError(Exception):
@@ -43,22 +44,29 @@ class LimitedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**"})
 
     def __init__(self, max_output: int) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True,
-                         extensions=[loopcontrols, Generation])
+        super().__init__(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation]
+        )
         self.max_output = max_output
         self.filters["tojson"] = _tojson
-        self.globals.update(raise_exception=_raise, strftime_now=_now, namespace=Namespace,
-                            dict=_dict)
+        self.globals.update(
+            raise_exception=_raise, strftime_now=_now, namespace=Namespace, dict=_dict
+        )
 
     def call_binop(self, context, operator, left, right):
         if operator == "**" and isinstance(right, int) and abs(right) > MAX_POWER:
             raise LimitError(f"an exponent of {right} is past the limit of {MAX_POWER}")
         if operator == "*":
             sized, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
-            if isinstance(sized, (str, list, tuple)) and isinstance(times, int) \
-                    and len(sized) * times > self.max_output:
-                raise LimitError(f"a repetition of {len(sized) * times} items is past the "
-                                 f"limit of {self.max_output}")
+            if (
+                isinstance(sized, (str, list, tuple))
+                and isinstance(times, int)
+                and len(sized) * times > self.max_output
+            ):
+                raise LimitError(
+                    f"a repetition of {len(sized) * times} items is past the "
+                    f"limit of {self.max_output}"
+                )
         return super().call_binop(context, operator, left, right)
 
 
@@ -86,8 +94,9 @@ def _dict(*args, **kwargs):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise(message):
@@ -105,10 +114,16 @@ def render(env: LimitedEnvironment, cache: OrderedDict, job: dict) -> str:
         if len(cache) > COMPILED:
             cache.popitem(last=False)
     cache.move_to_end(source)
-    variables = {**job["special"], **job["kwargs"], "messages": job["messages"], "tools": None,
-                 "documents": None, "add_generation_prompt": job["add_generation_prompt"]}
+    variables = {
+        **job["special"],
+        **job["kwargs"],
+        "messages": job["messages"],
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": job["add_generation_prompt"],
+    }
     out, size = [], 0
-    for piece in cache[source].generate(**variables):   # stops as soon as the output is too big
+    for piece in cache[source].generate(**variables):  # stops as soon as the output is too big
         size += len(piece)
         if size > env.max_output:
             raise LimitError(f"the template renders more than {env.max_output} characters")
@@ -127,7 +142,7 @@ def answer(env: LimitedEnvironment, cache: OrderedDict, line: bytes) -> dict:
         return {"kind": "limit", "error": "the template needs more memory than it may use"}
     except RecursionError:
         return {"kind": "limit", "error": "the template recurses too deeply"}
-    except Exception as exc:     # the template's own error (raise_exception, a bad operation)
+    except Exception as exc:  # the template's own error (raise_exception, a bad operation)
         return {"kind": "render", "error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -136,10 +151,10 @@ def main() -> None:
     env, cache = LimitedEnvironment(max_output), OrderedDict()
     try:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    except (ValueError, OSError):    # a platform without the cap: the kill at the time limit stays
+    except (ValueError, OSError):  # a platform without the cap: the kill at the time limit stays
         pass
-    os.nice(10)                  # a looping template yields the CPU to the engine
-    sys.stdout.write('{"ready": true}\n')       # the time limit runs from here, not from start
+    os.nice(10)  # a looping template yields the CPU to the engine
+    sys.stdout.write('{"ready": true}\n')  # the time limit runs from here, not from start
     sys.stdout.flush()
     for line in sys.stdin.buffer:
         reply = answer(env, cache, line)

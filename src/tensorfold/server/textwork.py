@@ -2,6 +2,7 @@
 event loop only awaits them, so a costly prompt never delays another request's tokens or
 /health. (The tokenizer releases the GIL while it encodes; a request's own template renders in a
 child process, sandbox.py.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,7 @@ from typing import Any, Callable, TypeVar
 from ..tokenizer import Tokenizer
 from .errors import APIError
 from .limits import Limits
-from .prompts import (encode_chat, encode_own_chat, encode_prompts, template_kwargs,
-                      template_names)
+from .prompts import encode_chat, encode_own_chat, encode_prompts, template_kwargs, template_names
 from .protocol import ChatMessage, Prompt
 from .sandbox import TemplateSandbox
 
@@ -28,12 +28,13 @@ class ChatInput:
     messages: list[ChatMessage]
     kwargs: dict[str, Any] | None
     add_generation_prompt: bool
-    template: str | None                 # the request's own chat_template
+    template: str | None  # the request's own chat_template
 
     @classmethod
     def of(cls, body: Any) -> ChatInput:
-        return cls(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
-                   body.chat_template)
+        return cls(
+            body.messages, body.chat_template_kwargs, body.add_generation_prompt, body.chat_template
+        )
 
 
 class TextWorker:
@@ -41,8 +42,11 @@ class TextWorker:
         self.tokenizer, self.vocab_size, self.limits = tokenizer, vocab_size, limits
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="tensorfold-text")
         self.names = template_names(tokenizer)
-        self.sandbox = (TemplateSandbox(limits.template_timeout_s, limits.max_prompt_bytes)
-                        if limits.trust_request_chat_template else None)
+        self.sandbox = (
+            TemplateSandbox(limits.template_timeout_s, limits.max_prompt_bytes)
+            if limits.trust_request_chat_template
+            else None
+        )
 
     async def prompts(self, prompt: Prompt) -> list[list[int]]:
         return await self._run(encode_prompts, prompt, self.tokenizer, self.vocab_size)
@@ -52,12 +56,20 @@ class TextWorker:
             raise APIError(400, "messages must not be empty", "messages", code="invalid_value")
         if req.template is None:
             kwargs = template_kwargs(req.kwargs, self.names)
-            return await self._run(encode_chat, req.messages, self.tokenizer, kwargs,
-                                   req.add_generation_prompt)
+            return await self._run(
+                encode_chat, req.messages, self.tokenizer, kwargs, req.add_generation_prompt
+            )
         sandbox = self._sandbox_for(req.template)
         kwargs = template_kwargs(req.kwargs, None)
-        return await self._run(encode_own_chat, req.messages, self.tokenizer, req.template,
-                               sandbox, kwargs, req.add_generation_prompt)
+        return await self._run(
+            encode_own_chat,
+            req.messages,
+            self.tokenizer,
+            req.template,
+            sandbox,
+            kwargs,
+            req.add_generation_prompt,
+        )
 
     async def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -67,8 +79,12 @@ class TextWorker:
     def _decode(self, ids: list[int]) -> str:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the vocabulary [0, "
-                           f"{self.vocab_size})", "tokens", code="invalid_value")
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                "tokens",
+                code="invalid_value",
+            )
         return self.tokenizer.decode(ids)
 
     def close(self) -> None:
@@ -78,14 +94,22 @@ class TextWorker:
 
     def _sandbox_for(self, template: str) -> TemplateSandbox:
         if self.sandbox is None:
-            raise APIError(400, "this server renders only the checkpoint's chat template (start "
-                           "it with --trust-request-chat-template to allow a request's own)",
-                           "chat_template", code="untrusted_chat_template")
+            raise APIError(
+                400,
+                "this server renders only the checkpoint's chat template (start "
+                "it with --trust-request-chat-template to allow a request's own)",
+                "chat_template",
+                code="untrusted_chat_template",
+            )
         size = len(template.encode())
         if size > self.limits.max_template_bytes:
-            raise APIError(400, f"chat_template is {size} bytes; at most "
-                           f"{self.limits.max_template_bytes} (--max-template-bytes)",
-                           "chat_template", code="chat_template_too_large")
+            raise APIError(
+                400,
+                f"chat_template is {size} bytes; at most "
+                f"{self.limits.max_template_bytes} (--max-template-bytes)",
+                "chat_template",
+                code="chat_template_too_large",
+            )
         return self.sandbox
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -93,10 +117,16 @@ class TextWorker:
         finishes on its own: its input is bounded by the body caps)."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.run_in_executor(self.pool, fn, *args),
-                                          self.limits.prompt_timeout_s)
+            return await asyncio.wait_for(
+                loop.run_in_executor(self.pool, fn, *args), self.limits.prompt_timeout_s
+            )
         except TimeoutError:
-            raise APIError(503, f"the prompt was not processed within "
-                           f"{self.limits.prompt_timeout_s:g}s (--prompt-timeout); the server "
-                           "is busy, retry shortly", code="prompt_timeout", type="server_error",
-                           headers={"Retry-After": "1"}) from None
+            raise APIError(
+                503,
+                f"the prompt was not processed within "
+                f"{self.limits.prompt_timeout_s:g}s (--prompt-timeout); the server "
+                "is busy, retry shortly",
+                code="prompt_timeout",
+                type="server_error",
+                headers={"Retry-After": "1"},
+            ) from None

@@ -5,6 +5,7 @@ bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--qu
 the MLX layout with affine-packed weights (random words, small signed scales) and a `quantization`
 block (MoE experts stacked as `switch_mlp`, the router and the shared-expert gate at 8 bits, as
 mlx_lm makes them)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from tqdm import tqdm
 from .shapes import SHAPES, model_types, text_config
 
 SHARD_BYTES = 4 << 30
-MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")   # 6-bit in the mixed recipe
+MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")  # 6-bit in the mixed recipe
 
 
 def add_parser(sub) -> None:
@@ -29,8 +30,11 @@ def add_parser(sub) -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to draw the numbers (cuda is faster)")
-    p.add_argument("--tokenizer", default=None,
-                   help="copy this folder's tokenizer files in (e.g. the demo model's), for served runs")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="copy this folder's tokenizer files in (e.g. the demo model's), for served runs",
+    )
     p.set_defaults(func=_command)
 
 
@@ -42,7 +46,12 @@ def _command(args) -> int:
     return 0
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
@@ -58,7 +67,11 @@ def _tensors(cfg: dict, mlx: bool = False) -> list[tuple[str, tuple[int, ...], s
     bits when packed), experts (fused HF experts), norm (zero-centred), or raw."""
     h, i = cfg["hidden_size"], cfg.get("intermediate_size", 0)
     d, hq, hkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hv, dk, dv = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    hv, dk, dv = (
+        cfg["linear_num_value_heads"],
+        cfg["linear_key_head_dim"],
+        cfg["linear_value_head_dim"],
+    )
     key_dim, value_dim = cfg["linear_num_key_heads"] * dk, hv * dv
     conv = 2 * key_dim + value_dim
     out = [("embed_tokens", (cfg["vocab_size"], h), "linear"), ("norm.weight", (h,), "norm")]
@@ -66,22 +79,42 @@ def _tensors(cfg: dict, mlx: bool = False) -> list[tuple[str, tuple[int, ...], s
         out.append(("lm_head", (cfg["vocab_size"], h), "linear"))
     for n, kind in enumerate(cfg["layer_types"]):
         p = f"layers.{n}."
-        out += [(p + "input_layernorm.weight", (h,), "norm"), (p + "post_attention_layernorm.weight", (h,), "norm")]
-        out += _moe_tensors(cfg, p + "mlp.", mlx) if "num_experts" in cfg else [
-            (p + "mlp.gate_proj", (i, h), "linear"), (p + "mlp.up_proj", (i, h), "linear"),
-            (p + "mlp.down_proj", (h, i), "linear")]
+        out += [
+            (p + "input_layernorm.weight", (h,), "norm"),
+            (p + "post_attention_layernorm.weight", (h,), "norm"),
+        ]
+        out += (
+            _moe_tensors(cfg, p + "mlp.", mlx)
+            if "num_experts" in cfg
+            else [
+                (p + "mlp.gate_proj", (i, h), "linear"),
+                (p + "mlp.up_proj", (i, h), "linear"),
+                (p + "mlp.down_proj", (h, i), "linear"),
+            ]
+        )
         if kind == "full_attention":
             a = p + "self_attn."
-            out += [(a + "q_proj", (2 * hq * d, h), "linear"), (a + "k_proj", (hkv * d, h), "linear"),
-                    (a + "v_proj", (hkv * d, h), "linear"), (a + "o_proj", (h, hq * d), "linear"),
-                    (a + "q_norm.weight", (d,), "norm"), (a + "k_norm.weight", (d,), "norm")]
+            out += [
+                (a + "q_proj", (2 * hq * d, h), "linear"),
+                (a + "k_proj", (hkv * d, h), "linear"),
+                (a + "v_proj", (hkv * d, h), "linear"),
+                (a + "o_proj", (h, hq * d), "linear"),
+                (a + "q_norm.weight", (d,), "norm"),
+                (a + "k_norm.weight", (d,), "norm"),
+            ]
         else:
             g = p + "linear_attn."
-            out += [(g + "in_proj_qkv", (conv, h), "linear"), (g + "in_proj_z", (value_dim, h), "linear"),
-                    (g + "in_proj_b", (hv, h), "linear"), (g + "in_proj_a", (hv, h), "linear"),
-                    (g + "out_proj", (h, value_dim), "linear"), (g + "conv1d.weight", (conv, 4), "conv"),
-                    (g + "A_log", (hv,), "a_log"), (g + "dt_bias", (hv,), "raw"),
-                    (g + "norm.weight", (dv,), "gnorm")]
+            out += [
+                (g + "in_proj_qkv", (conv, h), "linear"),
+                (g + "in_proj_z", (value_dim, h), "linear"),
+                (g + "in_proj_b", (hv, h), "linear"),
+                (g + "in_proj_a", (hv, h), "linear"),
+                (g + "out_proj", (h, value_dim), "linear"),
+                (g + "conv1d.weight", (conv, 4), "conv"),
+                (g + "A_log", (hv,), "a_log"),
+                (g + "dt_bias", (hv,), "raw"),
+                (g + "norm.weight", (dv,), "gnorm"),
+            ]
     return out
 
 
@@ -89,13 +122,24 @@ def _moe_tensors(cfg: dict, p: str, mlx: bool) -> list[tuple[str, tuple[int, ...
     h, e = cfg["hidden_size"], cfg["num_experts"]
     i, s = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
     if mlx:
-        experts = [(p + "switch_mlp.gate_proj", (e, i, h), "linear"), (p + "switch_mlp.up_proj", (e, i, h), "linear"),
-                   (p + "switch_mlp.down_proj", (e, h, i), "linear")]
+        experts = [
+            (p + "switch_mlp.gate_proj", (e, i, h), "linear"),
+            (p + "switch_mlp.up_proj", (e, i, h), "linear"),
+            (p + "switch_mlp.down_proj", (e, h, i), "linear"),
+        ]
     else:
-        experts = [(p + "experts.gate_up_proj", (e, 2 * i, h), "experts"), (p + "experts.down_proj", (e, h, i), "experts")]
-    return [(p + "gate", (e, h), "router"), *experts,
-            (p + "shared_expert.gate_proj", (s, h), "linear"), (p + "shared_expert.up_proj", (s, h), "linear"),
-            (p + "shared_expert.down_proj", (h, s), "linear"), (p + "shared_expert_gate", (1, h), "router")]
+        experts = [
+            (p + "experts.gate_up_proj", (e, 2 * i, h), "experts"),
+            (p + "experts.down_proj", (e, h, i), "experts"),
+        ]
+    return [
+        (p + "gate", (e, h), "router"),
+        *experts,
+        (p + "shared_expert.gate_proj", (s, h), "linear"),
+        (p + "shared_expert.up_proj", (s, h), "linear"),
+        (p + "shared_expert.down_proj", (h, s), "linear"),
+        (p + "shared_expert_gate", (1, h), "router"),
+    ]
 
 
 class _Writer:
@@ -121,18 +165,27 @@ class _Writer:
     def close(self) -> None:
         self.flush()
         (self.out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": self.weight_map}, indent=1))
+            json.dumps({"metadata": {}, "weight_map": self.weight_map}, indent=1)
+        )
 
 
-def make_random(out: str | Path, shape: str, quantize: str | None = None, group_size: int = 64,
-                seed: int = 0, device: str = "cpu") -> Path:
+def make_random(
+    out: str | Path,
+    shape: str,
+    quantize: str | None = None,
+    group_size: int = 64,
+    seed: int = 0,
+    device: str = "cpu",
+) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = text_config(shape)
     g = torch.Generator(device=device).manual_seed(seed)
     mlx = quantize is not None
     top_type, text_type = model_types(shape)
-    prefix, head = ("language_model.model.", "language_model.lm_head") if mlx else ("model.", "lm_head")
+    prefix, head = (
+        ("language_model.model.", "language_model.lm_head") if mlx else ("model.", "lm_head")
+    )
     writer = _Writer(out)
     quant: dict = {"group_size": group_size, "bits": 4, "mode": "affine"} if mlx else {}
     for local, dims, kind in tqdm(_tensors(cfg, mlx), desc=f"random {shape}", unit="tensor"):
@@ -147,10 +200,18 @@ def make_random(out: str | Path, shape: str, quantize: str | None = None, group_
             suffix = ".weight" if kind in ("linear", "router") else ""
             writer.add(stem + suffix, _dense(dims, kind, mlx, g, device))
     writer.close()
-    arch = "Qwen3_5MoeForConditionalGeneration" if top_type.endswith("moe") else "Qwen3_5ForConditionalGeneration"
-    config = {"model_type": top_type, "architectures": [arch],
-              "text_config": dict(cfg, model_type=text_type),
-              "tie_word_embeddings": cfg["tie_word_embeddings"], "eos_token_id": 248046}
+    arch = (
+        "Qwen3_5MoeForConditionalGeneration"
+        if top_type.endswith("moe")
+        else "Qwen3_5ForConditionalGeneration"
+    )
+    config = {
+        "model_type": top_type,
+        "architectures": [arch],
+        "text_config": dict(cfg, model_type=text_type),
+        "tie_word_embeddings": cfg["tie_word_embeddings"],
+        "eos_token_id": 248046,
+    }
     if mlx:
         config["quantization"] = config["quantization_config"] = quant
     (out / "config.json").write_text(json.dumps(config, indent=1))
@@ -165,25 +226,39 @@ def _bits(local: str, kind: str, quantize: str) -> int:
 
 
 def _dense(dims, kind, mlx, g, device) -> torch.Tensor:
-    if kind == "conv":   # HF [C, 1, K]; MLX [C, K, 1]
+    if kind == "conv":  # HF [C, 1, K]; MLX [C, K, 1]
         t = torch.randn(dims, generator=g, device=device) * 0.3
         return (t[:, :, None] if mlx else t[:, None, :]).to(torch.bfloat16)
     if kind == "a_log":
         return torch.rand(dims, generator=g, device=device).mul(2.0).sub(1.0).float()
     if kind in ("norm", "gnorm"):
         t = torch.randn(dims, generator=g, device=device) * 0.05
-        shifted = kind == "gnorm" or mlx              # MLX stores 1 + w; the gated norm is plain
-        return (t + 1.0 if shifted else t).to(torch.bfloat16 if kind == "norm" or mlx else torch.float32)
+        shifted = kind == "gnorm" or mlx  # MLX stores 1 + w; the gated norm is plain
+        return (t + 1.0 if shifted else t).to(
+            torch.bfloat16 if kind == "norm" or mlx else torch.float32
+        )
     std = dims[-1] ** -0.5 if kind in ("linear", "router", "experts") else 0.5
     return (torch.randn(dims, generator=g, device=device) * std).to(torch.bfloat16)
 
 
 def _packed(dims, bits, group_size, g, device) -> dict[str, torch.Tensor]:
-    *lead, k = dims                                 # [N, K], or [E, N, K] for stacked experts
-    words = torch.randint(-(1 << 31), (1 << 31) - 1, (*lead, k * bits // 32), generator=g, device=device,
-                          dtype=torch.int64).to(torch.int32).view(torch.uint32)
-    step = (2.0 * k ** -0.5) / ((1 << bits) - 1)
-    sign = torch.where(torch.rand((*lead, k // group_size), generator=g, device=device) < 0.5, -1.0, 1.0)
+    *lead, k = dims  # [N, K], or [E, N, K] for stacked experts
+    words = (
+        torch.randint(
+            -(1 << 31),
+            (1 << 31) - 1,
+            (*lead, k * bits // 32),
+            generator=g,
+            device=device,
+            dtype=torch.int64,
+        )
+        .to(torch.int32)
+        .view(torch.uint32)
+    )
+    step = (2.0 * k**-0.5) / ((1 << bits) - 1)
+    sign = torch.where(
+        torch.rand((*lead, k // group_size), generator=g, device=device) < 0.5, -1.0, 1.0
+    )
     scales = (sign * step).to(torch.bfloat16)
     biases = (-scales.float() * ((1 << bits) - 1) / 2).to(torch.bfloat16)
     return {"weight": words, "scales": scales, "biases": biases}

@@ -1,21 +1,26 @@
 """`tensorfold run`: one prompt, offline, through the engine; optionally a seams comparison."""
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from ..util import default_checkpoint, resolve_device, resolve_dtype, token_sha
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams, Watch
 from ..models.loader import load_model
 from ..tokenizer import Tokenizer
+from ..util import default_checkpoint, resolve_device, resolve_dtype, token_sha
 
 
 def _prompt_ids(args, tok: Tokenizer | None) -> list[int]:
     if args.tokens is not None:
         src = Path(args.tokens)
-        text = src.read_text() if not args.tokens.lstrip().startswith("[") and src.is_file() else args.tokens
+        text = (
+            src.read_text()
+            if not args.tokens.lstrip().startswith("[") and src.is_file()
+            else args.tokens
+        )
         return [int(t) for t in json.loads(text)]
     if tok is None:
         raise SystemExit("error: this checkpoint has no tokenizer: use --tokens")
@@ -26,8 +31,15 @@ def _prompt_ids(args, tok: Tokenizer | None) -> list[int]:
 
 
 def _params(args) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
 
 
 def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams: int | None = None):
@@ -59,17 +71,29 @@ def run_command(args) -> int:
     params = _params(args)
 
     def engine(chunk: int) -> Engine:
-        return Engine(model, tok, EngineConfig(parallel=args.parallel, context=context, chunk=chunk,
-                                                threads=args.threads))
+        return Engine(
+            model,
+            tok,
+            EngineConfig(
+                parallel=args.parallel, context=context, chunk=chunk, threads=args.threads
+            ),
+        )
 
     seams = args.seams if args.compare_chunk else None
     req, prints = generate_once(engine(args.chunk), ids, params, seams)
-    result = {"prompt_tokens": len(ids), "token_ids": req.output_ids, "text": req.text,
-              "token_sha": token_sha(req.output_ids), "finish_reason": req.finish_reason}
+    result = {
+        "prompt_tokens": len(ids),
+        "token_ids": req.output_ids,
+        "text": req.text,
+        "token_sha": token_sha(req.output_ids),
+        "finish_reason": req.finish_reason,
+    }
     if args.compare_chunk:
         other, prints_b = generate_once(engine(args.compare_chunk), ids, params, seams)
         result["seams"] = _compare(prints, prints_b, args.chunk, args.compare_chunk)
-        result["seams_equal"] = all(s["equal"] for s in result["seams"]) and other.output_ids == req.output_ids
+        result["seams_equal"] = (
+            all(s["equal"] for s in result["seams"]) and other.output_ids == req.output_ids
+        )
     if args.json:
         print(json.dumps(result))
     else:
@@ -82,16 +106,29 @@ def run_command(args) -> int:
 def _compare(a, b, chunk_a: int, chunk_b: int) -> list[dict]:
     rows = []
     for (label, pos, fa), (_, pos_b, fb) in zip(a, b):
-        rows.append({"at": label, "position": pos, f"chunk_{chunk_a}": fa, f"chunk_{chunk_b}": fb,
-                     "equal": fa == fb and pos == pos_b})
+        rows.append(
+            {
+                "at": label,
+                "position": pos,
+                f"chunk_{chunk_a}": fa,
+                f"chunk_{chunk_b}": fb,
+                "equal": fa == fb and pos == pos_b,
+            }
+        )
     if len(a) != len(b):
         rows.append({"at": "count", "position": -1, "equal": False})
     return rows
 
 
 def _print_seams(result: dict, chunk_a: int, chunk_b: int) -> None:
-    print(f"{'at':<11} {'row':>7}  {'chunk ' + str(chunk_a):<18} {'chunk ' + str(chunk_b):<18} equal", file=sys.stderr)
+    print(
+        f"{'at':<11} {'row':>7}  {'chunk ' + str(chunk_a):<18} {'chunk ' + str(chunk_b):<18} equal",
+        file=sys.stderr,
+    )
     for s in result["seams"]:
         fa, fb = s.get(f"chunk_{chunk_a}", "-"), s.get(f"chunk_{chunk_b}", "-")
-        print(f"{s['at']:<11} {s['position']:>7}  {fa[:16]:<18} {fb[:16]:<18} {s['equal']}", file=sys.stderr)
+        print(
+            f"{s['at']:<11} {s['position']:>7}  {fa[:16]:<18} {fb[:16]:<18} {s['equal']}",
+            file=sys.stderr,
+        )
     print(f"seams equal: {result['seams_equal']}", file=sys.stderr)

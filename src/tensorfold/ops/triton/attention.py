@@ -6,6 +6,7 @@ walks the lane's keys in splits of BLOCK_N positions, in order. Each split is re
 position merges as an exact no-op. Prompt and decode rows use this one kernel and configuration,
 so a row's reduction tree never depends on its company or its chunk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,16 +15,34 @@ import triton.language as tl
 
 from ..attention import Q_TILE, AttentionTiles
 
-BLOCK_M = Q_TILE     # the query tile: the CPU reference's
-BLOCK_N = 64   # the KV split
+BLOCK_M = Q_TILE  # the query tile: the CPU reference's
+BLOCK_N = 64  # the KV split
 WARPS = 4
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr,
-                      scale, stride_q, stride_kv, g_ptr, stride_g_row, stride_g_head,
-                      GROUP: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    row0_ptr,
+    rows_ptr,
+    pos0_ptr,
+    base_ptr,
+    table_ptr,
+    scale,
+    stride_q,
+    stride_kv,
+    g_ptr,
+    stride_g_row,
+    stride_g_head,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GATED: tl.constexpr,
+):
     tile, h = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
     row0, nrows = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile)
@@ -32,7 +51,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, 
     valid = o_m < nrows
     rows = (row0 + o_m).to(tl.int64)
     pos = pos0 + o_m
-    q = tl.load(q_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], mask=valid[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], mask=valid[:, None], other=0.0
+    )
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
@@ -59,26 +80,54 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, 
         m_i = m_new
         start += BLOCK_N
     out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
-    if GATED:   # the output gate: bf16(out) * bf16(sigmoid(gate)), each rounded as torch rounds them
-        g = tl.load(g_ptr + rows[:, None] * stride_g_row + h * stride_g_head + o_d[None, :], mask=valid[:, None],
-                    other=0.0).to(tl.float32)
+    if GATED:  # the output gate: bf16(out) * bf16(sigmoid(gate)), each rounded as torch rounds them
+        g = tl.load(
+            g_ptr + rows[:, None] * stride_g_row + h * stride_g_head + o_d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        ).to(tl.float32)
         sig = (1.0 / (1.0 + tl.exp(-g))).to(o_ptr.dtype.element_ty)
         out = (out.to(tl.float32) * sig.to(tl.float32)).to(o_ptr.dtype.element_ty)
     tl.store(o_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], out, mask=valid[:, None])
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: AttentionTiles,
-                    scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tiles: AttentionTiles,
+    scale: float,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
     sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given."""
     n, hq, d = q.shape
     group = hq // k_cache.shape[1]
     q = q.contiguous()
-    out = torch.empty_like(q)                # every row belongs to a tile
+    out = torch.empty_like(q)  # every row belongs to a tile
     g = gate if gate is not None else q
     grid = (tiles.row0.shape[0], hq)
-    _attention_kernel[grid](q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.table_base,
-                            tiles.kv_rows, scale, q.stride(0), k_cache.stride(0), g, g.stride(0),
-                            g.stride(1), GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                            GATED=gate is not None, num_warps=WARPS)
+    _attention_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        tiles.row0,
+        tiles.rows,
+        tiles.pos0,
+        tiles.table_base,
+        tiles.kv_rows,
+        scale,
+        q.stride(0),
+        k_cache.stride(0),
+        g,
+        g.stride(0),
+        g.stride(1),
+        GROUP=group,
+        D=d,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        GATED=gate is not None,
+        num_warps=WARPS,
+    )
     return out

@@ -8,18 +8,37 @@ kernel and configuration serve prompt and decode rows, and a step's arithmetic n
 how many rows the lane brings or on other lanes, so a token's state never depends on its chunk or
 its company (registry: chunks of 37 = one call, a lane beside another = alone).
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_V = 16     # value columns per program: the whole configuration is fixed (it decides reduction trees)
+BLOCK_V = (
+    16  # value columns per program: the whole configuration is fixed (it decides reduction trees)
+)
 
 
 @triton.jit
-def _row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, stride_k, stride_v,
-         HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+def _row(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    r,
+    hk,
+    h,
+    o_k,
+    o_v,
+    stride_q,
+    stride_k,
+    stride_v,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+):
     """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed)."""
     r = r.to(tl.int64)
     b_q = tl.load(q_ptr + r * stride_q + hk * K + o_k).to(tl.float32)
@@ -31,40 +50,97 @@ def _row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, str
 
 
 @triton.jit
-def _recurrence(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, h_ptr, slot_ptr, cu_ptr,
-                stride_q, stride_k, stride_v, stride_o, scale,
-                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+def _recurrence(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    h_ptr,
+    slot_ptr,
+    cu_ptr,
+    stride_q,
+    stride_k,
+    stride_v,
+    stride_o,
+    scale,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+):
     i, h, iv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_ptr + i).to(tl.int32)
     eos = tl.load(cu_ptr + i + 1).to(tl.int32)
-    last = tl.maximum(eos - 1, 0)              # prefetches are clamped to the lane's last row
-    hk = h // (HV // HK)                       # value head h reads key head h // (HV / HK)
+    last = tl.maximum(eos - 1, 0)  # prefetches are clamped to the lane's last row
+    hk = h // (HV // HK)  # value head h reads key head h // (HV / HK)
     o_k = tl.arange(0, K)
     o_v = iv * BV + tl.arange(0, BV)
     slot = tl.load(slot_ptr + i).to(tl.int64)
     p_h = h_ptr + (slot * HV + h) * (K * V) + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h)
-    b_q, b_k, b_v, b_g, b_b = _row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(bos, last), hk, h, o_k, o_v,
-                                   stride_q, stride_k, stride_v, HV, K, V)
+    b_q, b_k, b_v, b_g, b_b = _row(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        g_ptr,
+        beta_ptr,
+        tl.minimum(bos, last),
+        hk,
+        h,
+        o_k,
+        o_v,
+        stride_q,
+        stride_k,
+        stride_v,
+        HV,
+        K,
+        V,
+    )
     t = bos
-    while t < eos:          # a while loop: the lane's bounds are loaded values
-        n_q, n_k, n_v, n_g, n_b = _row(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k,
-                                       o_v, stride_q, stride_k, stride_v, HV, K, V)
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale       # l2-normalised q, scaled
+    while t < eos:  # a while loop: the lane's bounds are loaded values
+        n_q, n_k, n_v, n_g, n_b = _row(
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            g_ptr,
+            beta_ptr,
+            tl.minimum(t + 1, last),
+            hk,
+            h,
+            o_k,
+            o_v,
+            stride_q,
+            stride_k,
+            stride_v,
+            HV,
+            K,
+            V,
+        )
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_h = b_h * tl.exp(b_g)                                       # S ← exp(g) · S
-        delta = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_b           # β (v − Sᵀk)
-        b_h = b_h + b_k[:, None] * delta[None, :]                     # S ← S + k δᵀ
-        b_o = tl.sum(b_h * b_q[:, None], 0)                           # o = Sᵀq
+        b_h = b_h * tl.exp(b_g)  # S ← exp(g) · S
+        delta = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_b  # β (v − Sᵀk)
+        b_h = b_h + b_k[:, None] * delta[None, :]  # S ← S + k δᵀ
+        b_o = tl.sum(b_h * b_q[:, None], 0)  # o = Sᵀq
         tl.store(o_ptr + t.to(tl.int64) * stride_o + h * V + o_v, b_o.to(o_ptr.dtype.element_ty))
         b_q, b_k, b_v, b_g, b_b = n_q, n_k, n_v, n_g, n_b
         t += 1
     tl.store(p_h, b_h)
 
 
-def gated_delta_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                      beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-                      cu_seqlens: torch.Tensor) -> torch.Tensor:
+def gated_delta_lanes(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
     Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is states[slots[i]], updated in
@@ -73,8 +149,10 @@ def gated_delta_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if dk & (dk - 1) or dv & (dv - 1) or hv % hk:
-        raise ValueError(f"recurrence needs power-of-two head dims and Hv divisible by Hk, got dk={dk} dv={dv} "
-                         f"Hk={hk} Hv={hv}")
+        raise ValueError(
+            f"recurrence needs power-of-two head dims and Hv divisible by Hk, got dk={dk} dv={dv} "
+            f"Hk={hk} Hv={hv}"
+        )
     if not states.is_contiguous() or states.dtype != torch.float32:
         raise ValueError("recurrent states must be contiguous fp32 [slots, Hv, dk, dv]")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -83,7 +161,26 @@ def gated_delta_lanes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     o = torch.empty((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(BLOCK_V, dv)
     _recurrence[(slots.shape[0], hv, dv // bv)](
-        q, k, v, g.float().contiguous(), beta.contiguous(), o, states, slots, cu_seqlens,
-        q.stride(0), k.stride(0), v.stride(0), o.stride(0), dk ** -0.5,
-        HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=1, num_stages=1)
+        q,
+        k,
+        v,
+        g.float().contiguous(),
+        beta.contiguous(),
+        o,
+        states,
+        slots,
+        cu_seqlens,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        o.stride(0),
+        dk**-0.5,
+        HK=hk,
+        HV=hv,
+        K=dk,
+        V=dv,
+        BV=bv,
+        num_warps=1,
+        num_stages=1,
+    )
     return o

@@ -1,5 +1,6 @@
 """Row norms on the GPU, one program per row and one configuration per width, so a row's
 reduction tree depends on its width alone (never on how many rows came with it)."""
+
 from __future__ import annotations
 
 import torch
@@ -24,16 +25,18 @@ def _rms_kernel(x_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.con
 
 
 @triton.jit
-def _gated_kernel(x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, BLOCK: tl.constexpr):
+def _gated_kernel(
+    x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
     x = tl.load(x_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32)
-    z_row = (row // z_heads) * z_stride + (row % z_heads) * W     # the gate may be a column slice
+    z_row = (row // z_heads) * z_stride + (row % z_heads) * W  # the gate may be a column slice
     z = tl.load(z_ptr + z_row + o, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + o, mask=mask, other=0.0)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / W + eps)
-    normed = (x * r).to(y_ptr.dtype.element_ty)                 # rounded to the activation dtype
+    normed = (x * r).to(y_ptr.dtype.element_ty)  # rounded to the activation dtype
     y = (w * normed).to(tl.float32) * (z / (1.0 + tl.exp(-z)))
     tl.store(y_ptr + row * W + o, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -47,7 +50,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
     return y.view(x.shape)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x [..., W]; gate [N, H, W] (rows may be strided) or any shape matching x."""
     w = x.shape[-1]
     flat = x.contiguous().view(-1, w)
@@ -55,19 +60,23 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         gate = gate.contiguous().view(-1, 1, w)
     y = torch.empty_like(flat)
     block, warps = _config(w)
-    _gated_kernel[(flat.shape[0],)](flat, gate, weight, y, w, eps, gate.shape[1], gate.stride(0), BLOCK=block,
-                                    num_warps=warps)
+    _gated_kernel[(flat.shape[0],)](
+        flat, gate, weight, y, w, eps, gate.shape[1], gate.stride(0), BLOCK=block, num_warps=warps
+    )
     return y.view(x.shape)
 
 
 @triton.jit
-def _add_rms_kernel(h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.constexpr):
+def _add_rms_kernel(
+    h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
-    s = tl.load(h_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32) + \
-        tl.load(d_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32)
-    s = s.to(hout_ptr.dtype.element_ty)                         # the residual stream, rounded as torch adds
+    s = tl.load(h_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32) + tl.load(
+        d_ptr + row * W + o, mask=mask, other=0.0
+    ).to(tl.float32)
+    s = s.to(hout_ptr.dtype.element_ty)  # the residual stream, rounded as torch adds
     tl.store(hout_ptr + row * W + o, s, mask=mask)
     x = s.to(tl.float32)
     w = tl.load(w_ptr + o, mask=mask, other=0.0).to(tl.float32)
@@ -75,27 +84,46 @@ def _add_rms_kernel(h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, 
     tl.store(y_ptr + row * W + o, (x * r * (offset + w)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, rms_norm(h + delta)) in one pass: the residual add and the next norm."""
     w = h.shape[-1]
     h, delta = h.contiguous(), delta.contiguous()
     out, y = torch.empty_like(h), torch.empty_like(h)
     block, warps = _config(w)
-    _add_rms_kernel[(h.shape[0],)](h, delta, weight, out, y, w, eps, offset, BLOCK=block, num_warps=warps)
+    _add_rms_kernel[(h.shape[0],)](
+        h, delta, weight, out, y, w, eps, offset, BLOCK=block, num_warps=warps
+    )
     return out, y
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_row, stride_head, H: tl.constexpr,
-                      D: tl.constexpr, ROT: tl.constexpr, eps, offset):
+def _norm_rope_kernel(
+    x_ptr,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    y_ptr,
+    stride_row,
+    stride_head,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    ROT: tl.constexpr,
+    eps,
+    offset,
+):
     pid = tl.program_id(0).to(tl.int64)
     row, head = pid // H, pid % H
     o = tl.arange(0, D)
     base = x_ptr + row * stride_row + head * stride_head
     x = tl.load(base + o).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    normed = (x * r * (offset + tl.load(w_ptr + o).to(tl.float32))).to(y_ptr.dtype.element_ty).to(tl.float32)
+    normed = (
+        (x * r * (offset + tl.load(w_ptr + o).to(tl.float32)))
+        .to(y_ptr.dtype.element_ty)
+        .to(tl.float32)
+    )
     # rotate-half: the partner of channel d < ROT is d ± ROT/2, normalised the same way
     half: tl.constexpr = ROT // 2
     partner = tl.where(o < half, o + half, o - half)
@@ -110,17 +138,37 @@ def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_row, stride_
     tl.store(y_ptr + (row * H + head) * D + o, out.to(y_ptr.dtype.element_ty))
 
 
-def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, cos: torch.Tensor,
-              sin: torch.Tensor) -> torch.Tensor:
+def norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
     """apply_rope(rms_norm(x)) for x [N, H, D] (any row and head strides): the per-head q/k norm and
     the rotary embedding in one pass. cos/sin [N, ROT] fp32."""
     n, h, d = x.shape
-    if d & (d - 1):                            # the kernel holds a head as one power-of-two block
+    if d & (d - 1):  # the kernel holds a head as one power-of-two block
         from ..rope import apply_rope
+
         return apply_rope(rms_norm(x, weight, eps, offset), cos, sin)
     if x.stride(2) != 1:
         x = x.contiguous()
     y = torch.empty((n, h, d), dtype=x.dtype, device=x.device)
-    _norm_rope_kernel[(n * h,)](x, weight, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1),
-                                H=h, D=d, ROT=cos.shape[-1], eps=eps, offset=offset, num_warps=4)
+    _norm_rope_kernel[(n * h,)](
+        x,
+        weight,
+        cos.contiguous(),
+        sin.contiguous(),
+        y,
+        x.stride(0),
+        x.stride(1),
+        H=h,
+        D=d,
+        ROT=cos.shape[-1],
+        eps=eps,
+        offset=offset,
+        num_warps=4,
+    )
     return y

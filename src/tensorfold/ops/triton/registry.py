@@ -7,6 +7,7 @@ Rules: "ref" = relative error against the reference in fp32/fp64 under a bound; 
 bytes equal alone and among 2, 7, 64 or 4,000 other rows at any position; "chunks" = bytes equal
 however a sequence is cut into calls; "decode" = a decode row equals the same row in a prompt pass.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,10 @@ from triton.runtime.errors import OutOfResources
 
 from ...batch import Segment
 from .. import attention as ref_attention
-from .. import gated_delta as ref_gdn
-from .. import norm as ref_norm
 from .. import conv as ref_conv
+from .. import gated_delta as ref_gdn
 from .. import gates as ref_gates
+from .. import norm as ref_norm
 from ..attention import AttentionTiles
 from ..dispatch import lane_index
 from ..quant import dequantize, quantize
@@ -35,15 +36,18 @@ class Kernel:
     reference: str
     shapes: str
     rule: str
-    check: Callable[..., list[str]]     # check(impl, small) -> failures
+    check: Callable[..., list[str]]  # check(impl, small) -> failures
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], make: Callable[[int], torch.Tensor],
-                    counts=(2, 7, 64, 4000)) -> list[str]:
+def _rows_invariant(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    make: Callable[[int], torch.Tensor],
+    counts=(2, 7, 64, 4000),
+) -> list[str]:
     row = make(1)
     alone = fn(row)[0]
     bad = []
@@ -62,9 +66,15 @@ def check_dense(impl, small: bool) -> list[str]:
     w = torch.randn(n, k, device=dev).to(dt)
     plan = linear.LinearPlan.for_weight(n, k)
     x = torch.randn(40, k, device=dev).to(dt)
-    out = torch.full((40, n), float("nan"), device=dev, dtype=dt)   # poisoned: every element must be written
+    out = torch.full(
+        (40, n), float("nan"), device=dev, dtype=dt
+    )  # poisoned: every element must be written
     y = impl(x, w, plan, out)
-    bad = [] if _rel(y.float(), x.float() @ w.float().t()) < 1e-2 else ["dense product off the reference"]
+    bad = (
+        []
+        if _rel(y.float(), x.float() @ w.float().t()) < 1e-2
+        else ["dense product off the reference"]
+    )
     counts = (2, 7, 64) if small else (2, 7, 64, 4000)
     make = lambda m: torch.randn(m, k, device=dev).to(dt)  # noqa: E731
     if impl is linear.dense_matmul:
@@ -75,13 +85,15 @@ def check_dense(impl, small: bool) -> list[str]:
 def _tiles_invariant(run, make, packed: bool) -> list[str]:
     """Every launch shape the tile book may pick gives the default shape's bytes."""
     bad = []
-    for m in (1, 40, 300, 600):         # one row count of each rows class
+    for m in (1, 40, 300, 600):  # one row count of each rows class
         x = make(m)
         ref = run(x, None)
         for t in linear.candidates(m, packed):
             try:
                 y = run(x, t)
-            except OutOfResources:      # not a choice: the tile book skips shapes the card cannot launch
+            except (
+                OutOfResources
+            ):  # not a choice: the tile book skips shapes the card cannot launch
                 continue
             if not torch.equal(y, ref):
                 bad.append(f"{m} rows under {t} differ from the default tiles")
@@ -94,21 +106,41 @@ def check_affine(impl, small: bool) -> list[str]:
     for bits in (2, 3, 4, 5, 6, 8):
         for gs in (32, 64, 128):
             packed, scales, biases = quantize(torch.randn(n, k), bits, gs)
-            packed, scales, biases = packed.cuda(), scales.to("cuda", torch.bfloat16), biases.to("cuda", torch.bfloat16)
+            packed, scales, biases = (
+                packed.cuda(),
+                scales.to("cuda", torch.bfloat16),
+                biases.to("cuda", torch.bfloat16),
+            )
             plan = linear.LinearPlan.for_weight(n, k, gs)
             run = lambda t: impl(t, packed, scales, biases, bits, gs, plan)  # noqa: E731
             x = torch.randn(24, k, device="cuda").to(torch.bfloat16)
-            ref = x.float() @ dequantize(packed, scales, biases, bits, gs, torch.bfloat16).float().t()
+            ref = (
+                x.float() @ dequantize(packed, scales, biases, bits, gs, torch.bfloat16).float().t()
+            )
             if _rel(run(x).float(), ref) > 1e-2:
                 bad.append(f"{bits}-bit g{gs} product off the reference")
-            w = linear.dequantize(packed.view(torch.int32), scales, biases, bits, gs, torch.bfloat16)
+            w = linear.dequantize(
+                packed.view(torch.int32), scales, biases, bits, gs, torch.bfloat16
+            )
             if _rel(w.float(), dequantize(packed, scales, biases, bits, gs, torch.float32)) > 1e-2:
                 bad.append(f"{bits}-bit g{gs} dequantized weights off the reference")
             make = lambda m: torch.randn(m, k, device="cuda").to(torch.bfloat16)  # noqa: E731
             bad += [f"{bits}-bit g{gs}: {b}" for b in _rows_invariant(run, make, (2, 7, 64, 300))]
             if impl is linear.affine_matmul and gs == 64 and bits in (3, 4):
-                bad += _tiles_invariant(lambda t, tiles: impl(t, packed, scales, biases, bits, gs, plan,  # noqa: B023
-                                                              tiles=tiles), make, packed=True)
+                bad += _tiles_invariant(
+                    lambda t, tiles: impl(
+                        t,
+                        packed,
+                        scales,
+                        biases,
+                        bits,
+                        gs,
+                        plan,  # noqa: B023
+                        tiles=tiles,
+                    ),
+                    make,
+                    packed=True,
+                )
     return bad
 
 
@@ -127,17 +159,18 @@ def check_attention(impl, small: bool) -> list[str]:
     q, kc, vc, slots, d = _attention_case(small)
     n = q.shape[0]
     whole = AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda")
-    out = impl(q, kc, vc, whole, d ** -0.5)
-    ref = ref_attention.paged_attention(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(),
-                                        torch.arange(n), d ** -0.5)
+    out = impl(q, kc, vc, whole, d**-0.5)
+    ref = ref_attention.paged_attention(
+        q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(), torch.arange(n), d**-0.5
+    )
     bad = [] if _rel(out.float().cpu(), ref) < 2e-2 else ["attention off the fp32 reference"]
     gate = torch.randn(n, q.shape[1], 2 * d, device="cuda").to(torch.bfloat16)[..., d:]
-    gated = impl(q, kc, vc, whole, d ** -0.5, gate=gate)
+    gated = impl(q, kc, vc, whole, d**-0.5, gate=gate)
     if _rel(gated.float(), (out * torch.sigmoid(gate)).float()) > 1e-2:
         bad.append("the fused output gate is off out * sigmoid(gate)")
-    for t in (0, 37, n // 2, n - 1):   # the row alone as a decode row, after its keys are written
+    for t in (0, 37, n // 2, n - 1):  # the row alone as a decode row, after its keys are written
         tiles = AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
-        if not torch.equal(impl(q[t:t + 1], kc, vc, tiles, d ** -0.5)[0], out[t]):
+        if not torch.equal(impl(q[t : t + 1], kc, vc, tiles, d**-0.5)[0], out[t]):
             bad.append(f"decode row {t} differs from the same row in the prompt pass")
     return bad
 
@@ -149,30 +182,49 @@ def check_norms(impl_pair, small: bool) -> list[str]:
     x = torch.randn(33, w, device="cuda").to(torch.bfloat16)
     z = torch.randn(33, w, device="cuda").to(torch.bfloat16)
     bad = []
-    if _rel(rms(x, weight, 1e-6, 1.0).float(), ref_norm.rms_norm(x.float(), weight, 1e-6, 1.0)) > 1e-2:
+    if (
+        _rel(rms(x, weight, 1e-6, 1.0).float(), ref_norm.rms_norm(x.float(), weight, 1e-6, 1.0))
+        > 1e-2
+    ):
         bad.append("rms_norm off the reference")
-    if _rel(gated(x, z, weight, 1e-6).float(), ref_norm.gated_rms_norm(x.float(), z.float(), weight, 1e-6)) > 1e-2:
+    if (
+        _rel(
+            gated(x, z, weight, 1e-6).float(),
+            ref_norm.gated_rms_norm(x.float(), z.float(), weight, 1e-6),
+        )
+        > 1e-2
+    ):
         bad.append("gated_rms_norm off the reference")
     make = lambda m: torch.randn(m, w, device="cuda").to(torch.bfloat16)  # noqa: E731
     bad += _rows_invariant(lambda t: rms(t, weight, 1e-6, 1.0), make, (2, 7, 64))
     h2, y = norm.add_rms_norm(x, z, weight, 1e-6, 1.0)
-    if not torch.equal(h2, x + z) or _rel(y.float(), ref_norm.rms_norm((x + z).float(), weight, 1e-6, 1.0)) > 1e-2:
+    if (
+        not torch.equal(h2, x + z)
+        or _rel(y.float(), ref_norm.rms_norm((x + z).float(), weight, 1e-6, 1.0)) > 1e-2
+    ):
         bad.append("add_rms_norm off the reference")
     return bad + _check_norm_rope()
 
 
 def _check_norm_rope() -> list[str]:
     from ..rope import apply_rope, rope_tables
+
     weight = torch.randn(256, device="cuda") * 0.1
     pos = torch.arange(40, device="cuda") * 97
     cos, sin = rope_tables(pos, 64, 1e7, torch.bfloat16)
     qg = torch.randn(40, 16, 512, device="cuda").to(torch.bfloat16)
     out = norm.norm_rope(qg[..., :256], weight, 1e-6, 1.0, cos, sin)
-    want = apply_rope(ref_norm.rms_norm(qg[..., :256].float(), weight, 1e-6, 1.0).to(torch.bfloat16), cos, sin)
+    want = apply_rope(
+        ref_norm.rms_norm(qg[..., :256].float(), weight, 1e-6, 1.0).to(torch.bfloat16), cos, sin
+    )
     bad = [] if _rel(out.float(), want.float()) < 1e-2 else ["norm_rope off the reference"]
     for r in (0, 17, 39):
-        if not torch.equal(norm.norm_rope(qg[r:r + 1, :, :256], weight, 1e-6, 1.0, cos[r:r + 1], sin[r:r + 1]),
-                           out[r:r + 1]):
+        if not torch.equal(
+            norm.norm_rope(
+                qg[r : r + 1, :, :256], weight, 1e-6, 1.0, cos[r : r + 1], sin[r : r + 1]
+            ),
+            out[r : r + 1],
+        ):
             bad.append(f"norm_rope row {r} alone differs")
     return bad
 
@@ -190,27 +242,58 @@ def check_gdn(impl, small: bool) -> list[str]:
     t = 256 if small else 512
     q, k, v, g, beta, hv, dk = _gdn_inputs(t, small)
     states = torch.zeros(3, hv, dk, dk, device="cuda")
-    whole = impl(q, k, v, g, beta, states, torch.tensor([1], device="cuda"), torch.tensor([0, t], device="cuda"))
+    whole = impl(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        states,
+        torch.tensor([1], device="cuda"),
+        torch.tensor([0, t], device="cuda"),
+    )
     state_whole = states[1].clone()
     # The CPU reference: l2-normed q/k, q scaled, the per-token recurrence in fp32.
-    qf, kf = (ref_norm.l2_norm(x.float().cpu()).repeat_interleave(hv // x.shape[1], 1) for x in (q, k))
+    qf, kf = (
+        ref_norm.l2_norm(x.float().cpu()).repeat_interleave(hv // x.shape[1], 1) for x in (q, k)
+    )
     ref_state = torch.zeros(hv, dk, dk)
-    ref = ref_gdn.gated_delta_rule(ref_state, qf / dk ** 0.5, kf, v.float().cpu(), g.exp().cpu(), beta.float().cpu())
+    ref = ref_gdn.gated_delta_rule(
+        ref_state, qf / dk**0.5, kf, v.float().cpu(), g.exp().cpu(), beta.float().cpu()
+    )
     bad = [] if _rel(whole.float().cpu(), ref) < 1e-2 else ["recurrence off the fp32 reference"]
     states.zero_()
     parts = []
     for s in range(0, t, 37):
         e = min(t, s + 37)
-        parts.append(impl(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], states, torch.tensor([1], device="cuda"),
-                          torch.tensor([0, e - s], device="cuda")))
+        parts.append(
+            impl(
+                q[s:e],
+                k[s:e],
+                v[s:e],
+                g[s:e],
+                beta[s:e],
+                states,
+                torch.tensor([1], device="cuda"),
+                torch.tensor([0, e - s], device="cuda"),
+            )
+        )
     if not (torch.equal(torch.cat(parts), whole) and torch.equal(states[1], state_whole)):
         bad.append("chunks of 37 differ from one call")
     # The same sequence as the second of two lanes (another lane's 100 rows first, its own slot).
     states.zero_()
     o, ok, ov, og, ob, _, _ = _gdn_inputs(100, small)
     cat = lambda a, b: torch.cat([a, b])  # noqa: E731
-    both = impl(cat(o, q), cat(ok, k), cat(ov, v), cat(og, g), cat(ob, beta), states,
-                torch.tensor([2, 1], device="cuda"), torch.tensor([0, 100, 100 + t], device="cuda"))
+    both = impl(
+        cat(o, q),
+        cat(ok, k),
+        cat(ov, v),
+        cat(og, g),
+        cat(ob, beta),
+        states,
+        torch.tensor([2, 1], device="cuda"),
+        torch.tensor([0, 100, 100 + t], device="cuda"),
+    )
     if not (torch.equal(both[100:], whole) and torch.equal(states[1], state_whole)):
         bad.append("a lane beside another lane differs from the lane alone")
     return bad
@@ -234,17 +317,19 @@ def check_conv(impl, small: bool) -> list[str]:
     seg = lambda start, n, row0=0, slot=1: Segment(slot, start, row0, n, torch.arange(start + n))  # noqa: E731
     whole = _conv_call(impl, x, states, weight, (seg(0, 40),))
     lanes = lane_index((seg(0, 40),), "cuda", weight.shape[1])
-    ref = ref_conv.causal_conv_lanes(x, ref_states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
+    ref = ref_conv.causal_conv_lanes(
+        x, ref_states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep
+    )
     bad = [] if _rel(whole.float(), ref.float()) < 1e-2 else ["conv off the reference"]
     if not torch.equal(states[1], ref_states[1]):
         bad.append("conv state differs from the reference's")
     end = states[1].clone()
     states.zero_()
     parts = []
-    for start in range(0, 40, 7):           # the same rows in chunks of 7, beside another lane
+    for start in range(0, 40, 7):  # the same rows in chunks of 7, beside another lane
         n = min(7, 40 - start)
         other = x[:3]
-        both = torch.cat([other, x[start:start + n]])
+        both = torch.cat([other, x[start : start + n]])
         out = _conv_call(impl, both, states, weight, (seg(0, 3, 0, 2), seg(start, n, 3, 1)))
         states[2].zero_()
         parts.append(out[3:])
@@ -261,9 +346,18 @@ def check_small_fused(impl_pair, small: bool) -> list[str]:
     a_log, dt = torch.randn(h, device="cuda"), torch.randn(h, device="cuda").to(torch.bfloat16)
     g, beta = gates(a, b, a_log, dt)
     rg, rbeta = ref_gates.gdn_gates(a, b, a_log, dt, torch.float32)
-    bad = [] if _rel(g, rg) < 1e-5 and _rel(beta.float(), rbeta.float()) < 1e-2 else ["gates off the reference"]
+    bad = (
+        []
+        if _rel(g, rg) < 1e-5 and _rel(beta.float(), rbeta.float()) < 1e-2
+        else ["gates off the reference"]
+    )
     gu = torch.randn(50, 2 * w, device="cuda").to(torch.bfloat16)
-    if _rel(silu_mul(gu[:, :w], gu[:, w:]).float(), ref_gates.silu_mul(gu[:, :w], gu[:, w:]).float()) > 1e-2:
+    if (
+        _rel(
+            silu_mul(gu[:, :w], gu[:, w:]).float(), ref_gates.silu_mul(gu[:, :w], gu[:, w:]).float()
+        )
+        > 1e-2
+    ):
         bad.append("silu_mul off the reference")
     make_a = lambda m: torch.randn(m, h, device="cuda").to(torch.bfloat16)  # noqa: E731
     bad += _rows_invariant(lambda t: gates(t, t, a_log, dt)[0], make_a, (2, 7, 64))
@@ -282,9 +376,19 @@ def _conv_no_state(x, states, weight, slots, taps, keep):
 def _fla_chunked(q, k, v, g, beta, states, slots, cu):
     """Planted: fla's chunked (WY) kernel in place of the recurrence."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    o, final = chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
-                                      scale=q.shape[-1] ** -0.5, initial_state=states[slots],
-                                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+
+    o, final = chunk_gated_delta_rule(
+        q[None],
+        k[None],
+        v[None],
+        g=g[None].float(),
+        beta=beta[None],
+        scale=q.shape[-1] ** -0.5,
+        initial_state=states[slots],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+    )
     states[slots] = final
     return o[0]
 
@@ -328,25 +432,59 @@ def _stale_row(q, kc, vc, tiles, scale, gate=None):
 
 
 KERNELS = [
-    Kernel("linear.dense", "x.float() @ w.float().T", "bf16 [M, K] x [N, K], K % 64 == 0", "ref 1e-2, rows",
-           check_dense),
-    Kernel("linear.affine", "x @ ops.quant.dequantize(...).T", "2/3/4/5/6/8 bits, groups 32/64/128",
-           "ref 1e-2, rows", check_affine),
-    Kernel("attention.paged", "ops.attention.paged_attention (fp32)", "head dim 64-256, any GQA group",
-           "ref 2e-2, decode", check_attention),
+    Kernel(
+        "linear.dense",
+        "x.float() @ w.float().T",
+        "bf16 [M, K] x [N, K], K % 64 == 0",
+        "ref 1e-2, rows",
+        check_dense,
+    ),
+    Kernel(
+        "linear.affine",
+        "x @ ops.quant.dequantize(...).T",
+        "2/3/4/5/6/8 bits, groups 32/64/128",
+        "ref 1e-2, rows",
+        check_affine,
+    ),
+    Kernel(
+        "attention.paged",
+        "ops.attention.paged_attention (fp32)",
+        "head dim 64-256, any GQA group",
+        "ref 2e-2, decode",
+        check_attention,
+    ),
     Kernel("norm.rms+gated", "ops.norm (fp32)", "any width", "ref 1e-2, rows", check_norms),
-    Kernel("fused.conv", "ops.conv.causal_conv_lanes", "any lanes and rows, K = 4", "ref 1e-2, chunks",
-           check_conv),
+    Kernel(
+        "fused.conv",
+        "ops.conv.causal_conv_lanes",
+        "any lanes and rows, K = 4",
+        "ref 1e-2, chunks",
+        check_conv,
+    ),
     Kernel("fused.gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
-    Kernel("gdn.recurrence", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv", "ref 1e-2, chunks, lanes",
-           check_gdn),
+    Kernel(
+        "gdn.recurrence",
+        "ops.gated_delta (fp32)",
+        "GVA Hv/Hk any, power-of-two dk, dv",
+        "ref 1e-2, chunks, lanes",
+        check_gdn,
+    ),
 ]
-IMPLS = {"linear.dense": linear.dense_matmul, "linear.affine": linear.affine_matmul,
-         "attention.paged": attention.paged_attention, "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
-         "gdn.recurrence": gdn.gated_delta_lanes, "fused.conv": fused.conv_lanes,
-         "fused.gates+silu": (fused.gdn_gates, fused.silu_mul)}
+IMPLS = {
+    "linear.dense": linear.dense_matmul,
+    "linear.affine": linear.affine_matmul,
+    "attention.paged": attention.paged_attention,
+    "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
+    "gdn.recurrence": gdn.gated_delta_lanes,
+    "fused.conv": fused.conv_lanes,
+    "fused.gates+silu": (fused.gdn_gates, fused.silu_mul),
+}
 CONTROLS = [  # (kernel, what is planted, faulty implementation)
-    ("linear.dense", "a row off by one", lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0)),
+    (
+        "linear.dense",
+        "a row off by one",
+        lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0),
+    ),
     ("linear.dense", "a reduction in another order (split K)", _split_k),
     ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
     ("attention.paged", "a missing mask", _no_mask),
@@ -360,7 +498,7 @@ def _checked(check, impl, small: bool) -> list[str]:
     """A kernel that cannot run fails its check (with the reason) instead of ending the run."""
     try:
         return check(impl, small)
-    except Exception as e:   # noqa: BLE001 - reported as the kernel's failure
+    except Exception as e:  # noqa: BLE001 - reported as the kernel's failure
         return [f"raised {type(e).__name__}: {str(e)[:160]}"]
 
 
@@ -371,25 +509,31 @@ def run_all(small: bool = False) -> tuple[list[str], bool]:
         torch.manual_seed(0)
         bad = _checked(k.check, IMPLS[k.name], small)
         ok &= not bad
-        lines.append(f"{k.name:<18} {'pass' if not bad else 'FAIL'}  rule: {k.rule}; ref: {k.reference}"
-                     + ("".join(f"\n    {b}" for b in bad[:5])))
+        lines.append(
+            f"{k.name:<18} {'pass' if not bad else 'FAIL'}  rule: {k.rule}; ref: {k.reference}"
+            + ("".join(f"\n    {b}" for b in bad[:5]))
+        )
     red = 0
     for name, what, impl in CONTROLS:
         torch.manual_seed(0)
         bad = _checked(by_name[name].check, impl, small)
-        crashed = any(b.startswith("raised ") for b in bad)   # a crash is not a detection
+        crashed = any(b.startswith("raised ") for b in bad)  # a crash is not a detection
         red += bool(bad) and not crashed
         verdict = "CRASHED" if crashed else "red as planted" if bad else "MISSED"
         lines.append(f"control {name:<18} {what:<40} {verdict}")
     ok &= red == len(CONTROLS)
     passed = sum(1 for line in lines if line.split()[1:2] == ["pass"])
-    lines.append(f"SUMMARY {len(KERNELS)} kernels: {passed} pass, {len(KERNELS) - passed} fail; "
-                 f"{len(CONTROLS)} controls: {red} red as planted, {len(CONTROLS) - red} missed")
+    lines.append(
+        f"SUMMARY {len(KERNELS)} kernels: {passed} pass, {len(KERNELS) - passed} fail; "
+        f"{len(CONTROLS)} controls: {red} red as planted, {len(CONTROLS) - red} missed"
+    )
     return lines, ok
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="check every GPU kernel against its reference and its rules")
+    p = argparse.ArgumentParser(
+        description="check every GPU kernel against its reference and its rules"
+    )
     p.add_argument("--small", action="store_true")
     lines, ok = run_all(p.parse_args().small)
     print("\n".join(lines))
