@@ -17,98 +17,24 @@ w = scale · q + bias, rounded once to bf16.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
 from ..quant import QuantizedWeight
-
-SEGMENT = 1024  # K columns per segment when K is a larger multiple of it
-SPLIT_MAX_ROWS = 64  # at most this many rows use the split form
-
-
-@dataclass(frozen=True)
-class LinearPlan:
-    segment: int  # K columns summed from zero before joining the running sum
-    block_k: int  # K columns per tl.dot step
-
-    @staticmethod
-    def for_weight(n: int, k: int, group_size: int | None = None) -> "LinearPlan":
-        """The reduction plan from the matrix's shape alone (and its quantization group: a K block
-        never spans two scale groups, so each block's scales are one column)."""
-        if k % 16:
-            raise ValueError(f"GPU products need an input width divisible by 16, got K={k}")
-        segment = SEGMENT if k > SEGMENT and k % SEGMENT == 0 else k
-        block = next(b for b in (128, 64, 32, 16) if segment % b == 0)
-        if group_size is not None:  # unpacked tiles are larger: 64 columns at most
-            block = min(block, group_size, 64)
-        return LinearPlan(segment=segment, block_k=block)
-
-    def segments(self, k: int) -> int:
-        return k // self.segment
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """A launch shape: never part of the arithmetic (the registry checks rows across them)."""
-
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-    wide: int = 1  # packed weights: plan K blocks dequantized and fed to one tl.dot per step
-    whole: bool = (
-        False  # few rows in the whole form too (same bits as the split form, no second kernel)
-    )
-    dequant: bool = (
-        False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
-    )
-
-    def step_k(self, plan: "LinearPlan") -> int:
-        """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
-        One tl.dot over 2 or 4 blocks issues the same MMA chain as one per block (a tile's K width
-        never changes a bit on the H200: docs/exactness.md, 'Measured on the H200'); the registry
-        checks it."""
-        k = plan.block_k * self.wide
-        return k if plan.segment % k == 0 else plan.block_k
-
-
-def rows_class(m: int) -> int:
-    """Row counts that share a launch shape: decode, verify, short prompt chunks, long ones (the
-    tile book times each class apart: a 256-row chunk and a 4,096-row chunk favour different shapes)."""
-    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2 if m <= 512 else 3
-
-
-def candidates(m: int, packed: bool) -> list[Tiles]:
-    """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
-    H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own layout,
-    few packed rows in the whole form, four blocks a step.)"""
-    cls = rows_class(m)
-    if cls == 0:
-        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
-        more = (
-            [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
-            if packed
-            else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
-        )
-    elif cls == 1:
-        shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
-        more = [Tiles(64, 64, 4, 3, wide=2)] if packed else []
-    else:
-        shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
-        # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
-        more = (
-            [
-                Tiles(128, 128, 8, 3, wide=2),
-                Tiles(128, 128, 8, 3, dequant=True),
-                Tiles(64, 128, 4, 3, dequant=True),
-            ]
-            if packed
-            else []
-        )
-    return shapes + more
+from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
+    SEGMENT,
+    SPLIT_MAX_ROWS,
+    LinearPlan,
+    TileBook,
+    Tiles,
+    candidates,
+    gpu_seconds,
+    rows_class,
+)
+from .unpack import _unpacked, dequantize  # noqa: F401 - dequantize is public here too
 
 
 @triton.jit
@@ -139,76 +65,6 @@ def _dense_segment(
         )
         acc = tl.dot(b_x, tl.trans(b_w), acc)
     return acc
-
-
-@triton.jit
-def _as_float(val, BITS: tl.constexpr):
-    """The low BITS of each word as fp32 without an int-to-float conversion (a slow instruction):
-    2^23 + q has q in its mantissa, and subtracting 2^23 is exact, so the value is the same."""
-    return ((val & ((1 << BITS) - 1)) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _unpacked(
-    w_ptr,
-    s_ptr,
-    b_ptr,
-    o_n,
-    N,
-    k0,
-    stride_w,
-    stride_s,
-    BITS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """The weight tile [BLOCK_K, BLOCK_N] dequantized: fma(q, scale, bias) in fp32, rounded once to
-    bf16 by the caller; the products and `dequantize` both take it from here. Whole values per word
-    are unpacked from row-major words, then transposed; 3, 5 and 6 bits are read from their place in
-    the row's bitstream (a value may straddle two words). A tile spans GROUPS whole scale groups
-    (or lies in one)."""
-    o_k = tl.arange(0, BLOCK_K)
-    if 32 % BITS == 0:
-        PER: tl.constexpr = 32 // BITS
-        o_w = tl.arange(0, BLOCK_K // PER)
-        words = tl.load(
-            w_ptr + o_n[:, None] * stride_w + (k0 // PER + o_w)[None, :],
-            mask=o_n[:, None] < N,
-            other=0,
-        ).to(tl.uint32, bitcast=True)
-        shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
-        val = tl.trans(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)))
-    else:
-        n_mask = o_n[None, :] < N
-        bit = (k0 + o_k) * BITS
-        word, shift = bit // 32, (bit % 32).to(tl.uint32)
-        p_w = w_ptr + o_n[None, :] * stride_w + word[:, None]
-        val = tl.load(p_w, mask=n_mask, other=0).to(tl.uint32, bitcast=True) >> shift[:, None]
-        hi = tl.load(p_w + 1, mask=n_mask & ((shift[:, None] + BITS) > 32), other=0).to(
-            tl.uint32, bitcast=True
-        )
-        val = val | tl.where(shift[:, None] > 0, hi << (32 - shift[:, None]), 0)
-    q = _as_float(val, BITS)
-    g = k0 // GROUP
-    if GROUPS == 1:  # the tile lies in one scale group
-        scale = tl.load(s_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
-        bias = tl.load(b_ptr + o_n * stride_s + g, mask=o_n < N, other=0.0).to(tl.float32)[None, :]
-    else:  # one load per group, widened to its columns
-        p_s = o_n[None, :] * stride_s + (g + tl.arange(0, GROUPS))[:, None]
-        scale = tl.load(s_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
-        bias = tl.load(b_ptr + p_s, mask=o_n[None, :] < N, other=0.0).to(tl.float32)
-        scale = tl.reshape(
-            tl.broadcast_to(scale[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)),
-            (BLOCK_K, BLOCK_N),
-        )
-        bias = tl.reshape(
-            tl.broadcast_to(bias[:, None, :], (GROUPS, BLOCK_K // GROUPS, BLOCK_N)),
-            (BLOCK_K, BLOCK_N),
-        )
-    shape: tl.constexpr = (BLOCK_K, BLOCK_N)
-    return tl.fma(q, tl.broadcast_to(scale, shape), tl.broadcast_to(bias, shape))
 
 
 @triton.jit
@@ -537,108 +393,6 @@ def affine_matmul(
         GROUP=group_size,
         GROUPS=max(t.step_k(plan) // group_size, 1),
     )
-
-
-@triton.jit
-def _dequant_kernel(
-    w_ptr,
-    s_ptr,
-    b_ptr,
-    out_ptr,
-    N,
-    K,
-    stride_w,
-    stride_s,
-    BITS: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    o_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    w = _unpacked(
-        w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, 1, BLOCK_N, BLOCK_K
-    )
-    o_k = k0 + tl.arange(0, BLOCK_K)
-    tl.store(
-        out_ptr + o_n[None, :].to(tl.int64) * K + o_k[:, None],
-        w.to(out_ptr.dtype.element_ty),
-        mask=o_n[None, :] < N,
-    )
-
-
-def dequantize(
-    words: torch.Tensor,
-    scales: torch.Tensor,
-    biases: torch.Tensor,
-    bits: int,
-    group_size: int,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """Packed MLX affine words [N, K*bits/32] -> [N, K] in dtype, each value as the products make it."""
-    n, k = words.shape[0], words.shape[1] * 32 // bits
-    out = torch.empty((n, k), dtype=dtype, device=words.device)
-    block_k = min(64, group_size)  # inside one scale group
-    _dequant_kernel[(triton.cdiv(n, 64), k // block_k)](
-        words,
-        scales,
-        biases,
-        out,
-        n,
-        k,
-        words.stride(0),
-        scales.stride(0),
-        BITS=bits,
-        GROUP=group_size,
-        BLOCK_N=64,
-        BLOCK_K=block_k,
-    )
-    return out
-
-
-def gpu_seconds(fn, reps: int) -> float:
-    """Device time per call of fn (already run once): `reps` calls captured in a CUDA graph and
-    replayed, so Python's launch cost is not counted (decode passes replay from a graph too)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()  # the first replay uploads the graph
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / reps / 1e3
-
-
-class TileBook:
-    """Launch shapes chosen once per (product, rows class, N, K, format) by timing the candidates on
-    the card, shared by every layer of a model. Only speed follows the choice: a row's bits are the
-    same under every candidate (registry and tests/test_gpu.py)."""
-
-    def __init__(self, reps: int = 10) -> None:
-        self.chosen: dict[tuple, Tiles] = {}
-        self.reps = reps
-
-    def pick(self, key: tuple, m: int, packed: bool, run) -> Tiles:
-        """The launch shape for a product of m rows; `key` names the product and its rows class."""
-        if key in self.chosen:
-            return self.chosen[key]
-        options = candidates(m, packed)
-        if len(options) == 1 or torch.cuda.is_current_stream_capturing():
-            return options[0]
-        times = {}
-        for t in options:
-            try:
-                run(t)  # compiles, and warms the caches
-            except Exception:  # noqa: BLE001 - a shape the card cannot launch is not a choice
-                if t is options[0]:
-                    raise
-                continue
-            times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
-        self.chosen[key] = min(times, key=times.get) if times else options[0]
-        return self.chosen[key]
 
 
 def matmul(

@@ -1,0 +1,90 @@
+"""The registry's planted faulty variants: each must turn its kernel's check red."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import attention, fused, linear
+
+
+def _conv_no_state(x, states, weight, slots, taps, keep):
+    """Planted: the conv forgets to carry its window to the next call."""
+    saved = states.clone()
+    out = fused.conv_lanes(x, states, weight, slots, taps, keep)
+    states.copy_(saved)
+    return out
+
+
+def _fla_chunked(q, k, v, g, beta, states, slots, cu):
+    """Planted: fla's chunked (WY) kernel in place of the recurrence."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    o, final = chunk_gated_delta_rule(
+        q[None],
+        k[None],
+        v[None],
+        g=g[None].float(),
+        beta=beta[None],
+        scale=q.shape[-1] ** -0.5,
+        initial_state=states[slots],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu,
+    )
+    states[slots] = final
+    return o[0]
+
+
+def _split_k(x, w, plan, out=None):
+    """Planted: small batches reduce K in two halves added afterwards (cuBLAS's small-M habit)."""
+    if x.shape[0] > 16:
+        return linear.dense_matmul(x, w, plan, out)
+    h = w.shape[1] // 2
+    lo = linear.dense_matmul(x[:, :h].contiguous(), w[:, :h], plan).float()
+    hi = linear.dense_matmul(x[:, h:].contiguous(), w[:, h:], plan).float()
+    return (lo + hi).to(x.dtype)
+
+
+def _unsegmented(x, w, plan, out=None):
+    """Planted: few rows walk K in one chain instead of the weight's segments."""
+    if x.shape[0] <= 16:
+        plan = linear.LinearPlan(segment=w.shape[1], block_k=plan.block_k)
+    return linear.dense_matmul(x, w, plan, out)
+
+
+def _no_mask(q, kc, vc, tiles, scale, gate=None):
+    """Planted: each row also sees the keys of the next BLOCK_M - 1 positions (no causal mask
+    within reach; the lane's table is extended so every read stays in bounds)."""
+    ahead = attention.BLOCK_M - 1
+    table = torch.cat([tiles.kv_rows, tiles.kv_rows[-1:].expand(ahead)])
+    blind = dataclasses.replace(tiles, pos0=tiles.pos0 + ahead, kv_rows=table)
+    return attention.paged_attention(q, kc, vc, blind, scale, gate=gate)
+
+
+def _stale_row(q, kc, vc, tiles, scale, gate=None):
+    """Planted: a decode row that reads its own position before its K/V row is written."""
+    if tiles.rows.shape[0] == 1 and int(tiles.rows[0]) == 1:
+        row = int(tiles.kv_rows[int(tiles.pos0[0])])
+        saved = kc[row].clone()
+        kc[row] = 0
+        out = attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
+        kc[row] = saved
+        return out
+    return attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
+
+
+CONTROLS = [  # (kernel, what is planted, faulty implementation)
+    (
+        "linear.dense",
+        "a row off by one",
+        lambda x, w, p, out=None: linear.dense_matmul(x, w, p, out).roll(1, 0),
+    ),
+    ("linear.dense", "a reduction in another order (split K)", _split_k),
+    ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
+    ("attention.paged", "a missing mask", _no_mask),
+    ("attention.paged", "a stale cache row", _stale_row),
+    ("gdn.recurrence", "the chunked WY form", _fla_chunked),
+    ("fused.conv", "a conv window not carried over", _conv_no_state),
+]

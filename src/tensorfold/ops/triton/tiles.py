@@ -1,0 +1,139 @@
+"""The reduction plan of a GPU product (from the weight's shape alone) and its launch shapes:
+the candidates per rows class, and the tile book that times them once on the card. Only speed
+follows a launch shape; the registry checks that every candidate gives the default's bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SEGMENT = 1024  # K columns per segment when K is a larger multiple of it
+SPLIT_MAX_ROWS = 64  # at most this many rows use the split form
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    segment: int  # K columns summed from zero before joining the running sum
+    block_k: int  # K columns per tl.dot step
+
+    @staticmethod
+    def for_weight(n: int, k: int, group_size: int | None = None) -> "LinearPlan":
+        """The reduction plan from the matrix's shape alone (and its quantization group: a K block
+        never spans two scale groups, so each block's scales are one column)."""
+        if k % 16:
+            raise ValueError(f"GPU products need an input width divisible by 16, got K={k}")
+        segment = SEGMENT if k > SEGMENT and k % SEGMENT == 0 else k
+        block = next(b for b in (128, 64, 32, 16) if segment % b == 0)
+        if group_size is not None:  # unpacked tiles are larger: 64 columns at most
+            block = min(block, group_size, 64)
+        return LinearPlan(segment=segment, block_k=block)
+
+    def segments(self, k: int) -> int:
+        return k // self.segment
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A launch shape: never part of the arithmetic (the registry checks rows across them)."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    wide: int = 1  # packed weights: plan K blocks dequantized and fed to one tl.dot per step
+    whole: bool = (
+        False  # few rows in the whole form too (same bits as the split form, no second kernel)
+    )
+    dequant: bool = (
+        False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
+    )
+
+    def step_k(self, plan: "LinearPlan") -> int:
+        """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
+        One tl.dot over 2 or 4 blocks issues the same MMA chain as one per block (a tile's K width
+        never changes a bit on the H200: docs/exactness.md, 'Measured on the H200'); the registry
+        checks it."""
+        k = plan.block_k * self.wide
+        return k if plan.segment % k == 0 else plan.block_k
+
+
+def rows_class(m: int) -> int:
+    """Row counts that share a launch shape: decode, verify, short prompt chunks, long ones (the
+    tile book times each class apart: a 256-row chunk and a 4,096-row chunk favour different shapes)."""
+    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2 if m <= 512 else 3
+
+
+def candidates(m: int, packed: bool) -> list[Tiles]:
+    """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
+    H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own layout,
+    few packed rows in the whole form, four blocks a step.)"""
+    cls = rows_class(m)
+    if cls == 0:
+        shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
+        more = (
+            [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
+            if packed
+            else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
+        )
+    elif cls == 1:
+        shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
+        more = [Tiles(64, 64, 4, 3, wide=2)] if packed else []
+    else:
+        shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
+        # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
+        more = (
+            [
+                Tiles(128, 128, 8, 3, wide=2),
+                Tiles(128, 128, 8, 3, dequant=True),
+                Tiles(64, 128, 4, 3, dequant=True),
+            ]
+            if packed
+            else []
+        )
+    return shapes + more
+
+
+def gpu_seconds(fn, reps: int) -> float:
+    """Device time per call of fn (already run once): `reps` calls captured in a CUDA graph and
+    replayed, so Python's launch cost is not counted (decode passes replay from a graph too)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()  # the first replay uploads the graph
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / reps / 1e3
+
+
+class TileBook:
+    """Launch shapes chosen once per (product, rows class, N, K, format) by timing the candidates on
+    the card, shared by every layer of a model. Only speed follows the choice: a row's bits are the
+    same under every candidate (registry and tests/test_gpu.py)."""
+
+    def __init__(self, reps: int = 10) -> None:
+        self.chosen: dict[tuple, Tiles] = {}
+        self.reps = reps
+
+    def pick(self, key: tuple, m: int, packed: bool, run) -> Tiles:
+        """The launch shape for a product of m rows; `key` names the product and its rows class."""
+        if key in self.chosen:
+            return self.chosen[key]
+        options = candidates(m, packed)
+        if len(options) == 1 or torch.cuda.is_current_stream_capturing():
+            return options[0]
+        times = {}
+        for t in options:
+            try:
+                run(t)  # compiles, and warms the caches
+            except Exception:  # noqa: BLE001 - a shape the card cannot launch is not a choice
+                if t is options[0]:
+                    raise
+                continue
+            times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
+        self.chosen[key] = min(times, key=times.get) if times else options[0]
+        return self.chosen[key]
