@@ -60,13 +60,18 @@ def timed(fn, reps: int = 20, graph: bool = True) -> float:
     return start.elapsed_time(stop) / reps / 1e3
 
 
-def product_rows(name: str, n: int, k: int, packed: bool, copy: float) -> list[str]:
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+def product_rows(
+    name: str, n: int, k: int, fmt: tuple[int, int] | None, copy: float, rows: int = 1
+) -> list[str]:
+    """Each launch shape of a product of `rows` rows, bf16 (fmt None) or packed (bits, group)."""
+    x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+    packed = fmt is not None
     if packed:
-        words, s, b = quantize(torch.randn(n, k, device="cuda"), 4, 64)
+        bits, group = fmt
+        words, s, b = quantize(torch.randn(n, k, device="cuda"), bits, group)
         s, b = s.to(torch.bfloat16), b.to(torch.bfloat16)
-        plan = linear.LinearPlan.for_weight(n, k, 64)
-        run = lambda t: linear.affine_matmul(x, words, s, b, 4, 64, plan, tiles=t)  # noqa: E731
+        plan = linear.LinearPlan.for_weight(n, k, group)
+        run = lambda t: linear.affine_matmul(x, words, s, b, bits, group, plan, tiles=t)  # noqa: E731
         nbytes = words.numel() * 4 + 2 * s.numel() * 2
     else:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
@@ -75,7 +80,7 @@ def product_rows(name: str, n: int, k: int, packed: bool, copy: float) -> list[s
         nbytes = w.numel() * 2
     ref = run(None)
     out, best = [], None
-    for t in linear.candidates(1, packed):
+    for t in linear.candidates(rows, packed):
         try:
             secs = timed(lambda: run(t))  # noqa: B023
         except Exception as e:  # noqa: BLE001 - a shape the card cannot launch
@@ -159,17 +164,25 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--only", default="", help="comma-separated product names (default: all)")
+    p.add_argument("--formats", default="bf16,4:64", help="bf16 and/or BITS:GROUP, comma-separated")
+    p.add_argument("--rows", type=int, default=1, help="rows per product (decode: 1)")
+    p.add_argument("--no-recurrence", action="store_true")
     args = p.parse_args()
+    formats = [
+        None if f == "bf16" else tuple(int(v) for v in f.split(":"))
+        for f in args.formats.split(",")
+    ]
     cfg = text_config(args.shape)
     copy = ceilings()["copy_bytes_per_s"]  # the same measurement as h200.py's table
     print(f"copy {copy / 1e12:.2f} TB/s", flush=True)
-    rows = recurrence_rows(cfg, args.tokens)
+    rows = [] if args.no_recurrence else recurrence_rows(cfg, args.tokens)
     print("\n".join(rows), flush=True)
     for name, (n, k) in products(cfg).items():
         if args.only and name not in args.only.split(","):
             continue
-        for packed in (False, True):
-            part = product_rows(f"{name} {'4-bit' if packed else 'bf16'}", n, k, packed, copy)
+        for fmt in formats:
+            label = f"{fmt[0]}-bit g{fmt[1]}" if fmt else "bf16"
+            part = product_rows(f"{name} {label}", n, k, fmt, copy, args.rows)
             print("\n".join(part), flush=True)
             rows += part
     print("\n| what | size | variant | time | rate | bits |\n| --- | --- | --- | --- | --- | --- |")

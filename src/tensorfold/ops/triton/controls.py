@@ -54,6 +54,26 @@ def _unsegmented(x, w, plan, out=None):
     return linear.dense_matmul(x, w, plan, out)
 
 
+def _affine_chained(x, packed, scales, biases, bits, gs, plan, out=None):
+    """Planted: few packed rows chain one MMA accumulator across the weight's segments instead of
+    summing each segment from zero and adding the sums (a two-level plan read as one chain)."""
+    if x.shape[0] <= 16:
+        plan = linear.LinearPlan(segment=packed.shape[1] * 32 // bits, block_k=plan.block_k)
+    return linear.affine_matmul(x, packed, scales, biases, bits, gs, plan, out)
+
+
+def _affine_regrouped(x, packed, scales, biases, bits, gs, plan, out=None):
+    """Planted: few packed rows feed the MMAs K values regrouped across 16-column steps (what an
+    operand layout with kWidth > 2 does): the same products, summed in other groups of 16."""
+    if x.shape[0] > 16:
+        return linear.affine_matmul(x, packed, scales, biases, bits, gs, plan, out)
+    k = x.shape[1]
+    w = linear.dequantize(packed.view(torch.int32), scales, biases, bits, gs, x.dtype)
+    order = torch.arange(k, device=x.device).view(-1, 2, 2, 8).transpose(1, 2).reshape(k)
+    dense = linear.LinearPlan.for_weight(w.shape[0], k)
+    return linear.dense_matmul(x[:, order].contiguous(), w[:, order].contiguous(), dense, out)
+
+
 def _no_mask(q, kc, vc, tiles, scale, gate=None):
     """Planted: each row also sees the keys of the next BLOCK_M - 1 positions (no causal mask
     within reach; the lane's table is extended so every read stays in bounds)."""
@@ -83,6 +103,8 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ),
     ("linear.dense", "a reduction in another order (split K)", _split_k),
     ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
+    ("linear.affine", "few rows chained across segments", _affine_chained),
+    ("linear.affine", "K regrouped across MMAs (kWidth > 2)", _affine_regrouped),
     ("attention.paged", "a missing mask", _no_mask),
     ("attention.paged", "a stale cache row", _stale_row),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),

@@ -285,6 +285,80 @@ def _affine_kernel(
 
 
 @triton.jit
+def _affine_swapped_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    p_ptr,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    stride_y,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    NSEG: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Few rows with the weights on the MMA's wide side: accᵀ[BLOCK_N, BLOCK_M] = W · xᵀ. The same
+    16-column MMAs chained in the same order from zero per segment as `_affine_kernel` (an MMA's
+    output element reads only its own row and column), so the same fp32 sums; only the operand
+    sides differ, which lets a 64-row weight tile fill the MMA while the rows pad to 16."""
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_k = tl.arange(0, BLOCK_K)
+    first = pid_s if SPLIT else 0
+    last = pid_s + 1 if SPLIT else NSEG
+    total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for s in range(first, last):
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for i in range(SEG // BLOCK_K):
+            k0 = s * SEG + i * BLOCK_K
+            b_x = tl.load(
+                x_ptr + o_m[None, :] * stride_x + (k0 + o_k)[:, None],
+                mask=o_m[None, :] < M,
+                other=0.0,
+            )
+            b_w = _unpacked(
+                w_ptr,
+                s_ptr,
+                b_ptr,
+                o_n,
+                N,
+                k0,
+                stride_w,
+                stride_s,
+                BITS,
+                GROUP,
+                GROUPS,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            acc = tl.dot(tl.trans(b_w.to(x_ptr.dtype.element_ty)), b_x, acc)
+        total = tl.where(s == first, acc, total + acc)  # in segment order; no 0 + first (-0.0)
+    mask = (o_m[None, :] < M) & (o_n[:, None] < N)
+    if SPLIT:
+        tl.store(
+            p_ptr + (pid_s * M + o_m)[None, :].to(tl.int64) * N + o_n[:, None], total, mask=mask
+        )
+    else:
+        tl.store(
+            y_ptr + o_m[None, :] * stride_y + o_n[:, None],
+            total.to(y_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
+@triton.jit
 def _sum_segments(p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.constexpr):
     m = tl.program_id(0)
     o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -381,7 +455,7 @@ def affine_matmul(
             replace(t, dequant=False),
         )
     return _launch(
-        _affine_kernel,
+        _affine_swapped_kernel if t.swap else _affine_kernel,
         x,
         (words, scales, biases),
         (words.stride(0), scales.stride(0)),

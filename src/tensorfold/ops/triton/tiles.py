@@ -10,6 +10,9 @@ import torch
 
 SEGMENT = 1024  # K columns per segment when K is a larger multiple of it
 SPLIT_MAX_ROWS = 64  # at most this many rows use the split form
+# few packed rows, weights on the MMA's wide side: (columns, warps, stages, plan blocks a step);
+# four 64-column blocks a step read 128 bytes of a 4-bit weight row per load
+SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4, 4, 2))
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Tiles:
     dequant: bool = (
         False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
     )
+    swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -73,6 +77,7 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
         more = (
             [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
+            + [Tiles(16, n, w, s, wide=x, swap=True) for n, w, s, x in SWAPPED]
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
