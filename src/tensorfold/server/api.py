@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from dataclasses import asdict
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,10 +44,12 @@ def create_app(
     defaults: SamplingDefaults | None = None,
     web: bool = True,
     limits: Limits | None = None,
+    warmup: Callable[[], object] | None = None,
 ) -> FastAPI:
     """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
-    page at GET / (server/page.py)."""
-    bridge = AsyncEngine(engine)
+    page at GET / (server/page.py). `warmup` runs on the engine thread first (engine/warmup.py):
+    /health answers "loading" and generation 503 until it ends."""
+    bridge = AsyncEngine(engine, warmup)
     metrics = Metrics(lambda: bridge.stats, bridge.facts.lanes)
     limits = limits or Limits.for_context(bridge.facts.context, bridge.facts.max_queue)
     limits.check()
@@ -106,6 +109,8 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
 
     @app.get("/health")
     async def health() -> Response:
+        if s.engine.loading and s.engine.alive:
+            return JSONResponse({"status": "loading"}, status_code=503)
         if not s.engine.alive:
             body = {"status": "engine stopped"} | (
                 {"fault": s.engine.fault} if s.engine.fault else {}

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import torch
 
@@ -46,6 +46,10 @@ class EngineFailed(RuntimeError):
     """A pass raised: the requests in flight fail with it; the engine thread goes on."""
 
 
+class EngineLoading(RuntimeError):
+    """The warm-up is still choosing and compiling launch shapes: nothing is admitted yet."""
+
+
 @dataclass(frozen=True)
 class _Route:
     loop: asyncio.AbstractEventLoop
@@ -78,8 +82,11 @@ class Generation:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, warmup: Callable[[], object] | None = None) -> None:
+        """`warmup` runs on the engine thread before it serves (its report is logged)."""
         self.engine = engine
+        self._warmup = warmup
+        self.loading = warmup is not None  # /health says "loading" until the warm-up ends
         self.facts: EngineFacts = engine.facts
         self.stats = EngineStats()  # after the engine thread's last step (read by /metrics)
         self._routes: dict[str, _Route] = {}
@@ -122,7 +129,10 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     def check_alive(self) -> None:
-        """Refuses new work once the engine thread has ended (a device fault, or a stop)."""
+        """Refuses new work while warming up, and once the engine thread has ended (a device
+        fault, or a stop)."""
+        if self.loading:
+            raise EngineLoading("the server is warming up (compiling its kernels); retry shortly")
         if not self.alive:
             why = f" after a device fault ({self.fault})" if self.fault else ""
             raise EngineFailed(f"the engine has stopped{why}; restart the server")
@@ -153,7 +163,18 @@ class AsyncEngine:
         )
 
     # -- engine thread ------------------------------------------------------------------------
+    def _run_warmup(self) -> None:
+        try:
+            if self._warmup is not None:
+                report = self._warmup()
+                log.info("%s", getattr(report, "summary", lambda: report)())
+        except Exception:  # noqa: BLE001 - shapes not chosen now are chosen on first use
+            log.exception("warm-up failed; serving without it")
+        finally:
+            self.loading = False
+
     def _loop(self) -> None:
+        self._run_warmup()
         while True:
             self.engine.wakeup.clear()
             if not self.engine.has_work():

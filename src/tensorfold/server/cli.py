@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import time
+from pathlib import Path
 
 from .limits import add_flags as add_limit_flags
 
@@ -69,6 +70,22 @@ def add_parser(sub) -> None:
         default=True,
         help="the chat page at GET / (--no-web: the API alone)",
     )
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="choose and compile the GPU launch shapes before reporting healthy",
+    )
+    p.add_argument(
+        "--warmup-seconds", type=float, default=300.0, help="bound on the warm-up's time"
+    )
+    p.add_argument(
+        "--tile-cache",
+        default=None,
+        metavar="DIR",
+        help="folder of the launch-shape choices kept across starts "
+        "(default $XDG_CACHE_HOME/tensorfold or ~/.cache/tensorfold; 'off' turns it off)",
+    )
     p.set_defaults(func=serve)
 
 
@@ -125,9 +142,27 @@ def _build(args: argparse.Namespace):
     )
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
     app = create_app(
-        engine, tokenizer, name, api_key=api_key, defaults=defaults, web=args.web, limits=limits
+        engine,
+        tokenizer,
+        name,
+        api_key=api_key,
+        defaults=defaults,
+        web=args.web,
+        limits=limits,
+        warmup=_warmup(engine, args),
     )
     return app, name
+
+
+def _warmup(engine, args: argparse.Namespace):
+    """The warm-up the engine thread runs before serving (None when turned off)."""
+    if not args.warmup:
+        return None
+    from ..engine.warmup import default_cache_dir, warm_up
+
+    folder = args.tile_cache
+    cache = None if folder == "off" else Path(folder) if folder else default_cache_dir()
+    return lambda: warm_up(engine, args.warmup_seconds, cache, progress=True)
 
 
 def _graceful_server(config, bridge, grace: float):

@@ -13,7 +13,7 @@ from fastapi import Request
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
-from .async_engine import AsyncEngine, Choice, EngineFailed
+from .async_engine import AsyncEngine, Choice, EngineFailed, EngineLoading
 from .errors import APIError, from_engine
 from .formats import ChatFormat, CompletionFormat, TokenTexts
 from .limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Limits
@@ -266,6 +266,10 @@ async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat, 
         gen = s.engine.submit(job.request_id, job.choices)
     except (RequestError, QueueFull) as exc:
         raise from_engine(exc, job.renames) from exc
+    except EngineLoading as exc:  # the warm-up is still running: come back shortly
+        raise APIError(
+            503, str(exc), type="server_error", code="loading", headers={"Retry-After": "5"}
+        ) from exc
     except EngineFailed as exc:  # the engine has stopped: nothing can be served
         raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
     reply = Reply(job.request_id, job.choices, gen, fmt, s.metrics, job.prefixes)

@@ -4,7 +4,9 @@ follows a launch shape; the registry checks that every candidate gives the defau
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -142,3 +144,52 @@ class TileBook:
             times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
         self.chosen[key] = min(times, key=times.get) if times else options[0]
         return self.chosen[key]
+
+    # -- the tile file: choices kept across starts (launch shapes only, never arithmetic) ----------
+    def save(self, path: Path) -> None:
+        """Writes every choice (atomically: a reader never sees half a file)."""
+        entries = [{"key": list(k), "tiles": asdict(t)} for k, t in self.chosen.items()]
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"entries": entries}, indent=0))
+        tmp.replace(path)
+
+    def load(self, path: Path) -> int:
+        """Reads the choices a tile file holds; an entry that is not a candidate of its key's rows
+        class (an edited file, another version's candidates) is left out and timed again.
+        Returns how many were taken."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            entries = raw["entries"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+        taken = 0
+        for e in entries if isinstance(entries, list) else []:
+            t = _tiles_from(e)
+            key = tuple(e["key"]) if t is not None else ()
+            if t is not None and key and t in _class_candidates(key):
+                self.chosen[key] = t
+                taken += 1
+        return taken
+
+
+_CLASS_ROWS = {0: 1, 1: SPLIT_MAX_ROWS, 2: 512, 3: 4096}  # a row count of each rows class
+
+
+def _class_candidates(key: tuple) -> list[Tiles]:
+    """The candidates of a key (rows class, N, K, format...): packed formats are (bits, group)."""
+    if not key or key[0] not in _CLASS_ROWS:
+        return []
+    return candidates(_CLASS_ROWS[key[0]], packed=len(key) == 5)
+
+
+def _tiles_from(entry) -> Tiles | None:
+    try:
+        raw = entry["tiles"]
+        names = {f.name for f in fields(Tiles)}
+        if not isinstance(raw, dict) or set(raw) - names or not isinstance(entry["key"], list):
+            return None
+        return Tiles(**raw)
+    except (KeyError, TypeError):
+        return None

@@ -1,0 +1,102 @@
+"""The warm-up before serving: the tile file round-trips and refuses what is not a candidate, the
+warm-up leaves no trace in the engine (warmed = cold, token for token), and the server says
+"loading" until it ends."""
+
+from __future__ import annotations
+
+import threading
+
+from server_harness import make_engine, solo, start_server, wait_for
+
+from tensorfold.engine.request import SamplingParams
+from tensorfold.engine.warmup import run_steps, warm_up, warmup_steps
+from tensorfold.ops.triton.tiles import TileBook, Tiles, candidates, rows_class
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def test_tile_file_round_trip(tmp_path):
+    book = TileBook()
+    book.chosen[(0, 4096, 12288, 4, 64)] = candidates(1, packed=True)[-1]
+    book.chosen[(3, 1024, 2048, "torch.bfloat16")] = candidates(4096, packed=False)[1]
+    path = tmp_path / "tiles.json"
+    book.save(path)
+    again = TileBook()
+    assert again.load(path) == 2
+    assert again.chosen == book.chosen
+
+
+def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
+    book = TileBook()
+    book.chosen[(0, 64, 64, 4, 64)] = Tiles(16, 999, 4, 4)  # no rows class offers it
+    book.chosen[(7, 64, 64, 4, 64)] = candidates(1, packed=True)[0]  # no such rows class
+    book.chosen[(1, 64, 64, 4, 64)] = candidates(40, packed=True)[0]
+    path = tmp_path / "tiles.json"
+    book.save(path)
+    again = TileBook()
+    assert again.load(path) == 1 and list(again.chosen) == [(1, 64, 64, 4, 64)]
+    path.write_text('{"entries": [{"key": [0, 1, 2, 4, 64], "tiles": {"block_m": "x", "bad": 1}}]}')
+    assert TileBook().load(path) == 0
+    path.write_text("not json")
+    assert TileBook().load(path) == 0
+    assert TileBook().load(tmp_path / "missing.json") == 0
+
+
+def test_steps_reach_every_rows_class_and_lane_count():
+    steps = warmup_steps(parallel=16, chunk=2048, context=4096)
+    assert {rows_class(n) for n, lanes in steps if lanes == 1} == {0, 1, 2, 3}
+    assert (1, 16) in steps  # 16 lanes that finish one by one: every decode lane count
+    assert all(n + lanes + 1 <= 4096 for n, lanes in warmup_steps(4, 4096, 4096))
+
+
+def test_warmed_engine_gives_cold_tokens(hf_tiny):
+    cold = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
+    warm = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
+    steps = warmup_steps(4, 600, 512)  # prompts of 16, 64 and 507 tokens, then 4 lanes
+    assert run_steps(warm, steps, budget_s=120) == len(steps) == 4
+    assert len(warm.prefix_cache) == 0 and warm.prefix_cache.budget_bytes == 1 << 20
+    assert not warm.has_work() and not warm.scheduler.running
+    prompt = [5, 9, 14, 3, 3, 7, 100, 42, 17]
+    assert solo(warm, prompt, GREEDY) == solo(cold, prompt, GREEDY)
+    assert warm_up(cold).skipped  # the CPU has no launch shapes: nothing runs at start
+
+
+def test_server_loading_until_warmup_ends(hf_tiny):
+    release, started = threading.Event(), threading.Event()
+
+    def warmup():
+        started.set()
+        assert release.wait(30)
+
+    live = start_server(make_engine(hf_tiny), warmup=warmup)
+    try:
+        wait_for(started.is_set, "the warm-up to start")
+        with live.client() as http:
+            health = http.get("/health")
+            assert (health.status_code, health.json()) == (503, {"status": "loading"})
+            busy = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert busy.status_code == 503 and busy.json()["error"]["code"] == "loading"
+            assert busy.headers["retry-after"]
+            release.set()
+            wait_for(lambda: http.get("/health").status_code == 200, "the warm-up to end")
+            done = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert done.status_code == 200
+    finally:
+        release.set()
+        live.stop()
+
+
+def test_failed_warmup_still_serves(hf_tiny):
+    def warmup():
+        raise RuntimeError("planted warm-up failure")
+
+    live = start_server(make_engine(hf_tiny), warmup=warmup)
+    try:
+        with live.client() as http:
+            wait_for(lambda: http.get("/health").status_code == 200, "the server to be ready")
+            assert (
+                http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code
+                == 200
+            )
+    finally:
+        live.stop()
