@@ -158,17 +158,45 @@ def resume(model, n: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class ExpertShare:
+    nbytes: int  # every routed expert's weights, as held
+    params: int  # their parameters
+    chosen: float  # the share one token reads: top_k / num_experts (0 for a dense model)
+
+
+def expert_share(model) -> ExpertShare:
+    moe = model.config.moe
+    stacks = [
+        s
+        for layer in model.layers
+        if hasattr(layer.mlp, "experts")
+        for s in (layer.mlp.experts.gate, layer.mlp.experts.up, layer.mlp.experts.down)
+    ]
+    if moe is None or not stacks:
+        return ExpertShare(0, 0, 0.0)
+    nbytes = sum(
+        layer.mlp.experts.nbytes for layer in model.layers if hasattr(layer.mlp, "experts")
+    )
+    params = sum(s.num_experts * s.shape[0] * s.shape[1] for s in stacks)
+    return ExpertShare(nbytes, params, moe.top_k / moe.num_experts)
+
+
 def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
     model = run.load(path)
     label = path.name if run.exact else f"{path.name} (inexact)"
     weight_bytes = model.weight_bytes
+    experts = expert_share(model)
     params = sum(lin.out_features * lin.in_features for lin in model.linears())
+    params += experts.params * experts.chosen  # a token runs top_k of the E experts
     params_flops = 2 * params  # ~2 FLOP per product parameter per token
     rows = []
     for n in tqdm(lanes, desc=f"{label} decode", unit="lanes"):
         rate = decode(model, n, run)
-        bound = limits["copy_bytes_per_s"] / weight_bytes * n  # weights read once per pass
+        # weights read once per pass: the dense ones, and the experts n lanes choose at most
+        read = weight_bytes - experts.nbytes + experts.nbytes * min(1.0, n * experts.chosen)
+        bound = limits["copy_bytes_per_s"] / read * n
         rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
     for n in tqdm(sizes, desc=f"{label} prompts", unit="prompt"):
         secs = prefill(model, n, run)

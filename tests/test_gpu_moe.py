@@ -54,3 +54,18 @@ def test_moe_decode_equals_prefill(moe):
     req, decoded = decoded_logits(_engine(moe), ids, GREEDY)
     prefilled = position_logits(_engine(moe), ids + req.output_ids[:-1])[len(ids) :]
     assert torch.equal(decoded, prefilled)
+
+
+def test_moe_cuda_graph_decode_equals_eager(moe):
+    """Decode passes replayed as CUDA graphs give the eager passes' bytes (tokens and lane state)."""
+    from engine_util import finish_prints
+
+    prompts = [sample_prompt(950 + i, 30 + 17 * i, VOCAB) for i in range(4)]
+    runs = []
+    for graphs in (False, True):
+        eng = _engine(moe, parallel=4, cuda_graphs=graphs)
+        prints = {}
+        reqs = [eng.add_request(p, GREEDY, watch=finish_prints(eng, prints)) for p in prompts]
+        eng.run_until_done()
+        runs.append([(r.output_ids, prints[r.request_id]) for r in reqs])
+    assert runs[0] == runs[1]
