@@ -20,6 +20,7 @@ from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
+from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
@@ -131,6 +132,13 @@ class Engine:
             raise InvalidRequest(
                 f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
             )
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        bad += [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            name = "logit_bias" if bad[0] in dict(params.logit_bias) else "stop_token_ids"
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param=name
+            )
         want = len(ids) + (params.max_tokens or 1)
         if want > self.config.context:
             raise ContextOverflow(
@@ -167,9 +175,24 @@ class Engine:
         return events
 
     def _choose(self, ready) -> list[int]:
-        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync)."""
-        greedy = [i for i, (req, _) in enumerate(ready) if req.params.temperature <= 0.0]
+        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync).
+        A request's own logits rule (penalties, bias, min_tokens) applies to its row first."""
+        ready = [
+            (req, shape_logits(req.params, req.prompt_ids, req.output_ids, row, self.eos_ids))
+            if shapes_logits(req.params)
+            else (req, row)
+            for req, row in ready
+        ]
+        shaped = [i for i, (req, _) in enumerate(ready) if shapes_logits(req.params)]
+        greedy = [
+            i
+            for i, (req, _) in enumerate(ready)
+            if req.params.temperature <= 0.0 and i not in shaped
+        ]
         tokens: list[int] = [0] * len(ready)
+        for i in shaped:  # fp32 rows: each its own argmax
+            if ready[i][0].params.temperature <= 0.0:
+                tokens[i] = int(torch.argmax(ready[i][1]))
         if greedy:
             picks = torch.stack([ready[i][1] for i in greedy]).argmax(-1).tolist()
             for i, t in zip(greedy, picks):
@@ -229,6 +252,8 @@ class Engine:
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
+        if len(req.output_ids) <= p.min_tokens and len(req.output_ids) < req.max_tokens:
+            return None  # min_tokens: no stop yet (its rule forbids the stop tokens too)
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
             return "stop"
         if len(req.output_ids) >= req.max_tokens:
@@ -238,7 +263,8 @@ class Engine:
     def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
         if self.tokenizer is None:
             return "", False
-        return req.reply.advance(self.tokenizer, req.output_ids, req.params.stop, final)
+        stops = req.params.stop if len(req.output_ids) > req.params.min_tokens else ()
+        return req.reply.advance(self.tokenizer, req.output_ids, stops, final)
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""

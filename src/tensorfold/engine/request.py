@@ -27,12 +27,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    min_tokens: int = 0  # eos and stop ids are forbidden before this many tokens
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = dict(
+            self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        )
+        object.__setattr__(
+            self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in bias.items()))
+        )
         checks = [
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
             (self.temperature >= 0.0, "temperature", "must be >= 0"),
@@ -43,6 +54,20 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 "logprobs",
                 "must be between 0 and 20",
+            ),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (0.0 < self.repetition_penalty <= 100.0, "repetition_penalty", "must be in (0, 100]"),
+            (
+                all(-100.0 <= b <= 100.0 for _, b in self.logit_bias),
+                "logit_bias",
+                "values must be in [-100, 100]",
+            ),
+            (
+                self.min_tokens >= 0
+                and (self.max_tokens is None or self.min_tokens <= self.max_tokens),
+                "min_tokens",
+                "must be between 0 and max_tokens",
             ),
         ]
         for ok, name, why in checks:

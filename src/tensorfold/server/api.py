@@ -14,6 +14,7 @@ from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .auth import DOCS_PATHS, MONITORING_PATHS, APIKeyCheck
 from .bodyguard import BodyGuard
+from .chat_request import think_ids
 from .connections import ConnectionGuard
 from .errors import APIError, install_handlers, log, refusal_sender
 from .formats import TokenTexts
@@ -43,6 +44,7 @@ def create_app(
     defaults: SamplingDefaults | None = None,
     web: bool = True,
     limits: Limits | None = None,
+    fingerprint: str | None = None,
 ) -> FastAPI:
     """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
     page at GET / (server/page.py)."""
@@ -60,6 +62,8 @@ def create_app(
         TokenTexts(tokenizer),
         text,
         limits,
+        fingerprint,
+        think_ids(tokenizer),
     )
     guard_logger(log)  # every server log line escaped and bounded
 
@@ -134,7 +138,10 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
             ids = await s.text.chat(ChatInput.of(body))
         else:
             ids = (await s.text.prompts(body.prompt))[0]
-        return {"count": len(ids), "max_model_len": s.context, "tokens": ids}
+        out = {"count": len(ids), "max_model_len": s.context, "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = [s.texts.get(t)[0] for t in ids]
+        return out
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:

@@ -112,7 +112,8 @@ class Reply:
             event.logprobs,
             event.finish_reason if event.finished else None,
         )
-        return sse(body.model_dump_json())
+        bodies = body if isinstance(body, list) else [body]
+        return "".join(sse(b.model_dump_json()) for b in bodies) or None
 
 
 def sse(data: str) -> str:

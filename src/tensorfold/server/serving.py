@@ -14,10 +14,11 @@ from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine, Choice, EngineFailed
+from .chat_request import chat_options, check_tools, tool_choice
 from .errors import APIError, from_engine
 from .formats import ChatFormat, CompletionFormat, TokenTexts
 from .limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Limits
-from .logsafe import names
+from .logsafe import clip, names
 from .metrics import Metrics
 from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -58,6 +59,8 @@ class ServerState:
     texts: TokenTexts
     text: TextWorker  # tokenizing and templates, off the event loop
     limits: Limits
+    fingerprint: str | None = None  # system_fingerprint: what fixes a request's bytes
+    think_ids: tuple[int | None, int | None] = (None, None)  # <think>, </think>
 
     @property
     def context(self) -> int:
@@ -99,7 +102,12 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
         f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes, renames
     )
     fmt = CompletionFormat(
-        job.request_id, s.model_name, s.texts, body.logprobs is not None, body.return_token_ids
+        job.request_id,
+        s.model_name,
+        s.texts,
+        body.logprobs is not None,
+        body.return_token_ids,
+        s.fingerprint,
     )
     return await respond(s, job, fmt, request)
 
@@ -110,6 +118,8 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         raise APIError(
             400, "top_logprobs needs logprobs: true", "top_logprobs", code="invalid_value"
         )
+    check_tools(body)
+    check_format(body)
     check_choices(1, body.n, "messages", s)
     ids = await s.text.chat(ChatInput.of(body))
     check_context([ids], "messages", s)
@@ -130,7 +140,15 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         {},
         renames,
     )
-    fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
+    fmt = ChatFormat(
+        job.request_id,
+        s.model_name,
+        s.texts,
+        body.logprobs,
+        body.return_token_ids,
+        chat_options(body, ids, s.think_ids),
+        s.fingerprint,
+    )
     return await respond(s, job, fmt, request)
 
 
@@ -149,6 +167,11 @@ def sampling_params(
 
     try:
         return SamplingParams(
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=_bias(req.logit_bias),
+            min_tokens=req.min_tokens,
             max_tokens=max_tokens,
             temperature=pick("temperature"),
             top_p=pick("top_p"),
@@ -162,6 +185,35 @@ def sampling_params(
         )
     except RequestError as exc:
         raise from_engine(exc, renames) from exc
+
+
+def _bias(raw: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids as JSON object keys (strings)."""
+    out = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise APIError(
+                400,
+                f"logit_bias keys must be token ids, not {clip(repr(key), 40)}",
+                "logit_bias",
+                code="invalid_value",
+            ) from None
+    return out
+
+
+def check_format(body: ChatCompletionRequest) -> None:
+    """Constrained replies (a JSON format, a required or named tool call) need a grammar."""
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise APIError(
+            400, f"response_format {fmt!r} is not supported", "response_format", code="unsupported"
+        )
+    if tool_choice(body) == "required" or isinstance(body.tool_choice, dict):
+        raise APIError(
+            400, "tool_choice required or named is not supported", "tool_choice", code="unsupported"
+        )
 
 
 def check_model(name: str | None, served: str) -> None:
@@ -181,6 +233,10 @@ def check_common(req: GenerationRequest, s: ServerState) -> None:
     check_model(req.model, s.model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n", code="invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(
+            400, "stream_options needs stream: true", "stream_options", code="invalid_value"
+        )
     bad = req.unsupported()
     if bad is not None:
         raise APIError(400, f"{bad} is not supported by this server", bad, code="unsupported")
@@ -245,7 +301,7 @@ def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
     longest = max((len(ids) for ids in prompts), default=0)
     if longest >= s.context:
         raise APIError(
-            413,
+            400,
             f"the prompt is {longest} tokens; the context is {s.context} tokens "
             "and at least one must be generated",
             param,
