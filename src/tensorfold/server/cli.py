@@ -77,6 +77,7 @@ DEMO_NAME = "tensorfold-demo"
 
 def _build(args: argparse.Namespace):
     from ..engine.engine import Engine, EngineConfig
+    from ..engine.fingerprint import system_fingerprint
     from ..models.loader import load_model
     from ..tokenizer import Tokenizer
     from ..util import default_checkpoint, resolve_device, resolve_dtype
@@ -124,8 +125,17 @@ def _build(args: argparse.Namespace):
         defaults,
     )
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
+    fingerprint = system_fingerprint(path, dtype, device)
+    log.info("system_fingerprint %s", fingerprint)
     app = create_app(
-        engine, tokenizer, name, api_key=api_key, defaults=defaults, web=args.web, limits=limits
+        engine,
+        tokenizer,
+        name,
+        api_key=api_key,
+        defaults=defaults,
+        web=args.web,
+        limits=limits,
+        fingerprint=fingerprint,
     )
     return app, name
 
