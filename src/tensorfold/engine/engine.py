@@ -18,7 +18,7 @@ from ..cache import KVPool, ModelCaches, StatePool
 from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.sampling import sample_row, top_logprobs, uniform
+from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
 from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
@@ -232,7 +232,18 @@ class Engine:
             self._remember(req)
         if req.watch is not None:
             req.watch.passed(req, start, logits)
+        if req.params.prompt_logprobs is not None and start < len(req.prompt_ids):
+            self._score_prompt(req, start, logits)
         return req.num_computed == req.num_tokens
+
+    def _score_prompt(self, req: Request, start: int, logits: torch.Tensor) -> None:
+        """Each prompt row's logits score the prompt token after it."""
+        ids, k = req.prompt_ids, req.params.prompt_logprobs
+        for offset, row in enumerate(logits):
+            nxt = start + offset + 1
+            if nxt < len(ids):
+                logprob, top = top_logprobs(row, ids[nxt], k)
+                req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
         p = req.params
@@ -245,6 +256,8 @@ class Engine:
         if stop_hit:
             reason = "stop"
         event = TokenEvent(req.request_id, [token], text, logprobs=lp)
+        if p.prompt_logprobs is not None and len(req.output_ids) == 1:
+            event.prompt_logprobs = [None, *req.prompt_logprobs]
         if reason is not None:
             self._finish(req, reason, logits)
             event.finished, event.finish_reason = True, reason

@@ -32,6 +32,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     min_tokens: int = 0  # eos and stop ids are forbidden before this many tokens
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top k (no cache)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -53,6 +54,11 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 "logprobs",
+                "must be between 0 and 20",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs",
                 "must be between 0 and 20",
             ),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
@@ -91,6 +97,8 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    # with the first token, when asked: each prompt token's (logprob, rank, top), None first
+    prompt_logprobs: list[tuple[float, int, list[tuple[int, float]]] | None] | None = None
 
 
 @dataclass
@@ -138,6 +146,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     reply: ReplyText = field(default_factory=ReplyText)
+    prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
 
     @property
     def all_ids(self) -> list[int]:
@@ -168,6 +177,8 @@ class Request:
         only this; future drafted verify rows will want several rows per lane."""
         if self.watch is not None and self.watch.keep_logits:
             return range(n)
+        if self.params.prompt_logprobs is not None and self.in_prompt:
+            return range(n)  # every prompt row scores the token after it
         end = self.num_computed + n
         watched = self.watch is not None and end in self.watch.cuts
         return range(n - 1, n) if end == self.num_tokens or watched else range(0)

@@ -48,7 +48,9 @@ class Scheduler:
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
-            entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
+            # prompt logprobs need every prompt row computed: no resume
+            fresh = self.cache is None or req.params.prompt_logprobs is not None
+            entry = None if fresh else self.cache.lookup(req.prompt_ids)
             held = self.kv.share(entry.pages) if entry else []  # pinned before any eviction
             partial = 1 if entry and entry.cut % self.kv.page_size else 0
             need = self.kv.pages_for(req.capacity) - len(held) + partial

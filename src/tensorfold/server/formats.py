@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from ..tokenizer import Tokenizer
 from .chat_output import ChatOptions, ChatOutput, Piece
+from .prompt_logprobs import PromptEntry, echo_logprobs, merge, vllm_prompt_logprobs
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -84,6 +85,8 @@ class ChoiceState:
     index: int
     prompt_tokens: int
     prefix: str = ""  # the echoed prompt, for completions with echo
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[PromptEntry] | None = None  # with the first token, when asked
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -112,18 +115,31 @@ class CompletionFormat:
         logprobs: bool,
         token_ids: bool,
         fingerprint: str | None = None,
+        echo_logprobs: bool = False,
+        prompt_logprobs: bool = False,
     ) -> None:
         self.id, self.model, self.texts = request_id, model, texts
         self.want_logprobs, self.want_ids = logprobs, token_ids
         self.fingerprint = fingerprint
+        self.echo_logprobs, self.want_prompt = echo_logprobs, prompt_logprobs
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # text_offset reached by each streamed choice
+        self._sent: set[int] = set()  # choices whose prompt logprobs went out
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
         self._offsets[choice.index] = len(choice.prefix)
-        if not choice.prefix:
+        if not choice.prefix or self.echo_logprobs:  # then it leads the first token's chunk
             return None
         return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix))
+
+    def _prompt_parts(self, c: ChoiceState) -> tuple[str, CompletionLogprobs | None, list | None]:
+        """(echoed text, its logprobs, vLLM's prompt_logprobs) once the prompt is scored."""
+        entries = c.prompt_logprobs
+        if entries is None:
+            return "", None, None
+        echo = echo_logprobs(c.prompt_ids, entries, self.texts) if self.echo_logprobs else None
+        vllm = vllm_prompt_logprobs(c.prompt_ids, entries, self.texts) if self.want_prompt else None
+        return (c.prefix if self.echo_logprobs else ""), echo, vllm
 
     def delta(
         self,
@@ -133,18 +149,23 @@ class CompletionFormat:
         lps: list[TokenLogprobs],
         finish: str | None,
     ) -> BaseModel:
-        logprobs = None
+        logprobs, head, prompt_lp, vllm = None, "", None, None
+        if choice.prompt_logprobs is not None and choice.index not in self._sent:
+            self._sent.add(choice.index)
+            head, prompt_lp, vllm = self._prompt_parts(choice)
         if self.want_logprobs:
             start = self._offsets.get(choice.index, 0)
             logprobs = self._logprobs(ids, lps, start)
             self._offsets[choice.index] = start + sum(len(t) for t in logprobs.tokens)
+            logprobs = merge(prompt_lp, logprobs) if prompt_lp is not None else logprobs
         return self._chunk(
             CompletionChoice(
                 index=choice.index,
-                text=text,
+                text=head + text,
                 finish_reason=finish,
                 logprobs=logprobs,
                 token_ids=ids if self.want_ids else None,
+                prompt_logprobs=vllm,
             )
         )
 
@@ -159,20 +180,23 @@ class CompletionFormat:
         )
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [
-            CompletionChoice(
-                index=c.index,
-                text=c.prefix + c.text,
-                finish_reason=c.finish_reason,
-                logprobs=(
-                    self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
-                    if self.want_logprobs
-                    else None
-                ),
-                token_ids=c.token_ids if self.want_ids else None,
+        out = []
+        for c in choices:
+            _, prompt_lp, vllm = self._prompt_parts(c)
+            logprobs = None
+            if self.want_logprobs:
+                logprobs = self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
+                logprobs = merge(prompt_lp, logprobs) if prompt_lp is not None else logprobs
+            out.append(
+                CompletionChoice(
+                    index=c.index,
+                    text=c.prefix + c.text,
+                    finish_reason=c.finish_reason,
+                    logprobs=logprobs,
+                    token_ids=c.token_ids if self.want_ids else None,
+                    prompt_logprobs=vllm,
+                )
             )
-            for c in choices
-        ]
         return CompletionResponse(
             id=self.id,
             model=self.model,
@@ -284,6 +308,8 @@ class ChatFormat:
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
         out = [self._choice(c) for c in choices]
+        first = choices[0] if choices else None
+        scored = first is not None and first.prompt_logprobs is not None
         return ChatCompletionResponse(
             id=self.id,
             model=self.model,
@@ -291,6 +317,11 @@ class ChatFormat:
             choices=out,
             usage=u,
             system_fingerprint=self.fingerprint,
+            prompt_logprobs=(
+                vllm_prompt_logprobs(first.prompt_ids, first.prompt_logprobs, self.texts)
+                if scored
+                else None
+            ),
         )
 
     def _choice(self, c: ChoiceState) -> ChatChoice:

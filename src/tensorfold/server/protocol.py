@@ -74,6 +74,7 @@ class GenerationRequest(BaseModel):
     repetition_penalty: Finite | None = None
     logit_bias: dict[str, Finite] | None = None  # token id (as a string) -> bias
     min_tokens: StrictInt = 0
+    prompt_logprobs: StrictInt | None = None  # vLLM's: the prompt tokens' logprobs
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
@@ -97,7 +98,6 @@ class CompletionRequest(GenerationRequest):
     echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
-    prompt_logprobs: StrictInt | None = None  # vLLM's: the prompt tokens' logprobs
 
     def unsupported(self) -> str | None:
         if self.suffix:
@@ -132,15 +132,12 @@ class ChatCompletionRequest(GenerationRequest):
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     include_reasoning: StrictBool = True  # vLLM's: False leaves the trace out of the reply
-    prompt_logprobs: StrictInt | None = None
 
     def unsupported(self) -> str | None:
         extra = self.model_extra or {}
         for name in ("echo", "continue_final_message"):  # vLLM's chat extensions
             if extra.get(name) not in (None, False):
                 return name
-        if self.prompt_logprobs is not None:
-            return "prompt_logprobs"
         return super().unsupported()
 
 
@@ -184,8 +181,8 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed first
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -195,6 +192,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class CompletionResponse(BaseModel):
@@ -264,6 +262,7 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class Delta(BaseModel):

@@ -41,7 +41,9 @@ class Reply:
         self.asked = asked
         self.requests = {c.index: req for c, req in zip(asked, gen.requests)}
         self.choices = {
-            c.index: ChoiceState(c.index, len(c.prompt_ids), prefixes.get(c.index, ""))
+            c.index: ChoiceState(
+                c.index, len(c.prompt_ids), prefixes.get(c.index, ""), c.prompt_ids
+            )
             for c in asked
         }
 
@@ -51,6 +53,8 @@ class Reply:
             if c.last_token_time is not None:
                 self.metrics.token_latency.observe(now - c.last_token_time)
             c.last_token_time = now
+        if event.prompt_logprobs is not None:
+            c.prompt_logprobs = event.prompt_logprobs
         c.token_ids += event.token_ids
         c.logprobs += event.logprobs
         c.text += event.text

@@ -81,18 +81,17 @@ class Job:
 
 async def complete(s: ServerState, body: CompletionRequest, request: Request):
     check_common(body, s)
-    if body.echo and body.logprobs is not None:
-        raise APIError(
-            400,
-            "echo with logprobs needs prompt logprobs, which are not supported",
-            "echo",
-            code="unsupported",
-        )
     check_choices(len(split_prompt(body.prompt)), body.n, "prompt", s)  # before tokenizing
     prompts = await s.text.prompts(body.prompt)
     check_context(prompts, "prompt", s)
     renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
-    params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
+    echo_lp = body.echo and body.logprobs is not None
+    scored = [
+        k for k in (body.logprobs if echo_lp else None, body.prompt_logprobs) if k is not None
+    ]
+    params = sampling_params(
+        body, s.defaults, body.max_tokens, body.logprobs, renames, max(scored, default=None)
+    )
     choices = choices_for(prompts, params, body.n)
     prefixes = {}
     if body.echo and s.tokenizer is not None:
@@ -108,6 +107,8 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
         body.logprobs is not None,
         body.return_token_ids,
         s.fingerprint,
+        echo_lp,
+        body.prompt_logprobs is not None,
     )
     return await respond(s, job, fmt, request)
 
@@ -131,7 +132,14 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         "max_tokens": limit_name if limit is not None else "messages",
     }
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, s.defaults, limit, top, renames)
+    if body.prompt_logprobs is not None and body.stream:
+        raise APIError(
+            400,
+            "prompt_logprobs is answered in a whole reply, not a stream",
+            "prompt_logprobs",
+            code="unsupported",
+        )
+    params = sampling_params(body, s.defaults, limit, top, renames, body.prompt_logprobs)
     job = Job(
         f"chatcmpl-{uuid.uuid4().hex}",
         choices_for([ids], params, body.n),
@@ -158,6 +166,7 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     renames: dict[str, str],
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """The engine's parameters; a bad value is a 400 naming the field as the client spelt it."""
 
@@ -172,6 +181,7 @@ def sampling_params(
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=_bias(req.logit_bias),
             min_tokens=req.min_tokens,
+            prompt_logprobs=prompt_logprobs,
             max_tokens=max_tokens,
             temperature=pick("temperature"),
             top_p=pick("top_p"),
