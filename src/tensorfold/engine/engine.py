@@ -345,6 +345,8 @@ class Engine:
             cache_evictions=cache.stats.evictions,
             cache_inserts=cache.stats.inserts,
             cache_bytes=cache.nbytes,
+            kv_pages_used=self.caches.kv.num_pages - self.caches.kv.free_pages,
+            kv_pages_total=self.caches.kv.num_pages,
         )
 
     def memory(self) -> MemoryReport:

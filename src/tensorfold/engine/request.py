@@ -145,6 +145,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    admitted_time: float | None = None  # when it got a lane (the end of its queue time)
     reply: ReplyText = field(default_factory=ReplyText)
     prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
 

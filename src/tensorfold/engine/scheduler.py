@@ -5,6 +5,7 @@ so a running lane never waits for memory and is never preempted."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ class Scheduler:
         )
         req.cuts = tuple(sorted(set(req.cuts) | req.cache_cuts))
         req.status = Status.RUNNING
+        req.admitted_time = time.monotonic()
         self.running.append(req)
 
     def _cache_cuts(self, req: Request) -> frozenset[int]:

@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -45,6 +46,7 @@ def create_app(
     web: bool = True,
     limits: Limits | None = None,
     fingerprint: str | None = None,
+    allowed_origins: tuple[str, ...] = (),
 ) -> FastAPI:
     """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
     page at GET / (server/page.py)."""
@@ -84,6 +86,14 @@ def create_app(
     if api_key:  # added last: runs first, before any body is read
         app.add_middleware(
             APIKeyCheck, api_key=api_key, count=metrics.refused, open_paths=OPEN_PATHS
+        )
+    if allowed_origins:  # added after the key check: runs before it (a preflight has no key)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
         )
     _generation_routes(app, state)
     _info_routes(app, state)

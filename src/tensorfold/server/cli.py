@@ -64,6 +64,12 @@ def add_parser(sub) -> None:
         help="seconds running requests get to finish on SIGINT/SIGTERM before cancel",
     )
     p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated origins browsers may call the API from (CORS; '*' for any); "
+        "default none",
+    )
+    p.add_argument(
         "--web",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -136,6 +142,7 @@ def _build(args: argparse.Namespace):
         web=args.web,
         limits=limits,
         fingerprint=fingerprint,
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
     )
     return app, name
 

@@ -86,6 +86,10 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
     def unsupported(self) -> str | None:
         """The first field set to something we cannot honour, or None."""
         extra = self.model_extra or {}

@@ -77,6 +77,7 @@ class Job:
     include_usage: bool
     prefixes: dict[int, str]  # echoed prompt text by choice index
     renames: dict[str, str]  # engine parameter names -> the names the client used
+    continuous_usage: bool = False  # usage in every chunk (vLLM's continuous_usage_stats)
 
 
 async def complete(s: ServerState, body: CompletionRequest, request: Request):
@@ -98,7 +99,13 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
         texts = [await s.text.decode(ids) for ids in prompts]
         prefixes = {c.index: texts[c.index // body.n] for c in choices}
     job = Job(
-        f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes, renames
+        f"cmpl-{uuid.uuid4().hex}",
+        choices,
+        body.stream,
+        body.include_usage,
+        prefixes,
+        renames,
+        body.continuous_usage,
     )
     fmt = CompletionFormat(
         job.request_id,
@@ -147,6 +154,7 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         body.include_usage,
         {},
         renames,
+        body.continuous_usage,
     )
     fmt = ChatFormat(
         job.request_id,
@@ -336,5 +344,6 @@ async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat, 
         raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
     reply = Reply(job.request_id, job.choices, gen, fmt, s.metrics, job.prefixes)
     if job.stream:
-        return EventStream(stream_events(reply, job.include_usage), headers=SSE_HEADERS)
+        events = stream_events(reply, job.include_usage, job.continuous_usage)
+        return EventStream(events, headers=SSE_HEADERS)
     return await collect(reply, request)
