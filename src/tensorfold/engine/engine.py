@@ -20,6 +20,7 @@ from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
+from .constraints import GrammarBook, apply_mask
 from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
@@ -80,6 +81,7 @@ class Engine:
         )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
+        self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
         self._requests: dict[str, Request] = {}
@@ -177,13 +179,8 @@ class Engine:
     def _choose(self, ready) -> list[int]:
         """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync).
         A request's own logits rule (penalties, bias, min_tokens) applies to its row first."""
-        ready = [
-            (req, shape_logits(req.params, req.prompt_ids, req.output_ids, row, self.eos_ids))
-            if shapes_logits(req.params)
-            else (req, row)
-            for req, row in ready
-        ]
-        shaped = [i for i, (req, _) in enumerate(ready) if shapes_logits(req.params)]
+        ready = [(req, self._rule_row(req, row)) for req, row in ready]
+        shaped = [i for i, (req, _) in enumerate(ready) if self._custom(req)]
         greedy = [
             i
             for i, (req, _) in enumerate(ready)
@@ -209,6 +206,27 @@ class Engine:
                     uniform(req.seed, req.num_tokens, req.choice),
                 )
         return tokens
+
+    @staticmethod
+    def _custom(req: Request) -> bool:
+        return req.params.grammar is not None or shapes_logits(req.params)
+
+    def _rule_row(self, req: Request, row: torch.Tensor) -> torch.Tensor:
+        """The row the request samples from: its own rule, then its grammar's mask (fp32)."""
+        p = req.params
+        if not self._custom(req):
+            return row
+        x = shape_logits(p, req.prompt_ids, req.output_ids, row, self.eos_ids)
+        if p.grammar is None:
+            return x
+        if req.matcher is None:
+            try:
+                req.matcher = self.grammars.matcher(p.grammar)
+            except InvalidRequest:  # checked at admission; should it still fail, only end
+                only_end = torch.ones_like(x, dtype=torch.bool)
+                only_end[sorted(self.eos_ids)] = False
+                return x.masked_fill(only_end, float("-inf"))
+        return apply_mask(x, req.matcher.allowed(req.output_ids))
 
     def _drain_inbox(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ..errors import InvalidRequest
+from .constraints import Grammar, Matcher
 from .text import ReplyText
 
 
@@ -33,6 +34,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     min_tokens: int = 0  # eos and stop ids are forbidden before this many tokens
     prompt_logprobs: int | None = None  # each prompt token's logprob and the top k (no cache)
+    grammar: Grammar | None = None  # structured output: the reply must match it
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -148,6 +150,7 @@ class Request:
     admitted_time: float | None = None  # when it got a lane (the end of its queue time)
     reply: ReplyText = field(default_factory=ReplyText)
     prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
+    matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
 
     @property
     def all_ids(self) -> list[int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastapi import Request
 
+from ..engine.constraints import Grammar
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
@@ -22,7 +23,9 @@ from .logsafe import clip, names
 from .metrics import Metrics
 from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .reasoning import thinking_open
 from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
+from .structured import chat_grammar
 from .textwork import ChatInput, TextWorker
 
 log = logging.getLogger("tensorfold.server")
@@ -127,7 +130,6 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
             400, "top_logprobs needs logprobs: true", "top_logprobs", code="invalid_value"
         )
     check_tools(body)
-    check_format(body)
     check_choices(1, body.n, "messages", s)
     ids = await s.text.chat(ChatInput.of(body))
     check_context([ids], "messages", s)
@@ -146,7 +148,8 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
             "prompt_logprobs",
             code="unsupported",
         )
-    params = sampling_params(body, s.defaults, limit, top, renames, body.prompt_logprobs)
+    grammar = await grammar_for(s, body, ids)
+    params = sampling_params(body, s.defaults, limit, top, renames, body.prompt_logprobs, grammar)
     job = Job(
         f"chatcmpl-{uuid.uuid4().hex}",
         choices_for([ids], params, body.n),
@@ -175,6 +178,7 @@ def sampling_params(
     logprobs: int | None,
     renames: dict[str, str],
     prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """The engine's parameters; a bad value is a 400 naming the field as the client spelt it."""
 
@@ -190,6 +194,7 @@ def sampling_params(
             logit_bias=_bias(req.logit_bias),
             min_tokens=req.min_tokens,
             prompt_logprobs=prompt_logprobs,
+            grammar=grammar,
             max_tokens=max_tokens,
             temperature=pick("temperature"),
             top_p=pick("top_p"),
@@ -221,17 +226,26 @@ def _bias(raw: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def check_format(body: ChatCompletionRequest) -> None:
-    """Constrained replies (a JSON format, a required or named tool call) need a grammar."""
-    fmt = (body.response_format or {}).get("type", "text")
-    if fmt != "text":
+async def grammar_for(
+    s: ServerState, body: ChatCompletionRequest, ids: list[int]
+) -> Grammar | None:
+    """The reply's grammar (response_format, a forced tool call), compiled against the
+    vocabulary on a worker thread; one that does not compile is a 400 naming its field."""
+    end = s.think_ids[1] if thinking_open(ids, *s.think_ids) else None
+    grammar = chat_grammar(body, end)
+    if grammar is None:
+        return None
+    why = await s.text.run(s.engine.engine.grammars.check, grammar)
+    if why:
+        forced = tool_choice(body) == "required" or isinstance(body.tool_choice, dict)
         raise APIError(
-            400, f"response_format {fmt!r} is not supported", "response_format", code="unsupported"
+            400,
+            f"the {'tools' if forced else 'response_format'} schema does not compile: "
+            f"{clip(why, 400)}",
+            "tools" if forced else "response_format",
+            code="invalid_value",
         )
-    if tool_choice(body) == "required" or isinstance(body.tool_choice, dict):
-        raise APIError(
-            400, "tool_choice required or named is not supported", "tool_choice", code="unsupported"
-        )
+    return grammar
 
 
 def check_model(name: str | None, served: str) -> None:

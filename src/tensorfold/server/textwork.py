@@ -121,6 +121,10 @@ class TextWorker:
             )
         return self.sandbox
 
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a worker thread, under the prompt time limit."""
+        return await self._run(fn, *args)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) on a worker thread; past the time limit the request gets a 503 (the thread
         finishes on its own: its input is bounded by the body caps)."""
