@@ -179,7 +179,7 @@ class Engine:
     def _choose(self, ready) -> list[int]:
         """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync).
         A request's own logits rule (penalties, bias, min_tokens) applies to its row first."""
-        ready = [(req, self._rule_row(req, row)) for req, row in ready]
+        ready = [(req, self.rule_row(req, req.output_ids, row)) for req, row in ready]
         shaped = [i for i, (req, _) in enumerate(ready) if self._custom(req)]
         greedy = [
             i
@@ -211,12 +211,14 @@ class Engine:
     def _custom(req: Request) -> bool:
         return req.params.grammar is not None or shapes_logits(req.params)
 
-    def _rule_row(self, req: Request, row: torch.Tensor) -> torch.Tensor:
-        """The row the request samples from: its own rule, then its grammar's mask (fp32)."""
+    def rule_row(self, req: Request, output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
+        """The row the request samples from after `output_ids` (its reply so far, or any prefix
+        of it: a drafted position): its own rule, then its grammar's mask (fp32). A function of
+        the request's parameters, prompt, `output_ids` and `row` alone."""
         p = req.params
         if not self._custom(req):
             return row
-        x = shape_logits(p, req.prompt_ids, req.output_ids, row, self.eos_ids)
+        x = shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
         if p.grammar is None:
             return x
         if req.matcher is None:
@@ -226,7 +228,7 @@ class Engine:
                 only_end = torch.ones_like(x, dtype=torch.bool)
                 only_end[sorted(self.eos_ids)] = False
                 return x.masked_fill(only_end, float("-inf"))
-        return apply_mask(x, req.matcher.allowed(req.output_ids))
+        return apply_mask(x, req.matcher.allowed(output_ids))
 
     def _drain_inbox(self) -> None:
         with self._lock:
