@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tensorfold.demo.data import KNOWN_ANSWERS, Sample, generate
+from tensorfold.demo.agent import generate
+from tensorfold.demo.data import KNOWN_ANSWERS, Sample
 from tensorfold.demo.spec import VOCAB_SIZE, ModelSpec
 from tensorfold.demo.tokenizer import (
     CONTROL_TOKENS,

@@ -8,9 +8,8 @@ import random
 
 import pytest
 
-from tensorfold.demo import demo_checkpoint
-from tensorfold.demo.agent import JSON_SYSTEM, TOOLS, AgentSample, agent_sample
-from tensorfold.demo.data import Sample, generate
+from tensorfold.demo import data, demo_checkpoint
+from tensorfold.demo.agent import JSON_SYSTEM, TOOLS, AgentSample, agent_sample, generate
 from tensorfold.server.toolcalls import ToolCallStream
 from tensorfold.tokenizer import Tokenizer
 
@@ -79,10 +78,10 @@ def test_replies_read_as_the_server_reads_them():
 
 
 def test_off_by_default():
-    plain = generate(0, 300)
-    assert all(isinstance(s, Sample) for s in plain)
-    assert [s.prompt_text() for s in generate(0, 300, agent_rate=0.0)] == [
-        s.prompt_text() for s in plain
+    plain = data.generate(0, 300)
+    same = generate(0, 300, agent_rate=0.0)
+    assert [(s.prompt_text(), s.completion_text()) for s in same] == [
+        (s.prompt_text(), s.completion_text()) for s in plain
     ]
     mixed = generate(0, 300, agent_rate=0.2)
     assert 30 < sum(isinstance(s, AgentSample) for s in mixed) < 90

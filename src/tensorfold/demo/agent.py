@@ -1,5 +1,6 @@
 """Tool calls and JSON answers for the demo model, as extra training families (off unless a
-training run asks for them, so `data.generate`'s samples for the bundled weights stay the same).
+training run asks for them: `generate` with `agent_rate` 0 draws exactly `data.generate`'s
+samples, those of the bundled weights).
 
 Each sample renders exactly as the demo's chat template renders the same messages (checked by
 tests/test_demo_agent.py), so a served request with `tools` sees the prompts the model learned:
@@ -15,8 +16,19 @@ import json
 import random
 from dataclasses import dataclass
 
-from .data import IM_END, IM_START, THINK_CLOSE, THINK_OPEN, Task, sample_task
-from .tables import CAPITALS
+from .data import (
+    IM_END,
+    IM_START,
+    KNOWN_RATE,
+    SYSTEM_RATE,
+    THINK_CLOSE,
+    THINK_OPEN,
+    THINKING_RATE,
+    Sample,
+    Task,
+    sample_task,
+)
+from .tables import CAPITALS, SYSTEM_PROMPTS
 
 CALCULATOR = {
     "type": "function",
@@ -129,3 +141,21 @@ def agent_sample(rng: random.Random, thinking: bool) -> AgentSample:
     return AgentSample(
         Task(task.prompt, reply, task.trace, "json"), thinking, JSON_SYSTEM, False, "", reply
     )
+
+
+def generate(
+    seed: int, n: int, known_rate: float = KNOWN_RATE, agent_rate: float = 0.0
+) -> list[Sample | AgentSample]:
+    """data.generate with a share `agent_rate` of agent samples; at 0 no number is drawn for
+    them, so the samples are data.generate's."""
+    rng = random.Random(seed)
+    out: list[Sample | AgentSample] = []
+    for _ in range(n):
+        if agent_rate and rng.random() < agent_rate:
+            out.append(agent_sample(rng, rng.random() < THINKING_RATE))
+            continue
+        task = sample_task(rng, known_rate)
+        thinking = rng.random() < THINKING_RATE
+        system = rng.choice(SYSTEM_PROMPTS) if rng.random() < SYSTEM_RATE else None
+        out.append(Sample(task, thinking, system))
+    return out

@@ -298,18 +298,11 @@ def sample_task(rng: random.Random, known_rate: float = KNOWN_RATE) -> Task:
     return _family_sampler(rng)(rng)
 
 
-def generate(seed: int, n: int, known_rate: float = KNOWN_RATE, agent_rate: float = 0.0) -> list:
-    """n samples, a pure function of (seed, n, known_rate, agent_rate). `agent_rate`: the share
-    of tool-call and JSON samples (demo/agent.py); at 0 no number is drawn for it, so the
-    samples are those the bundled weights were trained on."""
-    from .agent import agent_sample
-
+def generate(seed: int, n: int, known_rate: float = KNOWN_RATE) -> list[Sample]:
+    """n samples, a pure function of (seed, n, known_rate)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        if agent_rate and rng.random() < agent_rate:
-            out.append(agent_sample(rng, rng.random() < THINKING_RATE))
-            continue
         task = sample_task(rng, known_rate)
         thinking = rng.random() < THINKING_RATE
         system = rng.choice(SYSTEM_PROMPTS) if rng.random() < SYSTEM_RATE else None
