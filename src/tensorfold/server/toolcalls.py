@@ -38,8 +38,8 @@ def _string_args(tools: list[dict[str, Any]]) -> dict[str, set[str]]:
         fn = tool.get("function") or {}
         props = (fn.get("parameters") or {}).get("properties") or {}
         out[fn.get("name", "")] = {
-            k: v for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"
-        }.keys()
+            k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"
+        }
     return out
 
 
