@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tensorfold.demo.data import KNOWN_ANSWERS, Sample, generate
+from tensorfold.demo.agent import generate
+from tensorfold.demo.data import KNOWN_ANSWERS, Sample
 from tensorfold.demo.spec import VOCAB_SIZE, ModelSpec
 from tensorfold.demo.tokenizer import (
     CONTROL_TOKENS,
@@ -50,6 +51,7 @@ class TrainConfig:
     eval_examples: int
     log_every: int
     device: str
+    agent_rate: float = 0.0  # share of tool-call and JSON samples (tensorfold/demo/agent.py)
 
 
 @dataclass
@@ -76,6 +78,12 @@ def parse_args() -> TrainConfig:
     p.add_argument("--eval-examples", type=int, default=1024)
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--agent-rate",
+        type=float,
+        default=0.0,
+        help="share of tool-call and JSON samples (0: the families of the bundled weights only)",
+    )
     a = p.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     return TrainConfig(
@@ -92,6 +100,7 @@ def parse_args() -> TrainConfig:
         a.eval_examples,
         a.log_every,
         device,
+        a.agent_rate,
     )
 
 
@@ -287,7 +296,9 @@ def teacher_forced(
 
 
 def accuracy_by_family(model, tok: Tokenizer, cfg: TrainConfig) -> dict:
-    fresh = generate(cfg.seed + 1_000_003, cfg.eval_examples, known_rate=0.0)
+    fresh = generate(
+        cfg.seed + 1_000_003, cfg.eval_examples, known_rate=0.0, agent_rate=cfg.agent_rate
+    )
     scores = teacher_forced(model, tok, fresh, cfg.device)
     table: dict[str, list[bool]] = defaultdict(list)
     for s, (ok, _) in zip(fresh, scores):
@@ -380,7 +391,7 @@ def environment(cfg: TrainConfig) -> dict:
 
 def prepare(cfg: TrainConfig) -> tuple[Tokenizer, Encoded, dict]:
     start = time.perf_counter()
-    samples = generate(cfg.seed, cfg.examples)
+    samples = generate(cfg.seed, cfg.examples, agent_rate=cfg.agent_rate)
     texts = [s.prompt_text() + s.completion_text() for s in samples[: cfg.bpe_examples]]
     tok = train_tokenizer(texts, VOCAB_SIZE - len(CONTROL_TOKENS))
     assert tok.get_vocab_size() <= VOCAB_SIZE, tok.get_vocab_size()

@@ -156,3 +156,37 @@ def test_non_exact_variant_stays_close_to_exact(hf_tiny_b):
     off = lambda x: float((x - ref).norm() / ref.norm())  # noqa: E731
     assert torch.isfinite(fast).all()
     assert off(fast) < 2 * off(exact), (off(fast), off(exact))
+
+
+RULES_9B = [
+    dict(presence_penalty=0.8, frequency_penalty=0.4),
+    dict(repetition_penalty=1.3),
+    dict(logit_bias={7: 25.0, 11: -100.0}),
+    dict(min_tokens=8, stop_token_ids=(5,)),
+    dict(prompt_logprobs=2),
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_request_rules_concurrent_equals_solo_9b(nine_b, temperature):
+    """Penalties, biases, min_tokens and prompt logprobs in one bf16 batch (decode passes as
+    CUDA graphs): each request's tokens and prompt logprobs equal its own alone."""
+    jobs = [
+        (
+            sample_prompt(400 + i, 30 + 11 * i, VOCAB),
+            SamplingParams(
+                max_tokens=16, temperature=temperature, seed=3 + i, ignore_eos=True, **rule
+            ),
+        )  # fmt: skip
+        for i, rule in enumerate(RULES_9B)
+    ]
+    alone = []
+    for ids, params in jobs:
+        eng = _engine(nine_b, parallel=1)
+        req = eng.add_request(ids, params)
+        eng.run_until_done()
+        alone.append((req.output_ids, req.prompt_logprobs))
+    eng = _engine(nine_b, parallel=len(jobs))
+    reqs = [eng.add_request(ids, params) for ids, params in jobs]
+    eng.run_until_done()
+    assert [(r.output_ids, r.prompt_logprobs) for r in reqs] == alone

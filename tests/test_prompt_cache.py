@@ -133,8 +133,10 @@ def test_chat_second_turn_over_http_covers_the_first_turn_and_its_reply():
             first = client.chat.completions.create(
                 model="demo", messages=messages, temperature=0, max_tokens=96, extra_body=extra
             )
+            said = first.choices[0].message  # the trace goes back as reasoning_content
+            trace = (said.model_extra or {}).get("reasoning_content")
             messages += [
-                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "assistant", "content": said.content, "reasoning_content": trace},
                 {"role": "user", "content": "Reverse the word planet."},
             ]
             second = client.chat.completions.create(

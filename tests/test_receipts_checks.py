@@ -54,7 +54,7 @@ def test_cancel_passes_every_step_on_our_server(live, hf_tiny, capsys, tmp_path)
         )
     )
     assert {s["probes"]["code"] for s in steps} == {want}
-    assert "HTTP 413" in steps[-1]["detail"]
+    assert "HTTP 400" in steps[-1]["detail"]
     assert "check cancel: PASS (5/5 steps passed)" in text
 
 

@@ -132,8 +132,8 @@ def test_a_big_prompt_is_refused_by_its_token_count(trusted):
         )
 
     completion, chat = probed(trusted, send)
-    error_of(completion, 413, "prompt", "context_length_exceeded")
-    error_of(chat, 413, "messages", "context_length_exceeded")
+    error_of(completion, 400, "prompt", "context_length_exceeded")
+    error_of(chat, 400, "messages", "context_length_exceeded")
 
 
 def test_costly_json_is_refused_cheaply(trusted):

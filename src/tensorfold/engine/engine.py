@@ -18,8 +18,10 @@ from ..cache import KVPool, ModelCaches, StatePool
 from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.sampling import sample_row, top_logprobs, uniform
+from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
+from .constraints import GrammarBook, apply_mask
+from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
@@ -79,6 +81,7 @@ class Engine:
         )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
+        self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
         self._requests: dict[str, Request] = {}
@@ -131,6 +134,13 @@ class Engine:
             raise InvalidRequest(
                 f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
             )
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        bad += [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            name = "logit_bias" if bad[0] in dict(params.logit_bias) else "stop_token_ids"
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param=name
+            )
         want = len(ids) + (params.max_tokens or 1)
         if want > self.config.context:
             raise ContextOverflow(
@@ -167,9 +177,19 @@ class Engine:
         return events
 
     def _choose(self, ready) -> list[int]:
-        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync)."""
-        greedy = [i for i, (req, _) in enumerate(ready) if req.params.temperature <= 0.0]
+        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync).
+        A request's own logits rule (penalties, bias, min_tokens) applies to its row first."""
+        ready = [(req, self.rule_row(req, req.output_ids, row)) for req, row in ready]
+        shaped = [i for i, (req, _) in enumerate(ready) if self._custom(req)]
+        greedy = [
+            i
+            for i, (req, _) in enumerate(ready)
+            if req.params.temperature <= 0.0 and i not in shaped
+        ]
         tokens: list[int] = [0] * len(ready)
+        for i in shaped:  # fp32 rows: each its own argmax
+            if ready[i][0].params.temperature <= 0.0:
+                tokens[i] = int(torch.argmax(ready[i][1]))
         if greedy:
             picks = torch.stack([ready[i][1] for i in greedy]).argmax(-1).tolist()
             for i, t in zip(greedy, picks):
@@ -186,6 +206,29 @@ class Engine:
                     uniform(req.seed, req.num_tokens, req.choice),
                 )
         return tokens
+
+    @staticmethod
+    def _custom(req: Request) -> bool:
+        return req.params.grammar is not None or shapes_logits(req.params)
+
+    def rule_row(self, req: Request, output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
+        """The row the request samples from after `output_ids` (its reply so far, or any prefix
+        of it: a drafted position): its own rule, then its grammar's mask (fp32). A function of
+        the request's parameters, prompt, `output_ids` and `row` alone."""
+        p = req.params
+        if not self._custom(req):
+            return row
+        x = shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
+        if p.grammar is None:
+            return x
+        if req.matcher is None:
+            try:
+                req.matcher = self.grammars.matcher(p.grammar)
+            except InvalidRequest:  # checked at admission; should it still fail, only end
+                only_end = torch.ones_like(x, dtype=torch.bool)
+                only_end[sorted(self.eos_ids)] = False
+                return x.masked_fill(only_end, float("-inf"))
+        return apply_mask(x, req.matcher.allowed(output_ids))
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -209,7 +252,18 @@ class Engine:
             self._remember(req)
         if req.watch is not None:
             req.watch.passed(req, start, logits)
+        if req.params.prompt_logprobs is not None and start < len(req.prompt_ids):
+            self._score_prompt(req, start, logits)
         return req.num_computed == req.num_tokens
+
+    def _score_prompt(self, req: Request, start: int, logits: torch.Tensor) -> None:
+        """Each prompt row's logits score the prompt token after it."""
+        ids, k = req.prompt_ids, req.params.prompt_logprobs
+        for offset, row in enumerate(logits):
+            nxt = start + offset + 1
+            if nxt < len(ids):
+                logprob, top = top_logprobs(row, ids[nxt], k)
+                req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
         p = req.params
@@ -222,6 +276,8 @@ class Engine:
         if stop_hit:
             reason = "stop"
         event = TokenEvent(req.request_id, [token], text, logprobs=lp)
+        if p.prompt_logprobs is not None and len(req.output_ids) == 1:
+            event.prompt_logprobs = [None, *req.prompt_logprobs]
         if reason is not None:
             self._finish(req, reason, logits)
             event.finished, event.finish_reason = True, reason
@@ -229,6 +285,8 @@ class Engine:
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
+        if len(req.output_ids) <= p.min_tokens and len(req.output_ids) < req.max_tokens:
+            return None  # min_tokens: no stop yet (its rule forbids the stop tokens too)
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
             return "stop"
         if len(req.output_ids) >= req.max_tokens:
@@ -238,7 +296,8 @@ class Engine:
     def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
         if self.tokenizer is None:
             return "", False
-        return req.reply.advance(self.tokenizer, req.output_ids, req.params.stop, final)
+        stops = req.params.stop if len(req.output_ids) > req.params.min_tokens else ()
+        return req.reply.advance(self.tokenizer, req.output_ids, stops, final)
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""
@@ -306,6 +365,8 @@ class Engine:
             cache_evictions=cache.stats.evictions,
             cache_inserts=cache.stats.inserts,
             cache_bytes=cache.nbytes,
+            kv_pages_used=self.caches.kv.num_pages - self.caches.kv.free_pages,
+            kv_pages_total=self.caches.kv.num_pages,
         )
 
     def memory(self) -> MemoryReport:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ..errors import InvalidRequest
+from .constraints import Grammar, Matcher
 from .text import ReplyText
 
 
@@ -27,12 +28,25 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    min_tokens: int = 0  # eos and stop ids are forbidden before this many tokens
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top k (no cache)
+    grammar: Grammar | None = None  # structured output: the reply must match it
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = dict(
+            self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        )
+        object.__setattr__(
+            self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in bias.items()))
+        )
         checks = [
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
             (self.temperature >= 0.0, "temperature", "must be >= 0"),
@@ -43,6 +57,25 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 "logprobs",
                 "must be between 0 and 20",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs",
+                "must be between 0 and 20",
+            ),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (0.0 < self.repetition_penalty <= 100.0, "repetition_penalty", "must be in (0, 100]"),
+            (
+                all(-100.0 <= b <= 100.0 for _, b in self.logit_bias),
+                "logit_bias",
+                "values must be in [-100, 100]",
+            ),
+            (
+                self.min_tokens >= 0
+                and (self.max_tokens is None or self.min_tokens <= self.max_tokens),
+                "min_tokens",
+                "must be between 0 and max_tokens",
             ),
         ]
         for ok, name, why in checks:
@@ -66,6 +99,8 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    # with the first token, when asked: each prompt token's (logprob, rank, top), None first
+    prompt_logprobs: list[tuple[float, int, list[tuple[int, float]]] | None] | None = None
 
 
 @dataclass
@@ -112,7 +147,10 @@ class Request:
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    admitted_time: float | None = None  # when it got a lane (the end of its queue time)
     reply: ReplyText = field(default_factory=ReplyText)
+    prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
+    matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
 
     @property
     def all_ids(self) -> list[int]:
@@ -143,6 +181,8 @@ class Request:
         only this; future drafted verify rows will want several rows per lane."""
         if self.watch is not None and self.watch.keep_logits:
             return range(n)
+        if self.params.prompt_logprobs is not None and self.in_prompt:
+            return range(n)  # every prompt row scores the token after it
         end = self.num_computed + n
         watched = self.watch is not None and end in self.watch.cuts
         return range(n - 1, n) if end == self.num_tokens or watched else range(0)

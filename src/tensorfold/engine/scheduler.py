@@ -5,6 +5,7 @@ so a running lane never waits for memory and is never preempted."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,7 +49,9 @@ class Scheduler:
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
             req = self.waiting[0]
-            entry = self.cache.lookup(req.prompt_ids) if self.cache is not None else None
+            # prompt logprobs need every prompt row computed: no resume
+            fresh = self.cache is None or req.params.prompt_logprobs is not None
+            entry = None if fresh else self.cache.lookup(req.prompt_ids)
             held = self.kv.share(entry.pages) if entry else []  # pinned before any eviction
             partial = 1 if entry and entry.cut % self.kv.page_size else 0
             need = self.kv.pages_for(req.capacity) - len(held) + partial
@@ -79,6 +82,7 @@ class Scheduler:
         )
         req.cuts = tuple(sorted(set(req.cuts) | req.cache_cuts))
         req.status = Status.RUNNING
+        req.admitted_time = time.monotonic()
         self.running.append(req)
 
     def _cache_cuts(self, req: Request) -> frozenset[int]:

@@ -38,6 +38,8 @@ class EngineStats:
     cache_evictions: int = 0
     cache_inserts: int = 0
     cache_bytes: int = 0
+    kv_pages_used: int = 0  # KV pages held by lanes and the prompt cache
+    kv_pages_total: int = 0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@ from . import norm as ref_norm
 from .quant import QuantizedWeight
 from .rope import apply_rope
 
+# The arithmetic of every kernel and reference (docs/exactness.md): bump it with any change that
+# can move a bit, so system_fingerprint tells clients their bytes may differ.
+ARITHMETIC_VERSION = 1
+
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
     """The CPU's row tile: its elementwise ops and products then see one shape per tile. The GPU

@@ -52,3 +52,9 @@ def top_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[
         vals, ids = torch.topk(logp, k)
         top = [(int(i), float(v)) for i, v in zip(ids, vals)]
     return float(logp[token]), top
+
+
+def token_rank(logits: torch.Tensor, token: int) -> int:
+    """1 + the number of tokens strictly more likely than `token` (vLLM's rank)."""
+    row = logits.to(torch.float32)
+    return int((row > row[token]).sum()) + 1

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -15,6 +16,7 @@ from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .auth import DOCS_PATHS, MONITORING_PATHS, APIKeyCheck
 from .bodyguard import BodyGuard
+from .chat_request import think_ids
 from .connections import ConnectionGuard
 from .errors import APIError, install_handlers, log, refusal_sender
 from .formats import TokenTexts
@@ -45,6 +47,8 @@ def create_app(
     web: bool = True,
     limits: Limits | None = None,
     warmup: Callable[[], object] | None = None,
+    fingerprint: str | None = None,
+    allowed_origins: tuple[str, ...] = (),
 ) -> FastAPI:
     """The server for one engine; its engine thread runs from startup to shutdown. `web`: the chat
     page at GET / (server/page.py). `warmup` runs on the engine thread first (engine/warmup.py):
@@ -63,6 +67,8 @@ def create_app(
         TokenTexts(tokenizer),
         text,
         limits,
+        fingerprint,
+        think_ids(tokenizer),
     )
     guard_logger(log)  # every server log line escaped and bounded
 
@@ -83,6 +89,14 @@ def create_app(
     if api_key:  # added last: runs first, before any body is read
         app.add_middleware(
             APIKeyCheck, api_key=api_key, count=metrics.refused, open_paths=OPEN_PATHS
+        )
+    if allowed_origins:  # added after the key check: runs before it (a preflight has no key)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
         )
     _generation_routes(app, state)
     _info_routes(app, state)
@@ -139,7 +153,10 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
             ids = await s.text.chat(ChatInput.of(body))
         else:
             ids = (await s.text.prompts(body.prompt))[0]
-        return {"count": len(ids), "max_model_len": s.context, "tokens": ids}
+        out = {"count": len(ids), "max_model_len": s.context, "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = [s.texts.get(t)[0] for t in ids]
+        return out
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:

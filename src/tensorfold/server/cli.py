@@ -65,6 +65,12 @@ def add_parser(sub) -> None:
         help="seconds running requests get to finish on SIGINT/SIGTERM before cancel",
     )
     p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated origins browsers may call the API from (CORS; '*' for any); "
+        "default none",
+    )
+    p.add_argument(
         "--web",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -94,6 +100,7 @@ DEMO_NAME = "tensorfold-demo"
 
 def _build(args: argparse.Namespace):
     from ..engine.engine import Engine, EngineConfig
+    from ..engine.fingerprint import system_fingerprint
     from ..models.loader import load_model
     from ..tokenizer import Tokenizer
     from ..util import default_checkpoint, resolve_device, resolve_dtype
@@ -141,6 +148,8 @@ def _build(args: argparse.Namespace):
         defaults,
     )
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
+    fingerprint = system_fingerprint(path, dtype, device)
+    log.info("system_fingerprint %s", fingerprint)
     app = create_app(
         engine,
         tokenizer,
@@ -150,6 +159,8 @@ def _build(args: argparse.Namespace):
         web=args.web,
         limits=limits,
         warmup=_warmup(engine, args),
+        fingerprint=fingerprint,
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
     )
     return app, name
 

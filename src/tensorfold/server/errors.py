@@ -81,8 +81,8 @@ def from_engine(exc: RequestError | QueueFull, renames: dict[str, str] | None = 
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     param = (renames or {}).get(exc.param, exc.param)
-    if isinstance(exc, ContextOverflow):
-        return APIError(413, str(exc), param, code="context_length_exceeded")
+    if isinstance(exc, ContextOverflow):  # OpenAI's and vLLM's status for it
+        return APIError(400, str(exc), param, code="context_length_exceeded")
     return APIError(400, str(exc), param, code="invalid_value")
 
 

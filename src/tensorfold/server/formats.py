@@ -10,6 +10,8 @@ from functools import lru_cache
 from pydantic import BaseModel
 
 from ..tokenizer import Tokenizer
+from .chat_output import ChatOptions, ChatOutput, Piece
+from .prompt_logprobs import PromptEntry, echo_logprobs, merge, vllm_prompt_logprobs
 from .protocol import (
     AssistantMessage,
     ChatChoice,
@@ -22,8 +24,11 @@ from .protocol import (
     CompletionLogprobs,
     CompletionResponse,
     Delta,
+    FunctionCall,
     PromptTokensDetails,
     TokenLogprob,
+    ToolCallDelta,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
@@ -80,6 +85,8 @@ class ChoiceState:
     index: int
     prompt_tokens: int
     prefix: str = ""  # the echoed prompt, for completions with echo
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[PromptEntry] | None = None  # with the first token, when asked
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -101,18 +108,38 @@ class CompletionFormat:
     """/v1/completions: text choices, logprobs in the legacy {tokens, token_logprobs, ...} shape."""
 
     def __init__(
-        self, request_id: str, model: str, texts: TokenTexts, logprobs: bool, token_ids: bool
+        self,
+        request_id: str,
+        model: str,
+        texts: TokenTexts,
+        logprobs: bool,
+        token_ids: bool,
+        fingerprint: str | None = None,
+        echo_logprobs: bool = False,
+        prompt_logprobs: bool = False,
     ) -> None:
         self.id, self.model, self.texts = request_id, model, texts
         self.want_logprobs, self.want_ids = logprobs, token_ids
+        self.fingerprint = fingerprint
+        self.echo_logprobs, self.want_prompt = echo_logprobs, prompt_logprobs
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # text_offset reached by each streamed choice
+        self._sent: set[int] = set()  # choices whose prompt logprobs went out
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
         self._offsets[choice.index] = len(choice.prefix)
-        if not choice.prefix:
+        if not choice.prefix or self.echo_logprobs:  # then it leads the first token's chunk
             return None
         return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix))
+
+    def _prompt_parts(self, c: ChoiceState) -> tuple[str, CompletionLogprobs | None, list | None]:
+        """(echoed text, its logprobs, vLLM's prompt_logprobs) once the prompt is scored."""
+        entries = c.prompt_logprobs
+        if entries is None:
+            return "", None, None
+        echo = echo_logprobs(c.prompt_ids, entries, self.texts) if self.echo_logprobs else None
+        vllm = vllm_prompt_logprobs(c.prompt_ids, entries, self.texts) if self.want_prompt else None
+        return (c.prefix if self.echo_logprobs else ""), echo, vllm
 
     def delta(
         self,
@@ -122,47 +149,71 @@ class CompletionFormat:
         lps: list[TokenLogprobs],
         finish: str | None,
     ) -> BaseModel:
-        logprobs = None
+        logprobs, head, prompt_lp, vllm = None, "", None, None
+        if choice.prompt_logprobs is not None and choice.index not in self._sent:
+            self._sent.add(choice.index)
+            head, prompt_lp, vllm = self._prompt_parts(choice)
         if self.want_logprobs:
             start = self._offsets.get(choice.index, 0)
             logprobs = self._logprobs(ids, lps, start)
             self._offsets[choice.index] = start + sum(len(t) for t in logprobs.tokens)
+            logprobs = merge(prompt_lp, logprobs) if prompt_lp is not None else logprobs
         return self._chunk(
             CompletionChoice(
                 index=choice.index,
-                text=text,
+                text=head + text,
                 finish_reason=finish,
                 logprobs=logprobs,
                 token_ids=ids if self.want_ids else None,
+                prompt_logprobs=vllm,
             )
         )
 
     def usage_chunk(self, u: Usage) -> BaseModel:
         return CompletionChunk(
-            id=self.id, model=self.model, created=self.created, choices=[], usage=u
+            id=self.id,
+            model=self.model,
+            created=self.created,
+            choices=[],
+            usage=u,
+            system_fingerprint=self.fingerprint,
         )
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [
-            CompletionChoice(
-                index=c.index,
-                text=c.prefix + c.text,
-                finish_reason=c.finish_reason,
-                logprobs=(
-                    self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
-                    if self.want_logprobs
-                    else None
-                ),
-                token_ids=c.token_ids if self.want_ids else None,
+        out = []
+        for c in choices:
+            _, prompt_lp, vllm = self._prompt_parts(c)
+            logprobs = None
+            if self.want_logprobs:
+                logprobs = self._logprobs(c.token_ids, c.logprobs, len(c.prefix))
+                logprobs = merge(prompt_lp, logprobs) if prompt_lp is not None else logprobs
+            out.append(
+                CompletionChoice(
+                    index=c.index,
+                    text=c.prefix + c.text,
+                    finish_reason=c.finish_reason,
+                    logprobs=logprobs,
+                    token_ids=c.token_ids if self.want_ids else None,
+                    prompt_logprobs=vllm,
+                )
             )
-            for c in choices
-        ]
         return CompletionResponse(
-            id=self.id, model=self.model, created=self.created, choices=out, usage=u
+            id=self.id,
+            model=self.model,
+            created=self.created,
+            choices=out,
+            usage=u,
+            system_fingerprint=self.fingerprint,
         )
 
     def _chunk(self, choice: CompletionChoice) -> BaseModel:
-        return CompletionChunk(id=self.id, model=self.model, created=self.created, choices=[choice])
+        return CompletionChunk(
+            id=self.id,
+            model=self.model,
+            created=self.created,
+            choices=[choice],
+            system_fingerprint=self.fingerprint,
+        )
 
     def _logprobs(
         self, ids: list[int], lps: list[TokenLogprobs], offset: int
@@ -182,16 +233,27 @@ class CompletionFormat:
 
 
 class ChatFormat:
-    """/v1/chat/completions: an assistant message per choice, logprobs in the chat shape."""
+    """/v1/chat/completions: an assistant message per choice (trace, answer, tool calls apart),
+    logprobs in the chat shape."""
 
     def __init__(
-        self, request_id: str, model: str, texts: TokenTexts, logprobs: bool, token_ids: bool
+        self,
+        request_id: str,
+        model: str,
+        texts: TokenTexts,
+        logprobs: bool,
+        token_ids: bool,
+        opts: ChatOptions | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.id, self.model, self.texts = request_id, model, texts
         self.want_logprobs, self.want_ids = logprobs, token_ids
+        self.opts, self.fingerprint = opts or ChatOptions(), fingerprint
         self.created = int(time.time())
+        self._outputs: dict[int, ChatOutput] = {}
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
+        self._outputs[choice.index] = ChatOutput(self.opts)
         opening = Delta(role="assistant", content="")
         return self._chunk(ChatChunkChoice(index=choice.index, delta=opening))
 
@@ -202,40 +264,97 @@ class ChatFormat:
         ids: list[int],
         lps: list[TokenLogprobs],
         finish: str | None,
-    ) -> BaseModel:
-        return self._chunk(
-            ChatChunkChoice(
-                index=choice.index,
-                delta=Delta(content=text) if text or not finish else Delta(),
-                finish_reason=finish,
-                logprobs=self._logprobs(ids, lps) if self.want_logprobs else None,
-                token_ids=ids if self.want_ids else None,
+    ) -> list[BaseModel]:
+        """The chunks for one event: a tool call is two (its name, then its arguments)."""
+        out = self._outputs.setdefault(choice.index, ChatOutput(self.opts))
+        piece = out.feed(text) + (out.finish() if finish else Piece())
+        if finish == "stop" and out.calls:
+            finish = "tool_calls"
+        chunks = []
+        for call in piece.calls:
+            k = out.calls.index(call)
+            head = ToolCallDelta(
+                index=k,
+                id=call.id,
+                type="function",
+                function=FunctionCall(name=call.name, arguments=""),
             )
+            rest = ToolCallDelta(index=k, function=FunctionCall(arguments=call.arguments))
+            chunks += [Delta(tool_calls=[head]), Delta(tool_calls=[rest])]
+        text_delta = Delta(
+            content=piece.content or None,
+            reasoning_content=piece.reasoning or None,
+            reasoning=piece.reasoning or None,
         )
+        wanted = self.want_logprobs or self.want_ids
+        if text_delta != Delta() or finish or (wanted and ids):
+            chunks.insert(0, text_delta)
+        last = len(chunks) - 1
+        return [
+            self._chunk(
+                ChatChunkChoice(
+                    index=choice.index,
+                    delta=d,
+                    finish_reason=finish if i == last else None,
+                    logprobs=self._logprobs(ids, lps) if self.want_logprobs and i == 0 else None,
+                    token_ids=ids if self.want_ids and i == 0 else None,
+                )
+            )
+            for i, d in enumerate(chunks)
+        ]
 
     def usage_chunk(self, u: Usage) -> BaseModel:
-        return ChatCompletionChunk(
-            id=self.id, model=self.model, created=self.created, choices=[], usage=u
-        )
+        return self._chunk(None, u)
 
     def response(self, choices: list[ChoiceState], u: Usage) -> BaseModel:
-        out = [
-            ChatChoice(
-                index=c.index,
-                message=AssistantMessage(content=c.text),
-                finish_reason=c.finish_reason,
-                logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
-                token_ids=c.token_ids if self.want_ids else None,
-            )
-            for c in choices
-        ]
+        out = [self._choice(c) for c in choices]
+        first = choices[0] if choices else None
+        scored = first is not None and first.prompt_logprobs is not None
         return ChatCompletionResponse(
-            id=self.id, model=self.model, created=self.created, choices=out, usage=u
+            id=self.id,
+            model=self.model,
+            created=self.created,
+            choices=out,
+            usage=u,
+            system_fingerprint=self.fingerprint,
+            prompt_logprobs=(
+                vllm_prompt_logprobs(first.prompt_ids, first.prompt_logprobs, self.texts)
+                if scored
+                else None
+            ),
         )
 
-    def _chunk(self, choice: ChatChunkChoice) -> BaseModel:
+    def _choice(self, c: ChoiceState) -> ChatChoice:
+        reader = ChatOutput(self.opts)
+        piece = reader.whole(c.text)
+        trace = piece.reasoning if reader.had_reasoning else None
+        calls = [
+            ToolCallOut(id=t.id, function=FunctionCall(name=t.name, arguments=t.arguments))
+            for t in piece.calls
+        ]
+        finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
+        message = AssistantMessage(
+            content=piece.content if piece.content or not (calls or trace) else None,
+            reasoning_content=trace,
+            reasoning=trace,
+            tool_calls=calls or None,
+        )
+        return ChatChoice(
+            index=c.index,
+            message=message,
+            finish_reason=finish,
+            logprobs=self._logprobs(c.token_ids, c.logprobs) if self.want_logprobs else None,
+            token_ids=c.token_ids if self.want_ids else None,
+        )
+
+    def _chunk(self, choice: ChatChunkChoice | None, u: Usage | None = None) -> BaseModel:
         return ChatCompletionChunk(
-            id=self.id, model=self.model, created=self.created, choices=[choice]
+            id=self.id,
+            model=self.model,
+            created=self.created,
+            choices=[choice] if choice is not None else [],
+            usage=u,
+            system_fingerprint=self.fingerprint,
         )
 
     def _entry(self, token_id: int, logprob: float) -> TopLogprob:

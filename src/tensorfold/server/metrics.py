@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ..engine.stats import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_COUNT_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 OUTCOMES_DOC = (
     "Choices served, by finish reason (stop, length, cancelled), and requests refused "
@@ -19,6 +21,15 @@ REFUSALS_DOC = (
     "(e.g. prompt_too_large, invalid_value, queue_full), or a connection's "
     "(header_timeout, body_timeout, too_many_connections)"
 )
+
+
+@dataclass(frozen=True)
+class ChoiceTimes:
+    """A choice's monotonic times: arrival, getting a lane (None if it never did), its end."""
+
+    arrival: float
+    admitted: float | None
+    end: float
 
 
 class Metrics:
@@ -52,6 +63,7 @@ class Metrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
+        self._vllm_named(r, stats)
         self._gauge("tensorfold_queue_depth", "Requests waiting for a lane", lambda: stats().queued)
         self._gauge("tensorfold_lanes_busy", "Lanes holding a request", lambda: stats().busy_lanes)
         self._gauge(
@@ -82,6 +94,48 @@ class Metrics:
             lambda: stats().cache_bytes,
         )
 
+    def _vllm_named(self, r: CollectorRegistry, stats: Callable[[], EngineStats]) -> None:
+        """The quantities vLLM's dashboards read, under our prefix (docs/server.md maps them)."""
+        self.request_prompt = Histogram(
+            "tensorfold_request_prompt_tokens",
+            "Prompt tokens per choice",
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.request_generation = Histogram(
+            "tensorfold_request_generation_tokens",
+            "Generated tokens per choice",
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "tensorfold_request_queue_time_seconds",
+            "Arrival to getting a lane",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tensorfold_e2e_request_latency_seconds",
+            "Arrival to the end of a choice",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.cache_queries = Counter(
+            "tensorfold_prefix_cache_queries",
+            "Prompt tokens looked up in the prompt cache",
+            registry=r,
+        )
+        self.cache_hit_tokens = Counter(
+            "tensorfold_prefix_cache_hits",
+            "Prompt tokens found in the prompt cache",
+            registry=r,
+        )
+        self._gauge(
+            "tensorfold_kv_cache_usage_perc",
+            "Share of KV pages held by lanes and the prompt cache (0 to 1)",
+            lambda: stats().kv_pages_used / max(1, stats().kv_pages_total),
+        )
+
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
 
@@ -95,15 +149,28 @@ class Metrics:
         self.refusals.labels(reason=reason).inc()
 
     def finished(
-        self, outcome: str, prompt_tokens: int, completion_tokens: int, cached: int
+        self,
+        outcome: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached: int,
+        times: ChoiceTimes | None = None,
     ) -> None:
         """One choice ended; each choice is its own lane, so its prompt counts once per choice."""
         self.requests.labels(outcome=outcome).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generated_tokens.inc(completion_tokens)
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(completion_tokens)
+        self.cache_queries.inc(prompt_tokens)
+        self.cache_hit_tokens.inc(cached)
         if cached:
             self.cache_hits.inc()
             self.cached_tokens.inc(cached)
+        if times is not None:
+            if times.admitted is not None:
+                self.queue_time.observe(times.admitted - times.arrival)
+            self.e2e.observe(times.end - times.arrival)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

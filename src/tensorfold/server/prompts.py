@@ -3,6 +3,7 @@ the worker threads of textwork.py, never on the event loop."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -113,7 +114,44 @@ def template_messages(
                         code="unsupported",
                     )
             d["content"] = "".join(part.text or "" for part in m.content)
+        if m.content is None and m.role != "assistant":
+            raise APIError(
+                400,
+                f"a {clip(m.role, 20)} message needs content",
+                f"messages[{i}].content",
+                code="invalid_value",
+            )
+        if "tool_calls" in d:
+            d["tool_calls"] = _calls_for_template(d["tool_calls"], i)
         out.append(d)
+    return out
+
+
+def _calls_for_template(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant turn's tool calls with their JSON arguments as objects, as templates read
+    them (Qwen3.5's writes one <parameter=...> per key, as the model wrote it)."""
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise APIError(400, "tool_calls must be a list", param, code="invalid_type")
+    out = []
+    for k, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(
+                400, "a tool call needs function.name", f"{param}[{k}]", code="invalid_value"
+            )
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError as exc:
+                raise APIError(
+                    400,
+                    f"function.arguments is not JSON: {exc}",
+                    f"{param}[{k}].function.arguments",
+                    code="invalid_value",
+                ) from exc
+        out.append({**call, "function": {**fn, "arguments": args}})
     return out
 
 

@@ -18,15 +18,27 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 Temperature = Annotated[float, Field(allow_inf_nan=False, le=MAX_TEMPERATURE)]
 Seed = Annotated[StrictInt, Field(ge=-(1 << 63), le=(1 << 63) - 1)]  # int64, as vLLM
 
-# Fields that would change the output: refused when set to anything but their no-op value.
-PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+# Other servers' fields that would change the output and are not implemented: refused by name
+# when set (to anything but null or false), never accepted and ignored.
+REFUSED = (
+    "structured_outputs",  # vLLM's; response_format covers JSON
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "grammar",  # llama.cpp's
+    "json_schema",  # llama.cpp's top-level one
+    "use_beam_search",
+    "truncate_prompt_tokens",
+    "bad_words",
+    "allowed_token_ids",
+)
 # Fields that are bookkeeping only: accepted and ignored (they never change tokens).
 IGNORED = (
     "user",
     "metadata",
     "store",
     "service_tier",
-    "parallel_tool_calls",
     "prompt_cache_key",
     "safety_identifier",
 )
@@ -57,10 +69,12 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     draft: StrictBool | None = None  # no drafter yet: every request is served plain
     return_token_ids: StrictBool = False  # adds token_ids to each choice (and chunk)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None  # refused unless empty
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
+    repetition_penalty: Finite | None = None
+    logit_bias: dict[str, Finite] | None = None  # token id (as a string) -> bias
+    min_tokens: StrictInt = 0
+    prompt_logprobs: StrictInt | None = None  # vLLM's: the prompt tokens' logprobs
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
@@ -72,12 +86,14 @@ class GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
     def unsupported(self) -> str | None:
         """The first field set to something we cannot honour, or None."""
-        for name, neutral in PENALTIES.items():
-            if getattr(self, name) not in (None, neutral):
-                return name
-        return "logit_bias" if self.logit_bias else None
+        extra = self.model_extra or {}
+        return next((k for k in REFUSED if extra.get(k) not in (None, False)), None)
 
 
 class CompletionRequest(GenerationRequest):
@@ -119,14 +135,13 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
+    include_reasoning: StrictBool = True  # vLLM's: False leaves the trace out of the reply
 
     def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"
-        if self.response_format and self.response_format.get("type") != "text":
-            return "response_format"
+        extra = self.model_extra or {}
+        for name in ("echo", "continue_final_message"):  # vLLM's chat extensions
+            if extra.get(name) not in (None, False):
+                return name
         return super().unsupported()
 
 
@@ -137,6 +152,8 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
+    tools: Annotated[list[dict[str, Any]], FAIL_FAST] | None = None  # rendered as chat renders them
+    return_token_strs: StrictBool = False  # vLLM's: each token's text beside its id
 
 
 class DetokenizeRequest(BaseModel):
@@ -168,8 +185,8 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed first
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -179,6 +196,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class CompletionResponse(BaseModel):
@@ -186,6 +204,7 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=_unix)
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -204,9 +223,31 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] = Field(default_factory=list)
 
 
+class FunctionCall(BaseModel):
+    name: str | None = Field(default=None, exclude_if=_omit_none)
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = Field(default=None, exclude_if=_omit_none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=_omit_none)
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    # the thinking trace under both names clients read (vLLM's older one and the newer one)
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_none)
+    reasoning: str | None = Field(default=None, exclude_if=_omit_none)
+    tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class ChatChoice(BaseModel):
@@ -222,13 +263,18 @@ class ChatCompletionResponse(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=_unix)
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class Delta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_omit_none)
     content: str | None = Field(default=None, exclude_if=_omit_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_none)
+    reasoning: str | None = Field(default=None, exclude_if=_omit_none)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class ChatChunkChoice(BaseModel):
@@ -244,6 +290,7 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=_unix)
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(default=None, exclude_if=_omit_none)
 
@@ -253,6 +300,7 @@ class CompletionChunk(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=_unix)
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage | None = Field(default=None, exclude_if=_omit_none)
 

@@ -18,7 +18,7 @@ from ..engine.request import TokenEvent
 from .async_engine import Choice, EngineFailed, Generation
 from .errors import APIError
 from .formats import ChatFormat, ChoiceState, CompletionFormat, usage
-from .metrics import Metrics
+from .metrics import ChoiceTimes, Metrics
 from .protocol import ErrorInfo, ErrorResponse, Usage
 
 log = logging.getLogger("tensorfold.server")
@@ -41,7 +41,9 @@ class Reply:
         self.asked = asked
         self.requests = {c.index: req for c, req in zip(asked, gen.requests)}
         self.choices = {
-            c.index: ChoiceState(c.index, len(c.prompt_ids), prefixes.get(c.index, ""))
+            c.index: ChoiceState(
+                c.index, len(c.prompt_ids), prefixes.get(c.index, ""), c.prompt_ids
+            )
             for c in asked
         }
 
@@ -51,6 +53,8 @@ class Reply:
             if c.last_token_time is not None:
                 self.metrics.token_latency.observe(now - c.last_token_time)
             c.last_token_time = now
+        if event.prompt_logprobs is not None:
+            c.prompt_logprobs = event.prompt_logprobs
         c.token_ids += event.token_ids
         c.logprobs += event.logprobs
         c.text += event.text
@@ -63,7 +67,8 @@ class Reply:
         req = self.requests[c.index]
         if req.first_token_time is not None:
             self.metrics.ttft.observe(req.first_token_time - req.arrival)
-        self.metrics.finished(reason, c.prompt_tokens, len(c.token_ids), req.cached_tokens)
+        times = ChoiceTimes(req.arrival, req.admitted_time, time.monotonic())
+        self.metrics.finished(reason, c.prompt_tokens, len(c.token_ids), req.cached_tokens, times)
 
     def close(self, status: int) -> None:
         """Cancels choices still running (the client left) and writes the request's log line."""
@@ -100,8 +105,9 @@ class Reply:
             reasons,
         )
 
-    def chunk_for(self, c: ChoiceState, event: TokenEvent) -> str | None:
-        """The SSE chunk for one event, or None when it carries nothing to show yet."""
+    def chunk_for(self, c: ChoiceState, event: TokenEvent, continuous: bool = False) -> str | None:
+        """The SSE chunk for one event, or None when it carries nothing to show yet;
+        `continuous`: each chunk carries the usage so far (vLLM's continuous_usage_stats)."""
         wanted = self.fmt.want_logprobs or self.fmt.want_ids
         if not (event.text or event.finished or (event.token_ids and wanted)):
             return None
@@ -112,7 +118,11 @@ class Reply:
             event.logprobs,
             event.finish_reason if event.finished else None,
         )
-        return sse(body.model_dump_json())
+        bodies = body if isinstance(body, list) else [body]
+        if continuous:
+            for b in bodies:
+                b.usage = self.usage()
+        return "".join(sse(b.model_dump_json()) for b in bodies) or None
 
 
 def sse(data: str) -> str:
@@ -135,7 +145,9 @@ class EventStream(StreamingResponse):
             await run_then_stop(partial(self.listen_for_disconnect, receive))
 
 
-async def stream_events(reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+async def stream_events(
+    reply: Reply, include_usage: bool, continuous: bool = False
+) -> AsyncIterator[str]:
     status = 499  # until the stream ends normally: the client left
     try:
         for c in reply.choices.values():
@@ -143,7 +155,7 @@ async def stream_events(reply: Reply, include_usage: bool) -> AsyncIterator[str]
             if opening is not None:
                 yield sse(opening.model_dump_json())
         async for index, event in reply.gen.events():
-            chunk = reply.chunk_for(reply.add(index, event), event)
+            chunk = reply.chunk_for(reply.add(index, event), event, continuous)
             if chunk is not None:
                 yield chunk
         if include_usage:

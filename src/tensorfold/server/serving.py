@@ -10,18 +10,22 @@ from pathlib import Path
 
 from fastapi import Request
 
+from ..engine.constraints import Grammar
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine, Choice, EngineFailed, EngineLoading
+from .chat_request import chat_options, check_tools, tool_choice
 from .errors import APIError, from_engine
 from .formats import ChatFormat, CompletionFormat, TokenTexts
 from .limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Limits
-from .logsafe import names
+from .logsafe import clip, names
 from .metrics import Metrics
 from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .reasoning import thinking_open
 from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
+from .structured import chat_grammar
 from .textwork import ChatInput, TextWorker
 
 log = logging.getLogger("tensorfold.server")
@@ -58,6 +62,8 @@ class ServerState:
     texts: TokenTexts
     text: TextWorker  # tokenizing and templates, off the event loop
     limits: Limits
+    fingerprint: str | None = None  # system_fingerprint: what fixes a request's bytes
+    think_ids: tuple[int | None, int | None] = (None, None)  # <think>, </think>
 
     @property
     def context(self) -> int:
@@ -74,32 +80,45 @@ class Job:
     include_usage: bool
     prefixes: dict[int, str]  # echoed prompt text by choice index
     renames: dict[str, str]  # engine parameter names -> the names the client used
+    continuous_usage: bool = False  # usage in every chunk (vLLM's continuous_usage_stats)
 
 
 async def complete(s: ServerState, body: CompletionRequest, request: Request):
     check_common(body, s)
-    if body.echo and body.logprobs is not None:
-        raise APIError(
-            400,
-            "echo with logprobs needs prompt logprobs, which are not supported",
-            "echo",
-            code="unsupported",
-        )
     check_choices(len(split_prompt(body.prompt)), body.n, "prompt", s)  # before tokenizing
     prompts = await s.text.prompts(body.prompt)
     check_context(prompts, "prompt", s)
     renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
-    params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
+    echo_lp = body.echo and body.logprobs is not None
+    scored = [
+        k for k in (body.logprobs if echo_lp else None, body.prompt_logprobs) if k is not None
+    ]
+    params = sampling_params(
+        body, s.defaults, body.max_tokens, body.logprobs, renames, max(scored, default=None)
+    )
     choices = choices_for(prompts, params, body.n)
     prefixes = {}
     if body.echo and s.tokenizer is not None:
         texts = [await s.text.decode(ids) for ids in prompts]
         prefixes = {c.index: texts[c.index // body.n] for c in choices}
     job = Job(
-        f"cmpl-{uuid.uuid4().hex}", choices, body.stream, body.include_usage, prefixes, renames
+        f"cmpl-{uuid.uuid4().hex}",
+        choices,
+        body.stream,
+        body.include_usage,
+        prefixes,
+        renames,
+        body.continuous_usage,
     )
     fmt = CompletionFormat(
-        job.request_id, s.model_name, s.texts, body.logprobs is not None, body.return_token_ids
+        job.request_id,
+        s.model_name,
+        s.texts,
+        body.logprobs is not None,
+        body.return_token_ids,
+        s.fingerprint,
+        echo_lp,
+        body.prompt_logprobs is not None,
     )
     return await respond(s, job, fmt, request)
 
@@ -110,6 +129,7 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         raise APIError(
             400, "top_logprobs needs logprobs: true", "top_logprobs", code="invalid_value"
         )
+    check_tools(body)
     check_choices(1, body.n, "messages", s)
     ids = await s.text.chat(ChatInput.of(body))
     check_context([ids], "messages", s)
@@ -121,7 +141,15 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         "max_tokens": limit_name if limit is not None else "messages",
     }
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, s.defaults, limit, top, renames)
+    if body.prompt_logprobs is not None and body.stream:
+        raise APIError(
+            400,
+            "prompt_logprobs is answered in a whole reply, not a stream",
+            "prompt_logprobs",
+            code="unsupported",
+        )
+    grammar = await grammar_for(s, body, ids)
+    params = sampling_params(body, s.defaults, limit, top, renames, body.prompt_logprobs, grammar)
     job = Job(
         f"chatcmpl-{uuid.uuid4().hex}",
         choices_for([ids], params, body.n),
@@ -129,8 +157,17 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
         body.include_usage,
         {},
         renames,
+        body.continuous_usage,
     )
-    fmt = ChatFormat(job.request_id, s.model_name, s.texts, body.logprobs, body.return_token_ids)
+    fmt = ChatFormat(
+        job.request_id,
+        s.model_name,
+        s.texts,
+        body.logprobs,
+        body.return_token_ids,
+        chat_options(body, ids, s.think_ids),
+        s.fingerprint,
+    )
     return await respond(s, job, fmt, request)
 
 
@@ -140,6 +177,8 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     renames: dict[str, str],
+    prompt_logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """The engine's parameters; a bad value is a 400 naming the field as the client spelt it."""
 
@@ -149,6 +188,13 @@ def sampling_params(
 
     try:
         return SamplingParams(
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=_bias(req.logit_bias),
+            min_tokens=req.min_tokens,
+            prompt_logprobs=prompt_logprobs,
+            grammar=grammar,
             max_tokens=max_tokens,
             temperature=pick("temperature"),
             top_p=pick("top_p"),
@@ -162,6 +208,44 @@ def sampling_params(
         )
     except RequestError as exc:
         raise from_engine(exc, renames) from exc
+
+
+def _bias(raw: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids as JSON object keys (strings)."""
+    out = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise APIError(
+                400,
+                f"logit_bias keys must be token ids, not {clip(repr(key), 40)}",
+                "logit_bias",
+                code="invalid_value",
+            ) from None
+    return out
+
+
+async def grammar_for(
+    s: ServerState, body: ChatCompletionRequest, ids: list[int]
+) -> Grammar | None:
+    """The reply's grammar (response_format, a forced tool call), compiled against the
+    vocabulary on a worker thread; one that does not compile is a 400 naming its field."""
+    end = s.think_ids[1] if thinking_open(ids, *s.think_ids) else None
+    grammar = chat_grammar(body, end)
+    if grammar is None:
+        return None
+    why = await s.text.run(s.engine.engine.grammars.check, grammar)
+    if why:
+        forced = tool_choice(body) == "required" or isinstance(body.tool_choice, dict)
+        raise APIError(
+            400,
+            f"the {'tools' if forced else 'response_format'} schema does not compile: "
+            f"{clip(why, 400)}",
+            "tools" if forced else "response_format",
+            code="invalid_value",
+        )
+    return grammar
 
 
 def check_model(name: str | None, served: str) -> None:
@@ -181,6 +265,10 @@ def check_common(req: GenerationRequest, s: ServerState) -> None:
     check_model(req.model, s.model_name)
     if not 1 <= req.n <= MAX_N:
         raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n", code="invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(
+            400, "stream_options needs stream: true", "stream_options", code="invalid_value"
+        )
     bad = req.unsupported()
     if bad is not None:
         raise APIError(400, f"{bad} is not supported by this server", bad, code="unsupported")
@@ -245,7 +333,7 @@ def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
     longest = max((len(ids) for ids in prompts), default=0)
     if longest >= s.context:
         raise APIError(
-            413,
+            400,
             f"the prompt is {longest} tokens; the context is {s.context} tokens "
             "and at least one must be generated",
             param,
@@ -274,5 +362,6 @@ async def respond(s: ServerState, job: Job, fmt: CompletionFormat | ChatFormat, 
         raise APIError(503, str(exc), type="server_error", code="engine_stopped") from exc
     reply = Reply(job.request_id, job.choices, gen, fmt, s.metrics, job.prefixes)
     if job.stream:
-        return EventStream(stream_events(reply, job.include_usage), headers=SSE_HEADERS)
+        events = stream_events(reply, job.include_usage, job.continuous_usage)
+        return EventStream(events, headers=SSE_HEADERS)
     return await collect(reply, request)

@@ -29,11 +29,16 @@ class ChatInput:
     kwargs: dict[str, Any] | None
     add_generation_prompt: bool
     template: str | None  # the request's own chat_template
+    tools: list[dict[str, Any]] | None = None  # rendered by the template (its tools variable)
 
     @classmethod
     def of(cls, body: Any) -> ChatInput:
         return cls(
-            body.messages, body.chat_template_kwargs, body.add_generation_prompt, body.chat_template
+            body.messages,
+            body.chat_template_kwargs,
+            body.add_generation_prompt,
+            body.chat_template,
+            getattr(body, "tools", None) or None,
         )
 
 
@@ -55,12 +60,12 @@ class TextWorker:
         if not req.messages:
             raise APIError(400, "messages must not be empty", "messages", code="invalid_value")
         if req.template is None:
-            kwargs = template_kwargs(req.kwargs, self.names)
+            kwargs = template_kwargs(req.kwargs, self.names) | self._tools(req)
             return await self._run(
                 encode_chat, req.messages, self.tokenizer, kwargs, req.add_generation_prompt
             )
         sandbox = self._sandbox_for(req.template)
-        kwargs = template_kwargs(req.kwargs, None)
+        kwargs = template_kwargs(req.kwargs, None) | self._tools(req)
         return await self._run(
             encode_own_chat,
             req.messages,
@@ -70,6 +75,10 @@ class TextWorker:
             kwargs,
             req.add_generation_prompt,
         )
+
+    @staticmethod
+    def _tools(req: ChatInput) -> dict[str, Any]:
+        return {"tools": req.tools} if req.tools else {}
 
     async def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -111,6 +120,10 @@ class TextWorker:
                 code="chat_template_too_large",
             )
         return self.sandbox
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a worker thread, under the prompt time limit."""
+        return await self._run(fn, *args)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) on a worker thread; past the time limit the request gets a 503 (the thread

@@ -194,7 +194,10 @@ function requestFor(history) {
   const system = $("system").value.trim();
   const turns = $("context").checked ? history : history.slice(-1);
   const messages = turns.filter((m) => !m.error || m.content)
-    .map((m) => ({ role: m.role, content: m.content }));
+    // the trace goes back as reasoning_content: the template re-renders the turn as generated
+    .map((m) => (m.role === "assistant" && m.reasoning
+      ? { role: m.role, content: m.content, reasoning_content: m.reasoning }
+      : { role: m.role, content: m.content }));
   const seed = number("seed") ?? Math.floor(Math.random() * 2 ** 31);
   const body = {
     model: page.model,
