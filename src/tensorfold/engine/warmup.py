@@ -62,9 +62,9 @@ def tile_file(directory: Path, card: str) -> Path:
     import torch
     import triton
 
-    from .. import __version__
+    from ..ops.dispatch import ARITHMETIC_VERSION
 
-    key = f"{card}|torch {torch.__version__}|triton {triton.__version__}|{__version__}"
+    key = f"{card}|torch {torch.__version__}|triton {triton.__version__}|{ARITHMETIC_VERSION}"
     key += f"|{TILE_FILE_VERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return directory / f"tiles-{digest}.json"
