@@ -20,6 +20,7 @@ from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
+from .drafting import DraftConfig, Drafting
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
@@ -33,6 +34,8 @@ class EngineConfig(SchedulerConfig):
     prompt_cache_bytes: int = 0  # 0 turns the prompt cache off
     threads: int | None = None  # CPU threads (None: by model size)
     cuda_graphs: bool = True  # on a GPU, replay decode passes as CUDA graphs (one per lane count)
+    draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
+    draft_tokens: int = 4  # tokens drafted per verify pass
 
 
 class Engine:
@@ -78,6 +81,9 @@ class Engine:
             model, self.caches, config.threads, config.cuda_graphs, config.context
         )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
+        self.drafting = Drafting(
+            DraftConfig(config.draft, config.draft_tokens), states, config.parallel, model
+        )
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
@@ -96,9 +102,12 @@ class Engine:
         *,
         choice: int = 0,
         watch: Watch | None = None,
+        draft: bool = True,
+        prediction: list[int] | None = None,
     ) -> Request:
         """Queues one choice of a prompt (`choice` keys its random numbers with the seed);
-        `watch` observes it without changing a token."""
+        `watch` observes it without changing a token. `draft=False` serves it without drafting;
+        `prediction` (token ids of a predicted reply) drafts from it (OpenAI Predicted Outputs)."""
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
         max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
@@ -114,6 +123,7 @@ class Engine:
             watch,
             cuts,
         )
+        req.draft = self.drafting.lane(req, draft, prediction)
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
@@ -152,16 +162,21 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         events = self._take_inbox()
         self.scheduler.admit()
+        self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
         if not work:
             return events
+        for w in work:
+            if w.request.drafting:
+                self.drafting.before_pass(w.request, w.rows)
         logits = self.runner.execute([(w.request, w.rows) for w in work])
         self._passes += 1
-        ready = [
-            (w.request, logits[i][-1])
-            for i, w in enumerate(work)
-            if self._advance(w.request, w.rows, logits.get(i))
-        ]
+        ready = []
+        for i, w in enumerate(work):
+            if w.request.drafting:
+                events += self.drafting.verify(self, w.request, logits[i])
+            elif self._advance(w.request, w.rows, logits.get(i)):
+                ready.append((w.request, logits[i][-1]))
         for (req, row), token in zip(ready, self._choose(ready)):
             events.append(self._emit(req, row, token))
         return events
@@ -176,16 +191,18 @@ class Engine:
                 tokens[i] = t
         for i, (req, row) in enumerate(ready):
             if req.params.temperature > 0.0:
-                p = req.params
-                tokens[i] = sample_row(
-                    row,
-                    p.temperature,
-                    p.top_k,
-                    p.top_p,
-                    p.min_p,
-                    uniform(req.seed, req.num_tokens, req.choice),
-                )
+                tokens[i] = self.choose_token(req, row)
         return tokens
+
+    def choose_token(self, req: Request, logits: torch.Tensor) -> int:
+        """The token the request chooses from one row of logits at its next position
+        (req.num_tokens): greedy's first maximum, or a draw keyed by (seed, choice, position).
+        Plain decoding and the drafting acceptance rule both choose through here."""
+        p = req.params
+        if p.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        u = uniform(req.seed, req.num_tokens, req.choice)
+        return sample_row(logits, p.temperature, p.top_k, p.top_p, p.min_p, u)
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -210,6 +227,10 @@ class Engine:
         if req.watch is not None:
             req.watch.passed(req, start, logits)
         return req.num_computed == req.num_tokens
+
+    def emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
+        """Commits one chosen token: text, stops, and the finish if it ends the request."""
+        return self._emit(req, logits, token)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
         p = req.params
@@ -254,21 +275,35 @@ class Engine:
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.finish(req)
+            self.drafting.release(req)
             req.finish_reason = "error"
             self._requests.pop(req.request_id, None)
             events.append(TokenEvent(req.request_id, [], "", finished=True, finish_reason="error"))
         return events
 
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
-        if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
-            self._remember(req)  # the end of the reply: the next chat turn resumes here
         watch = req.watch
+        remember = reason != "cancelled" and self.prefix_cache.enabled
+        if req.status == Status.RUNNING and (remember or (watch and watch.on_finish)):
+            self._catch_up(req)
+        if req.status == Status.RUNNING and remember:
+            self._remember(req)  # the end of the reply: the next chat turn resumes here
         if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
             watch.on_finish(req, logits)
         req.finish_reason = reason
+        self.drafting.release(req)
         self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)
         return TokenEvent(req.request_id, [], "", finished=True, finish_reason=reason)
+
+    def _catch_up(self, req: Request) -> None:
+        """A drafting lane that ends computes the committed rows it has not, so its state, its
+        prompt-cache cut and its fingerprint are a plain lane's."""
+        self.drafting.settle(req)
+        n = self.drafting.behind(req)
+        if n:
+            self.runner.execute([(req, n)])
+            req.num_computed += n
 
     def fingerprint(self, req: Request, logits: torch.Tensor | None) -> str:
         return self.runner.fingerprint(req, logits)

@@ -113,10 +113,21 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     reply: ReplyText = field(default_factory=ReplyText)
+    draft: object = None  # engine.drafting.LaneDraft when the request drafts
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def feed_ids(self) -> list[int]:
+        """The ids a pass feeds: the committed ones, then the drafted tokens in flight."""
+        return self.all_ids + self.draft.proposal if self.drafting else self.all_ids
+
+    @property
+    def drafting(self) -> bool:
+        """Drafted tokens are in flight (their rows follow the committed ones)."""
+        return self.draft is not None and bool(self.draft.proposal)
 
     @property
     def num_tokens(self) -> int:
@@ -139,10 +150,12 @@ class Request:
     def logit_rows(self, n: int) -> range:
         """Offsets of the rows whose logits a pass of `n` rows from num_computed must return:
         every row when watched for all logits, else the last row when it yields the next token
-        or ends at a watched cut (a cache cut needs none). The runner and the CUDA graphs ask
-        only this; future drafted verify rows will want several rows per lane."""
+        or ends at a watched cut (a cache cut needs none); a verify pass wants the last committed
+        row and every drafted row. The runner and the CUDA graphs ask only this."""
         if self.watch is not None and self.watch.keep_logits:
             return range(n)
         end = self.num_computed + n
+        if self.drafting and end > self.num_tokens:
+            return range(self.num_tokens - 1 - self.num_computed, n)
         watched = self.watch is not None and end in self.watch.cuts
         return range(n - 1, n) if end == self.num_tokens or watched else range(0)

@@ -92,10 +92,16 @@ class Scheduler:
     def schedule(self) -> list[Work]:
         budget = self.config.budget
         work: list[Work] = []
-        for req in self.running:  # decode rows first: one each
+        rows: dict[int, int] = {}
+        for req in self.running:  # decode rows first: each lane's uncomputed committed rows,
             if not req.in_prompt and budget > 0:
-                work.append(Work(req, 1))
-                budget -= 1
+                rows[id(req)] = n = min(req.num_tokens - req.num_computed, budget)
+                budget -= n
+        for req in self.running:  # then its drafted rows, while the budget lasts
+            if id(req) in rows:
+                drafted = min(len(req.feed_ids) - req.num_tokens, budget)
+                work.append(Work(req, rows[id(req)] + drafted))
+                budget -= drafted
         for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
                 n = min(self.config.chunk, len(req.prompt_ids) - req.num_computed, budget)

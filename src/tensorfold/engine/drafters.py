@@ -1,0 +1,109 @@
+"""Drafters: where proposed tokens come from. A drafter only guesses; the target decides every
+token (engine/drafting.py), so a drafter changes speed, never output.
+
+- `ngram`: prompt lookup over the request's own tokens (the prompt and the reply so far): the
+  longest recent n-gram that ends the sequence and occurred before proposes what followed it.
+- `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
+  reply by the same lookup.
+- `mtp` and drafter checkpoints (DFlash) are refused by name until they are served.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import ConfigError
+
+
+class NotStockDrafter(ConfigError):
+    """A drafter this build cannot serve (a shape, a kind or a file it does not know)."""
+
+
+class DraftForAnotherTarget(ConfigError):
+    """A drafter bound to another target: its width, vocabulary, depth, taps or mask id differ."""
+
+
+class Drafter(Protocol):
+    def for_request(self) -> Drafter:
+        """A fresh drafter for one request (its own lookup tables)."""
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow `tokens` (the request's committed ids; `output` is the reply
+        part of them)."""
+
+
+class NgramIndex:
+    """For every n-gram size, the latest position that followed each n-gram of a growing
+    sequence, updated incrementally (the sequence only grows)."""
+
+    def __init__(self, sizes: range) -> None:
+        self.sizes = sizes
+        self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.seen = 0  # ends below this are indexed
+
+    def update(self, tokens: list[int]) -> None:
+        for end in range(max(1, self.seen), len(tokens)):  # an n-gram ending at `end` has a next
+            for n in self.sizes:
+                if end >= n:
+                    self.ends[n][tuple(tokens[end - n : end])] = end
+        self.seen = max(self.seen, len(tokens))
+
+    def follow(self, context: list[int], corpus: list[int], k: int) -> list[int]:
+        """What followed the longest indexed n-gram that ends `context`, up to k tokens."""
+        for n in reversed(self.sizes):
+            if len(context) < n:
+                continue
+            end = self.ends[n].get(tuple(context[-n:]))
+            if end is not None:
+                return corpus[end : end + k]
+        return []
+
+
+class NgramDrafter:
+    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+        self.max_n, self.min_n = max_n, min_n
+        self.index = NgramIndex(range(min_n, max_n + 1))
+
+    def for_request(self) -> NgramDrafter:
+        return NgramDrafter(self.max_n, self.min_n)
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        self.index.update(
+            tokens
+        )  # the n-gram that ends `tokens` has no next token yet: not indexed
+        return self.index.follow(tokens, tokens, k)
+
+
+class PredictionDrafter:
+    """Drafts from a predicted reply: its start while the reply is empty, then what followed the
+    reply's last tokens in the prediction."""
+
+    def __init__(self, prediction: tuple[int, ...], max_n: int = 4) -> None:
+        self.prediction = list(prediction)
+        self.index = NgramIndex(range(1, max_n + 1))
+        self.index.update(self.prediction)
+
+    def for_request(self) -> PredictionDrafter:
+        return self
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        if not output:
+            return self.prediction[:k]
+        return self.index.follow(output, self.prediction, k)
+
+
+def make_drafter(method: str, target=None) -> Drafter:
+    """The engine's drafter by name, or refused by name before any weight is read."""
+    if method == "ngram":
+        return NgramDrafter()
+    if method == "mtp":
+        raise NotStockDrafter(
+            "--draft mtp: the Qwen3.5 MTP head is not served by this build yet; use --draft ngram"
+        )
+    path = Path(method)
+    if not path.exists():
+        raise NotStockDrafter(f"--draft {method!r}: not 'ngram', 'mtp' or an existing path")
+    raise NotStockDrafter(
+        f"--draft {method}: drafter checkpoints (DFlash, DFlash2) are not served by this build yet"
+    )
