@@ -56,7 +56,7 @@ class Gate:
 
     def record(self, accepted: int) -> None:
         if accepted > 0:
-            self.backoff = 0
+            self.backoff = self.skip = 0
         else:
             self.backoff = min(32, max(1, 2 * self.backoff))
             self.skip = self.backoff
