@@ -76,8 +76,8 @@ class NgramDrafter:
 
 
 class PredictionDrafter:
-    """Drafts from a predicted reply: its start while the reply is empty, then what followed the
-    reply's last tokens in the prediction."""
+    """Drafts from a predicted reply: what followed the reply's last tokens in the prediction
+    (drafting starts after the first token, which the prompt's last row chooses)."""
 
     def __init__(self, prediction: tuple[int, ...], max_n: int = 4) -> None:
         self.prediction = list(prediction)
@@ -88,8 +88,6 @@ class PredictionDrafter:
         return self
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        if not output:
-            return self.prediction[:k]
         return self.index.follow(output, self.prediction, k)
 
 

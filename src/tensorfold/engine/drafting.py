@@ -199,6 +199,25 @@ class Drafting:
         return self.spares.nbytes if self.spares is not None else 0
 
 
+def add_flags(p) -> None:
+    """--draft and --draft-tokens of `serve` and `run`."""
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft with: ngram (prompt lookup), mtp (the checkpoint's MTP head) or a drafter "
+        "folder; output is the same as without (default: off)",
+    )
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
+
+
+def check(method: str | None, tokens: int) -> DraftConfig:
+    """The drafting asked for, refused by name before any weight is read."""
+    config = DraftConfig(method, tokens)
+    if method is not None:
+        make_drafter(method)
+    return config
+
+
 def accepts(drafted: int, chosen: int) -> bool:
     """A drafted token stands iff it is the token the target chose at its position."""
     return drafted == chosen

@@ -341,7 +341,10 @@ class Engine:
             cache_evictions=cache.stats.evictions,
             cache_inserts=cache.stats.inserts,
             cache_bytes=cache.nbytes,
+            draft_proposed=self.drafting.stats.proposed,
+            draft_accepted=self.drafting.stats.accepted,
+            draft_lengths=tuple(sorted(dict(self.drafting.stats.lengths).items())),
         )
 
     def memory(self) -> MemoryReport:
-        return memory_report(self.model, self.caches, self.prefix_cache)
+        return memory_report(self.model, self.caches, self.prefix_cache, self.drafting.spare_bytes)

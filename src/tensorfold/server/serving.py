@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -90,7 +91,7 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
     check_context(prompts, "prompt", s)
     renames = {} if body.max_tokens is not None else {"max_tokens": "prompt"}
     params = sampling_params(body, s.defaults, body.max_tokens, body.logprobs, renames)
-    choices = choices_for(prompts, params, body.n)
+    choices = await drafting(s, body, choices_for(prompts, params, body.n))
     prefixes = {}
     if body.echo and s.tokenizer is not None:
         texts = [await s.text.decode(ids) for ids in prompts]
@@ -124,7 +125,7 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
     params = sampling_params(body, s.defaults, limit, top, renames)
     job = Job(
         f"chatcmpl-{uuid.uuid4().hex}",
-        choices_for([ids], params, body.n),
+        await drafting(s, body, choices_for([ids], params, body.n)),
         body.stream,
         body.include_usage,
         {},
@@ -251,6 +252,15 @@ def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
             param,
             code="context_length_exceeded",
         )
+
+
+async def drafting(s: ServerState, body: GenerationRequest, choices: list[Choice]):
+    """Each choice's drafting: off with `draft: false`; a `prediction` drafts from its tokens."""
+    prediction = None
+    if body.prediction is not None and body.prediction.text:
+        prediction = tuple((await s.text.prompts(body.prediction.text))[0])
+    draft = body.draft is not False
+    return [dataclasses.replace(c, draft=draft, prediction=prediction) for c in choices]
 
 
 def choices_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Choice]:

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..engine.drafting import check as check_draft
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams, Watch
 from ..models.loader import load_model
@@ -62,6 +63,7 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 
 def run_command(args) -> int:
+    check_draft(args.draft, args.draft_tokens)  # refused before any weight is read
     path = default_checkpoint(args.checkpoint)
     device = resolve_device(args.device)
     model = load_model(path, dtype=resolve_dtype(args.dtype, device), device=device)
@@ -75,7 +77,12 @@ def run_command(args) -> int:
             model,
             tok,
             EngineConfig(
-                parallel=args.parallel, context=context, chunk=chunk, threads=args.threads
+                parallel=args.parallel,
+                context=context,
+                chunk=chunk,
+                threads=args.threads,
+                draft=args.draft,
+                draft_tokens=args.draft_tokens,
             ),
         )
 
