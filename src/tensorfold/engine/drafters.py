@@ -5,7 +5,8 @@ token (engine/drafting.py), so a drafter changes speed, never output.
   longest recent n-gram that ends the sequence and occurred before proposes what followed it.
 - `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
   reply by the same lookup.
-- `mtp` and drafter checkpoints (DFlash) are refused by name until they are served.
+- `mtp`: the checkpoint's own MTP head (engine/mtp.py).
+- Drafter checkpoints (DFlash, DFlash2) are refused by name until they are served.
 """
 
 from __future__ import annotations
@@ -13,19 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import ConfigError
-
-
-class NotStockDrafter(ConfigError):
-    """A drafter this build cannot serve (a shape, a kind or a file it does not know)."""
-
-
-class DraftForAnotherTarget(ConfigError):
-    """A drafter bound to another target: its width, vocabulary, depth, taps or mask id differ."""
+from ..errors import DraftForAnotherTarget, NotStockDrafter  # noqa: F401 (re-exported)
 
 
 class Drafter(Protocol):
-    def for_request(self) -> Drafter:
+    def for_request(self, req) -> Drafter:
         """A fresh drafter for one request (its own lookup tables)."""
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
@@ -65,7 +58,7 @@ class NgramDrafter:
         self.max_n, self.min_n = max_n, min_n
         self.index = NgramIndex(range(min_n, max_n + 1))
 
-    def for_request(self) -> NgramDrafter:
+    def for_request(self, req=None) -> NgramDrafter:
         return NgramDrafter(self.max_n, self.min_n)
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
@@ -84,21 +77,22 @@ class PredictionDrafter:
         self.index = NgramIndex(range(1, max_n + 1))
         self.index.update(self.prediction)
 
-    def for_request(self) -> PredictionDrafter:
+    def for_request(self, req=None) -> PredictionDrafter:
         return self
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
         return self.index.follow(output, self.prediction, k)
 
 
-def make_drafter(method: str, target=None) -> Drafter:
-    """The engine's drafter by name, or refused by name before any weight is read."""
+def make_drafter(method: str, target=None, caches=None) -> Drafter:
+    """The engine's drafter by name (`target` and `caches` given once the target is loaded);
+    refused by name before any weight is read."""
     if method == "ngram":
         return NgramDrafter()
     if method == "mtp":
-        raise NotStockDrafter(
-            "--draft mtp: the Qwen3.5 MTP head is not served by this build yet; use --draft ngram"
-        )
+        from .mtp import MTPDrafter
+
+        return MTPDrafter(target, caches)
     path = Path(method)
     if not path.exists():
         raise NotStockDrafter(f"--draft {method!r}: not 'ngram', 'mtp' or an existing path")

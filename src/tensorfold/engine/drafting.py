@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..cache import StatePool
 from ..errors import InvalidRequest
+from ..models.mtp import check_mtp_head
 from .drafters import Drafter, NgramDrafter, PredictionDrafter, make_drafter
 from .request import Request, TokenEvent
 
@@ -97,10 +98,10 @@ class DraftStats:
 class Drafting:
     """The engine's drafting: proposes before a pass, verifies after it, settles state."""
 
-    def __init__(self, config: DraftConfig, states: StatePool, lanes: int, target=None) -> None:
-        self.config, self.states, self.lanes = config, states, lanes
+    def __init__(self, config: DraftConfig, caches, lanes: int, target=None) -> None:
+        self.config, self.states, self.lanes = config, caches.states, lanes
         self.spares: StatePool | None = None  # one spare slot per lane, made on first use
-        self.default = make_drafter(config.method, target) if config.method else None
+        self.default = make_drafter(config.method, target, caches) if config.method else None
         self.stats = DraftStats()
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
@@ -111,7 +112,7 @@ class Drafting:
         if prediction:
             drafters.append(PredictionDrafter(tuple(prediction)))
         if self.default is not None:
-            drafters.append(self.default.for_request())
+            drafters.append(self.default.for_request(req))
         if not enabled or watched or not drafters:
             return None
         return LaneDraft(tuple(drafters))
@@ -181,6 +182,22 @@ class Drafting:
             req.num_computed = d.start
         d.start, d.proposal = -1, []
 
+    @property
+    def wants_hidden(self) -> bool:
+        """The drafter reads the target's hidden states after each pass (mtp)."""
+        return getattr(self.default, "reads_hidden", False)
+
+    def observe(self, spans, hidden) -> None:
+        """After a pass: each drafting lane's rows (request, first position, first row, rows)
+        of the target's post-final-norm states, for a drafter that reads them."""
+        for req, start, row0, n in spans:
+            d = req.draft
+            if d is None or req.slot < 0:
+                continue
+            for drafter in d.drafters:
+                if hasattr(drafter, "observe"):
+                    drafter.observe(start, hidden[row0 : row0 + n])
+
     def behind(self, req: Request) -> int:
         """Committed rows a finishing lane has not computed (a plain lane has none)."""
         if req.draft is None or req.in_prompt:
@@ -195,8 +212,10 @@ class Drafting:
 
     @property
     def spare_bytes(self) -> int:
-        """State memory kept for draft positions: one spare slot per lane, once any drafted."""
-        return self.spares.nbytes if self.spares is not None else 0
+        """Memory kept for drafting: one spare state slot per lane (once any lane drafted) and a
+        drafter's own cache (the MTP head's KV rows)."""
+        own = getattr(self.default, "nbytes", 0)
+        return own + (self.spares.nbytes if self.spares is not None else 0)
 
 
 def add_flags(p) -> None:
@@ -210,10 +229,14 @@ def add_flags(p) -> None:
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
 
 
-def check(method: str | None, tokens: int) -> DraftConfig:
-    """The drafting asked for, refused by name before any weight is read."""
+def check(method: str | None, tokens: int, checkpoint=None) -> DraftConfig:
+    """The drafting asked for, refused by name before any weight is read: an MTP head is bound
+    to the checkpoint by its tensors' names and shapes (headers only)."""
     config = DraftConfig(method, tokens)
-    if method is not None:
+    if method == "mtp":
+        if checkpoint is not None:
+            check_mtp_head(checkpoint)
+    elif method is not None:
         make_drafter(method)
     return config
 

@@ -82,8 +82,10 @@ class Engine:
         )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.drafting = Drafting(
-            DraftConfig(config.draft, config.draft_tokens), states, config.parallel, model
+            DraftConfig(config.draft, config.draft_tokens), self.caches, config.parallel, model
         )
+        if self.drafting.wants_hidden:  # a graph replay would not refresh the kept states
+            self.runner.use_graphs = False
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
@@ -169,7 +171,12 @@ class Engine:
         for w in work:
             if w.request.drafting:
                 self.drafting.before_pass(w.request, w.rows)
+        spans, row = [], 0
+        for w in work:
+            spans.append((w.request, w.request.num_computed, row, w.rows))
+            row += w.rows
         logits = self.runner.execute([(w.request, w.rows) for w in work])
+        hidden = self.model.hidden  # before a finishing lane's catch-up pass replaces it
         self._passes += 1
         ready = []
         for i, w in enumerate(work):
@@ -179,6 +186,8 @@ class Engine:
                 ready.append((w.request, logits[i][-1]))
         for (req, row), token in zip(ready, self._choose(ready)):
             events.append(self._emit(req, row, token))
+        if self.drafting.wants_hidden:
+            self.drafting.observe(spans, hidden)
         return events
 
     def _choose(self, ready) -> list[int]:

@@ -49,6 +49,9 @@ class Qwen35Model:
         self.config, self.embed, self.layers, self.norm = config, embed, layers, norm
         self.lm_head, self.dtype, self.device = lm_head, dtype, device
         self.layout = layout  # the file's weight layout: "hf" or "mlx"
+        self.path = None  # the checkpoint folder it was loaded from (loader sets it)
+        self.keep_hidden = False  # keep every row's post-final-norm state (an MTP drafter reads it)
+        self.hidden: torch.Tensor | None = None
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
@@ -65,6 +68,8 @@ class Qwen35Model:
         for layer, next_norm in zip(self.layers, norms_after):
             h, x = layer.post_norm(self._mix(layer, x, batch, rope, caches), residual=h)
             h, x = next_norm(layer.mlp(x), residual=h)
+        if self.keep_hidden:
+            self.hidden = x
         return self.lm_head(x[batch.logit_rows])
 
     @staticmethod

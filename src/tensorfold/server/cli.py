@@ -91,10 +91,10 @@ def _build(args: argparse.Namespace):
     try:  # a bad key file, limit or drafter fails before a weight is loaded
         api_key = resolve_api_key(args.api_key, args.api_key_file)
         limits = from_args(args, args.context, args.max_queue)
-        check_draft(args.draft, args.draft_tokens)
+        path = default_checkpoint(args.checkpoint).resolve()
+        check_draft(args.draft, args.draft_tokens, path)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
-    path = default_checkpoint(args.checkpoint).resolve()
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     start = time.monotonic()

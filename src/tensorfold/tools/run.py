@@ -63,8 +63,8 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 
 def run_command(args) -> int:
-    check_draft(args.draft, args.draft_tokens)  # refused before any weight is read
     path = default_checkpoint(args.checkpoint)
+    check_draft(args.draft, args.draft_tokens, path)  # refused before any weight is read
     device = resolve_device(args.device)
     model = load_model(path, dtype=resolve_dtype(args.dtype, device), device=device)
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
