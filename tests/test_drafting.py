@@ -3,6 +3,7 @@ rows, logits) of a drafting lane equal a plain lane's, whatever the drafts, for 
 requests, alone or with company, with the prompt cache on."""
 
 import pytest
+from drafting_util import Script
 from engine_util import finish_prints, make_engine, sample_prompt
 
 from tensorfold.engine import drafting
@@ -15,22 +16,6 @@ SAMPLED = SamplingParams(
     max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=77, ignore_eos=True
 )
 CACHE = 1 << 24
-
-
-class Script:
-    """A drafter that knows each prompt's plain reply and proposes it, every token for which
-    `wrong(position)` holds turned into another token."""
-
-    def __init__(self, replies: dict[tuple[int, ...], list[int]], wrong=lambda p: False) -> None:
-        self.replies, self.wrong = replies, wrong
-
-    def for_request(self, req=None):
-        return self
-
-    def propose(self, tokens, output, k):
-        prompt = tuple(tokens[: len(tokens) - len(output)])
-        reply, n = self.replies[prompt], len(output)
-        return [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
 
 
 PATTERNS = {

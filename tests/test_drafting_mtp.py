@@ -20,7 +20,7 @@ SAMPLED = SamplingParams(max_tokens=20, temperature=0.8, top_k=40, seed=5, ignor
 
 
 def with_head(src, out, shapes=None, drop=(), seed=0):
-    """A copy of checkpoint `src` with an MTP head (`shapes` overrides the published ones)."""
+    """A copy of checkpoint `src` with a random MTP head (`shapes` overrides published ones)."""
     shutil.copytree(src, out)
     shapes = {**mtp_shapes(ModelConfig.from_dir(src)), **(shapes or {})}
     g = torch.Generator().manual_seed(seed)
