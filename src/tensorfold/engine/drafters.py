@@ -6,7 +6,8 @@ token (engine/drafting.py), so a drafter changes speed, never output.
 - `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
   reply by the same lookup.
 - `mtp`: the checkpoint's own MTP head (engine/mtp.py).
-- Drafter checkpoints (DFlash, DFlash2) are refused by name until they are served.
+- a drafter folder: a z-lab DFlash (v1) block drafter (engine/dflash.py); DFlash2 is refused by
+  name (NotStockDrafter) until it is served.
 """
 
 from __future__ import annotations
@@ -93,9 +94,25 @@ def make_drafter(method: str, target=None, caches=None) -> Drafter:
         from .mtp import MTPDrafter
 
         return MTPDrafter(target, caches)
+    check_drafter_path(method, target.config if target is not None else None)
+    from .dflash import DFlashDrafter
+
+    return DFlashDrafter(target, caches, Path(method))
+
+
+def check_drafter_path(method: str, target=None) -> None:
+    """A drafter folder: refused by name (a kind we do not serve, or bound to another target
+    when `target`, a ModelConfig or a checkpoint folder, is given), reading no weights."""
+    from ..models.dflash import check_dflash, read_config
+
     path = Path(method)
-    if not path.exists():
-        raise NotStockDrafter(f"--draft {method!r}: not 'ngram', 'mtp' or an existing path")
-    raise NotStockDrafter(
-        f"--draft {method}: drafter checkpoints (DFlash, DFlash2) are not served by this build yet"
-    )
+    if not path.is_dir():
+        raise NotStockDrafter(f"--draft {method!r}: not 'ngram', 'mtp' or a drafter folder")
+    if target is None:
+        read_config(path)
+        return
+    if not hasattr(target, "hidden_size"):
+        from ..config import ModelConfig
+
+        target = ModelConfig.from_dir(target)
+    check_dflash(path, target)

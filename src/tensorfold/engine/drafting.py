@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..errors import InvalidRequest
 from ..models.mtp import check_mtp_head
-from .drafters import Drafter, NgramDrafter, PredictionDrafter, make_drafter
+from .drafters import Drafter, NgramDrafter, PredictionDrafter, check_drafter_path, make_drafter
 from .request import Request, TokenEvent
 
 MAX_DRAFT_TOKENS = 32
@@ -184,8 +184,11 @@ class Drafting:
 
     @property
     def wants_hidden(self) -> bool:
-        """The drafter reads the target's hidden states after each pass (mtp)."""
-        return getattr(self.default, "reads_hidden", False)
+        """The drafter reads the target's states after each pass (mtp, dflash)."""
+        return hasattr(self.default, "features")
+
+    def features(self, target):
+        return self.default.features(target) if self.wants_hidden else None
 
     def observe(self, spans, hidden) -> None:
         """After a pass: each drafting lane's rows (request, first position, first row, rows)
@@ -236,8 +239,8 @@ def check(method: str | None, tokens: int, checkpoint=None) -> DraftConfig:
     if method == "mtp":
         if checkpoint is not None:
             check_mtp_head(checkpoint)
-    elif method is not None:
-        make_drafter(method)
+    elif method is not None and method != "ngram":
+        check_drafter_path(method, checkpoint)
     return config
 
 

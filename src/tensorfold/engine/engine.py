@@ -176,7 +176,7 @@ class Engine:
             spans.append((w.request, w.request.num_computed, row, w.rows))
             row += w.rows
         logits = self.runner.execute([(w.request, w.rows) for w in work])
-        hidden = self.model.hidden  # before a finishing lane's catch-up pass replaces it
+        hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
         self._passes += 1
         ready = []
         for i, w in enumerate(work):

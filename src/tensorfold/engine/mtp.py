@@ -22,8 +22,6 @@ from ..ops.dispatch import lane_index
 
 
 class MTPDrafter:
-    reads_hidden = True  # the engine hands it the target's states after each pass
-
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
         if head is None:
             head = load_mtp(target, target.path)
@@ -39,6 +37,10 @@ class MTPDrafter:
             target.device,
         )
         target.keep_hidden = True
+
+    def features(self, target: Qwen35Model) -> torch.Tensor:
+        """What it reads of each pass: the post-final-norm states of every row."""
+        return target.hidden
 
     @property
     def nbytes(self) -> int:

@@ -125,6 +125,11 @@ class Request:
         return self.all_ids + self.draft.proposal if self.drafting else self.all_ids
 
     @property
+    def num_drafted(self) -> int:
+        """Drafted tokens in flight (fed after the committed ones)."""
+        return len(self.draft.proposal) if self.draft is not None else 0
+
+    @property
     def drafting(self) -> bool:
         """Drafted tokens are in flight (their rows follow the committed ones)."""
         return self.draft is not None and bool(self.draft.proposal)

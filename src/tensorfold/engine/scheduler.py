@@ -99,7 +99,7 @@ class Scheduler:
                 budget -= n
         for req in self.running:  # then its drafted rows, while the budget lasts
             if id(req) in rows:
-                drafted = min(len(req.feed_ids) - req.num_tokens, budget)
+                drafted = min(req.num_drafted, budget)
                 work.append(Work(req, rows[id(req)] + drafted))
                 budget -= drafted
         for req in self.running:  # then prompt rows, oldest lane first
