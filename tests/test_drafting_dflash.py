@@ -3,60 +3,17 @@ fields and tensor names. Drafted = plain bitwise whatever it guesses; a drafter 
 target is refused by name before any weight of either is read; the block pass matches the
 reference implementation (the `dflash` package) when that is installed."""
 
-import json
-
 import pytest
 import torch
+from drafting_util import write_drafter
 from engine_util import finish_prints, make_engine, sample_prompt
-from safetensors.torch import save_file
 
 from tensorfold.config import ModelConfig
 from tensorfold.engine.drafting import check
 from tensorfold.engine.request import SamplingParams
 from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
 from tensorfold.models.checkpoint import Checkpoint
-from tensorfold.models.dflash import read_config, tensor_shapes
-
-
-def drafter_config(target: ModelConfig, **over) -> dict:
-    """A config.json as z-lab ships it, for `target`; `over` changes top-level or dflash fields."""
-    cfg = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": target.hidden_size,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": target.vocab_size,
-        "num_target_layers": target.num_layers,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 8,
-        "use_sliding_window": True,
-        "dflash_config": {"block_size": 6, "mask_token_id": 7, "target_layer_ids": [1, 5]},
-    }
-    for k, v in over.items():
-        (cfg["dflash_config"] if k in cfg["dflash_config"] else cfg)[k] = v
-    return cfg
-
-
-def write_drafter(out, target: ModelConfig, shapes_from=None, seed=0, **over):
-    out.mkdir(parents=True)
-    cfg = drafter_config(target, **over)
-    (out / "config.json").write_text(json.dumps(cfg))
-    c = read_config(out) if shapes_from is None else shapes_from
-    g = torch.Generator().manual_seed(seed)
-    tensors = {
-        name: (
-            torch.randn(shape, generator=g) * (0.3 if len(shape) > 1 else 0.1) + (len(shape) == 1)
-        ).to(torch.bfloat16)
-        for name, shape in tensor_shapes(c).items()
-    }
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return out
+from tensorfold.models.dflash import read_config
 
 
 @pytest.fixture(scope="module")

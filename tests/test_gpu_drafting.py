@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from drafting_util import Script, add_mtp_head  # noqa: E402
+from drafting_util import Script, add_mtp_head, write_drafter  # noqa: E402
 from engine_util import finish_prints, sample_prompt  # noqa: E402
 
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -29,6 +29,15 @@ def nine_b(tmp_path_factory):
     return load_model(path, dtype=torch.bfloat16, device="cuda")
 
 
+@pytest.fixture(scope="module")
+def dflash_9b(nine_b, tmp_path_factory):
+    """A random DFlash drafter bound to the 9B shape (taps of the 9B-DFlash drafter)."""
+    taps = list(range(1, 30, 4))
+    return write_drafter(
+        tmp_path_factory.mktemp("dflash") / "d", nine_b.config, target_layer_ids=taps
+    )
+
+
 def _run(model, prompts, params, parallel, draft=None, drafter=None):
     config = EngineConfig(
         parallel=parallel, context=2048, chunk=128, prompt_cache_bytes=1 << 28, draft=draft
@@ -46,7 +55,7 @@ def _run(model, prompts, params, parallel, draft=None, drafter=None):
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("parallel", [1, 4, 16])
-def test_drafted_equals_plain_9b(nine_b, parallel, params):
+def test_drafted_equals_plain_9b(nine_b, dflash_9b, parallel, params):
     prompts = [sample_prompt(300 + i, 20 + 29 * i, VOCAB) for i in range(parallel)]
     want = [_run(nine_b, [p], params, 1)[0][0] for p in prompts]
     replies = {tuple(p): ids for p, (ids, _) in zip(prompts, want)}
@@ -54,6 +63,7 @@ def test_drafted_equals_plain_9b(nine_b, parallel, params):
         got, eng = _run(nine_b, prompts, params, parallel, "ngram", Script(replies, wrong))
         assert got == want
         assert eng.drafting.stats.proposed > 0
-    got, eng = _run(nine_b, prompts, params, parallel, "mtp")
-    assert got == want
-    assert eng.drafting.stats.proposed > 0
+    for draft in ("mtp", str(dflash_9b)):
+        got, eng = _run(nine_b, prompts, params, parallel, draft)
+        assert got == want
+        assert eng.drafting.stats.proposed > 0
