@@ -132,19 +132,27 @@ class Drafting:
                     d.source = drafter
                     break
 
-    def before_pass(self, req: Request, rows: int) -> None:
-        """The scheduler gave the lane `rows` rows: keep the drafts that fit, copy the state."""
-        d = req.draft
-        pending = req.num_tokens - req.num_computed
-        del d.proposal[max(0, rows - pending) :]
-        if not d.proposal:
-            return
-        if self.spares is None:
-            self.spares = self.states.like(self.lanes)
-        if d.spare < 0:
-            d.spare = self.spares.allocate()
-        self.states.copy_slot(req.slot, d.spare, into=self.spares)
-        d.start = req.num_computed
+    def before_pass(self, work) -> None:
+        """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
+        spare slot (one copy per state tensor for all lanes)."""
+        src, dst = [], []
+        for w in work:
+            req, d = w.request, w.request.draft
+            if not req.drafting:
+                continue
+            pending = req.num_tokens - req.num_computed
+            del d.proposal[max(0, w.rows - pending) :]
+            if not d.proposal:
+                continue
+            if self.spares is None:
+                self.spares = self.states.like(self.lanes)
+            if d.spare < 0:
+                d.spare = self.spares.allocate()
+            src.append(req.slot)
+            dst.append(d.spare)
+            d.start = req.num_computed
+        if src:
+            self.states.copy_slots(src, dst, into=self.spares)
 
     def verify(self, engine, req: Request, logits) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain

@@ -168,9 +168,7 @@ class Engine:
         work = self.scheduler.schedule()
         if not work:
             return events
-        for w in work:
-            if w.request.drafting:
-                self.drafting.before_pass(w.request, w.rows)
+        self.drafting.before_pass(work)
         spans, row = [], 0
         for w in work:
             spans.append((w.request, w.request.num_computed, row, w.rows))
