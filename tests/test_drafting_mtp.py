@@ -161,4 +161,16 @@ def test_run_drafts_with_the_head(hf_mtp, capsys):
     assert main(argv) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main([*argv, "--draft", "mtp", "--draft-tokens", "3"]) == 0
-    assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["token_ids"] == plain["token_ids"]
+    assert drafted["draft"]["proposed"] > 0 and "draft" not in plain
+
+
+def test_llm_refuses_a_missing_head_before_loading(hf_tiny_b, monkeypatch):
+    from tensorfold import LLM
+
+    reads = []
+    monkeypatch.setattr(Checkpoint, "read", lambda self, name: reads.append(name))
+    with pytest.raises(NotStockDrafter):
+        LLM(hf_tiny_b, device="cpu", draft="mtp")
+    assert reads == []

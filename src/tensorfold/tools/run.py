@@ -95,6 +95,8 @@ def run_command(args) -> int:
         "token_sha": token_sha(req.output_ids),
         "finish_reason": req.finish_reason,
     }
+    if req.draft is not None:  # tokens drafted and kept (the reply is the same without)
+        result["draft"] = {"proposed": req.draft.proposed, "accepted": req.draft.accepted}
     if args.compare_chunk:
         other, prints_b = generate_once(engine(args.compare_chunk), ids, params, seams)
         result["seams"] = _compare(prints, prints_b, args.chunk, args.compare_chunk)
