@@ -1,6 +1,7 @@
 """Lanes and passes. There is no prefill phase and no decode phase: every pass takes one row
-from each lane that is generating and up to `chunk` prompt rows from each lane still reading
-its prompt, under a token budget. Lanes reserve their KV pages and state slot at admission,
+from each lane that is generating (with drafting: its uncomputed committed rows, then its drafted
+tokens) and up to `chunk` prompt rows from each lane still reading its prompt, under a token
+budget. Lanes reserve their KV pages and state slot at admission,
 so a running lane never waits for memory and is never preempted."""
 
 from __future__ import annotations
