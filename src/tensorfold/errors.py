@@ -36,6 +36,14 @@ class UnsupportedQuantization(ConfigError):
     pass
 
 
+class NotStockDrafter(ConfigError):
+    """A drafter this build cannot serve (a shape, a kind or a file it does not know)."""
+
+
+class DraftForAnotherTarget(ConfigError):
+    """A drafter bound to another target: its width, vocabulary, depth, taps or mask id differ."""
+
+
 class CheckpointError(TensorFoldError):
     """The weight files do not match the config; the message names the tensor."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .engine.drafting import check as check_draft
 from .engine.engine import Engine, EngineConfig
 from .engine.request import SamplingParams
 from .errors import QueueFull
@@ -48,6 +49,8 @@ class LLM:
         **engine_kwargs,
     ) -> None:
         dev = resolve_device(device)
+        if engine_kwargs.get("draft"):  # a drafter that cannot serve is refused before loading
+            check_draft(engine_kwargs["draft"], engine_kwargs.get("draft_tokens", 4), model)
         self.model = load_model(model, dtype=resolve_dtype(dtype, dev), device=dev)
         self.tokenizer = Tokenizer(model) if Tokenizer.exists(model) else None
         config = EngineConfig(parallel=parallel, context=context, chunk=chunk, **engine_kwargs)

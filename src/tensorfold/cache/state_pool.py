@@ -76,6 +76,34 @@ class StatePool:
         for dst, src in zip(self.conv + self.recurrent, snap.conv + snap.recurrent):
             dst[slot].copy_(src)
 
+    def copy_slot(self, src: int, dst: int, into: StatePool | None = None) -> None:
+        """Copies slot `src` to slot `dst` of `into` (this pool by default), bit for bit."""
+        into = into or self
+        for d, s in zip(into.conv + into.recurrent, self.conv + self.recurrent):
+            d[dst].copy_(s[src])
+
+    def copy_slots(self, src: list[int], dst: list[int], into: StatePool | None = None) -> None:
+        """copy_slot for several slots at once: one gather and one scatter per tensor."""
+        into = into or self
+        s = torch.tensor(src, device=self.conv[0].device)
+        d = torch.tensor(dst, device=self.conv[0].device)
+        for a, b in zip(into.conv + into.recurrent, self.conv + self.recurrent):
+            a.index_copy_(0, d, b.index_select(0, s))
+
+    def like(self, num_slots: int) -> StatePool:
+        """An empty pool of `num_slots` slots shaped like this one (the draft spares)."""
+        pool = object.__new__(StatePool)
+        pool.num_slots, pool._free = num_slots, list(range(num_slots - 1, -1, -1))
+        pool.conv = [torch.zeros_like(t[:1]).repeat(num_slots, 1, 1) for t in self.conv]
+        pool.recurrent = [
+            torch.zeros_like(t[:1]).repeat(num_slots, 1, 1, 1) for t in self.recurrent
+        ]
+        return pool
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self.nbytes // max(1, self.num_slots)
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)

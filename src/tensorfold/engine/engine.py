@@ -21,6 +21,7 @@ from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
 from ..runner.model_runner import ModelRunner
 from .constraints import GrammarBook, apply_mask
+from .drafting import DraftConfig, Drafting
 from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
@@ -35,6 +36,8 @@ class EngineConfig(SchedulerConfig):
     prompt_cache_bytes: int = 0  # 0 turns the prompt cache off
     threads: int | None = None  # CPU threads (None: by model size)
     cuda_graphs: bool = True  # on a GPU, replay decode passes as CUDA graphs (one per lane count)
+    draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
+    draft_tokens: int = 4  # tokens drafted per verify pass
 
 
 class Engine:
@@ -80,6 +83,11 @@ class Engine:
             model, self.caches, config.threads, config.cuda_graphs, config.context
         )
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
+        self.drafting = Drafting(
+            DraftConfig(config.draft, config.draft_tokens), self.caches, config.parallel, model
+        )
+        if self.drafting.wants_hidden:  # a graph replay would not refresh the kept states
+            self.runner.use_graphs = False
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()
@@ -99,9 +107,12 @@ class Engine:
         *,
         choice: int = 0,
         watch: Watch | None = None,
+        draft: bool = True,
+        prediction: list[int] | None = None,
     ) -> Request:
         """Queues one choice of a prompt (`choice` keys its random numbers with the seed);
-        `watch` observes it without changing a token."""
+        `watch` observes it without changing a token. `draft=False` serves it without drafting;
+        `prediction` (token ids of a predicted reply) drafts from it (OpenAI Predicted Outputs)."""
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
         max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
@@ -117,6 +128,7 @@ class Engine:
             watch,
             cuts,
         )
+        req.draft = self.drafting.lane(req, draft, prediction)
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
@@ -162,49 +174,47 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         events = self._take_inbox()
         self.scheduler.admit()
+        self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
         if not work:
             return events
+        self.drafting.before_pass(work)
+        spans, row = [], 0
+        for w in work:
+            spans.append((w.request, w.request.num_computed, row, w.rows))
+            row += w.rows
         logits = self.runner.execute([(w.request, w.rows) for w in work])
+        hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
         self._passes += 1
-        ready = [
-            (w.request, logits[i][-1])
-            for i, w in enumerate(work)
-            if self._advance(w.request, w.rows, logits.get(i))
-        ]
+        ready = []
+        for i, w in enumerate(work):
+            if w.request.drafting:
+                events += self.drafting.verify(self, w.request, logits[i])
+            elif self._advance(w.request, w.rows, logits.get(i)):
+                ready.append((w.request, logits[i][-1]))
         for (req, row), token in zip(ready, self._choose(ready)):
             events.append(self._emit(req, row, token))
+        if self.drafting.wants_hidden:
+            self.drafting.observe(spans, hidden)
         return events
 
     def _choose(self, ready) -> list[int]:
-        """Next tokens of the lanes that produce one: greedy rows in one argmax (one device sync).
-        A request's own logits rule (penalties, bias, min_tokens) applies to its row first."""
-        ready = [(req, self.rule_row(req, req.output_ids, row)) for req, row in ready]
-        shaped = [i for i, (req, _) in enumerate(ready) if self._custom(req)]
-        greedy = [
+        """Next tokens of the lanes that produce one: plain greedy rows in one argmax (one device
+        sync); a row with its own rule (penalties, bias, grammar) or sampled through
+        `choose_token`, the one rule drafting accepts by too."""
+        plain = [
             i
             for i, (req, _) in enumerate(ready)
-            if req.params.temperature <= 0.0 and i not in shaped
+            if req.params.temperature <= 0.0 and not self._custom(req)
         ]
         tokens: list[int] = [0] * len(ready)
-        for i in shaped:  # fp32 rows: each its own argmax
-            if ready[i][0].params.temperature <= 0.0:
-                tokens[i] = int(torch.argmax(ready[i][1]))
-        if greedy:
-            picks = torch.stack([ready[i][1] for i in greedy]).argmax(-1).tolist()
-            for i, t in zip(greedy, picks):
+        if plain:
+            picks = torch.stack([ready[i][1] for i in plain]).argmax(-1).tolist()
+            for i, t in zip(plain, picks):
                 tokens[i] = t
         for i, (req, row) in enumerate(ready):
-            if req.params.temperature > 0.0:
-                p = req.params
-                tokens[i] = sample_row(
-                    row,
-                    p.temperature,
-                    p.top_k,
-                    p.top_p,
-                    p.min_p,
-                    uniform(req.seed, req.num_tokens, req.choice),
-                )
+            if i not in plain:
+                tokens[i] = self.choose_token(req, row)
         return tokens
 
     @staticmethod
@@ -229,6 +239,18 @@ class Engine:
                 only_end[sorted(self.eos_ids)] = False
                 return x.masked_fill(only_end, float("-inf"))
         return apply_mask(x, req.matcher.allowed(output_ids))
+
+    def choose_token(self, req: Request, logits: torch.Tensor) -> int:
+        """The token the request chooses from one row of logits at its next position
+        (req.num_tokens): its own rule first (`rule_row` after its reply so far), then greedy's
+        first maximum or a draw keyed by (seed, choice, position). Plain decoding and the
+        drafting acceptance rule both choose through here."""
+        p = req.params
+        row = self.rule_row(req, req.output_ids, logits)
+        if p.temperature <= 0.0:
+            return int(torch.argmax(row))
+        u = uniform(req.seed, req.num_tokens, req.choice)
+        return sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p, u)
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -264,6 +286,10 @@ class Engine:
             if nxt < len(ids):
                 logprob, top = top_logprobs(row, ids[nxt], k)
                 req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
+
+    def emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
+        """Commits one chosen token: text, stops, and the finish if it ends the request."""
+        return self._emit(req, logits, token)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
         p = req.params
@@ -313,21 +339,35 @@ class Engine:
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.finish(req)
+            self.drafting.release(req)
             req.finish_reason = "error"
             self._requests.pop(req.request_id, None)
             events.append(TokenEvent(req.request_id, [], "", finished=True, finish_reason="error"))
         return events
 
     def _finish(self, req: Request, reason: str, logits) -> TokenEvent:
-        if req.status == Status.RUNNING and reason != "cancelled" and self.prefix_cache.enabled:
-            self._remember(req)  # the end of the reply: the next chat turn resumes here
         watch = req.watch
+        remember = reason != "cancelled" and self.prefix_cache.enabled
+        if req.status == Status.RUNNING and (remember or (watch and watch.on_finish)):
+            self._catch_up(req)
+        if req.status == Status.RUNNING and remember:
+            self._remember(req)  # the end of the reply: the next chat turn resumes here
         if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
             watch.on_finish(req, logits)
         req.finish_reason = reason
+        self.drafting.release(req)
         self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)
         return TokenEvent(req.request_id, [], "", finished=True, finish_reason=reason)
+
+    def _catch_up(self, req: Request) -> None:
+        """A drafting lane that ends computes the committed rows it has not, so its state, its
+        prompt-cache cut and its fingerprint are a plain lane's."""
+        self.drafting.settle(req)
+        n = self.drafting.behind(req)
+        if n:
+            self.runner.execute([(req, n)])
+            req.num_computed += n
 
     def fingerprint(self, req: Request, logits: torch.Tensor | None) -> str:
         return self.runner.fingerprint(req, logits)
@@ -367,7 +407,10 @@ class Engine:
             cache_bytes=cache.nbytes,
             kv_pages_used=self.caches.kv.num_pages - self.caches.kv.free_pages,
             kv_pages_total=self.caches.kv.num_pages,
+            draft_proposed=self.drafting.stats.proposed,
+            draft_accepted=self.drafting.stats.accepted,
+            draft_lengths=tuple(sorted(dict(self.drafting.stats.lengths).items())),
         )
 
     def memory(self) -> MemoryReport:
-        return memory_report(self.model, self.caches, self.prefix_cache)
+        return memory_report(self.model, self.caches, self.prefix_cache, self.drafting.spare_bytes)

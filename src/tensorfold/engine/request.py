@@ -151,10 +151,26 @@ class Request:
     reply: ReplyText = field(default_factory=ReplyText)
     prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
     matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
+    draft: object = None  # engine.drafting.LaneDraft when the request drafts
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def feed_ids(self) -> list[int]:
+        """The ids a pass feeds: the committed ones, then the drafted tokens in flight."""
+        return self.all_ids + self.draft.proposal if self.drafting else self.all_ids
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafted tokens in flight (fed after the committed ones)."""
+        return len(self.draft.proposal) if self.draft is not None else 0
+
+    @property
+    def drafting(self) -> bool:
+        """Drafted tokens are in flight (their rows follow the committed ones)."""
+        return self.draft is not None and bool(self.draft.proposal)
 
     @property
     def num_tokens(self) -> int:
@@ -177,12 +193,14 @@ class Request:
     def logit_rows(self, n: int) -> range:
         """Offsets of the rows whose logits a pass of `n` rows from num_computed must return:
         every row when watched for all logits, else the last row when it yields the next token
-        or ends at a watched cut (a cache cut needs none). The runner and the CUDA graphs ask
-        only this; future drafted verify rows will want several rows per lane."""
+        or ends at a watched cut (a cache cut needs none); a verify pass wants the last committed
+        row and every drafted row. The runner and the CUDA graphs ask only this."""
         if self.watch is not None and self.watch.keep_logits:
             return range(n)
         if self.params.prompt_logprobs is not None and self.in_prompt:
             return range(n)  # every prompt row scores the token after it
         end = self.num_computed + n
+        if self.drafting and end > self.num_tokens:
+            return range(self.num_tokens - 1 - self.num_computed, n)
         watched = self.watch is not None and end in self.watch.cuts
         return range(n - 1, n) if end == self.num_tokens or watched else range(0)

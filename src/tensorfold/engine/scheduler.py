@@ -1,6 +1,7 @@
 """Lanes and passes. There is no prefill phase and no decode phase: every pass takes one row
-from each lane that is generating and up to `chunk` prompt rows from each lane still reading
-its prompt, under a token budget. Lanes reserve their KV pages and state slot at admission,
+from each lane that is generating (with drafting: its uncomputed committed rows, then its drafted
+tokens) and up to `chunk` prompt rows from each lane still reading its prompt, under a token
+budget. Lanes reserve their KV pages and state slot at admission,
 so a running lane never waits for memory and is never preempted."""
 
 from __future__ import annotations
@@ -96,10 +97,16 @@ class Scheduler:
     def schedule(self) -> list[Work]:
         budget = self.config.budget
         work: list[Work] = []
-        for req in self.running:  # decode rows first: one each
+        rows: dict[int, int] = {}
+        for req in self.running:  # decode rows first: each lane's uncomputed committed rows,
             if not req.in_prompt and budget > 0:
-                work.append(Work(req, 1))
-                budget -= 1
+                rows[id(req)] = n = min(req.num_tokens - req.num_computed, budget)
+                budget -= n
+        for req in self.running:  # then its drafted rows, while the budget lasts
+            if id(req) in rows:
+                drafted = min(req.num_drafted, budget)
+                work.append(Work(req, rows[id(req)] + drafted))
+                budget -= drafted
         for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
                 n = min(self.config.chunk, len(req.prompt_ids) - req.num_computed, budget)

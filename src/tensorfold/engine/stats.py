@@ -40,6 +40,9 @@ class EngineStats:
     cache_bytes: int = 0
     kv_pages_used: int = 0  # KV pages held by lanes and the prompt cache
     kv_pages_total: int = 0
+    draft_proposed: int = 0  # drafted tokens scored by verify passes
+    draft_accepted: int = 0  # of them, the ones the target chose too
+    draft_lengths: tuple[tuple[int, int], ...] = ()  # (tokens committed, verify passes), sorted
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class MemoryReport:
     weights_bytes: int
     kv_pool_bytes: int
     state_pool_bytes: int
+    draft_state_bytes: int  # the lanes' spare GDN state slots for verify passes (per position)
     prompt_cache_bytes: int
     prompt_cache_budget_bytes: int
     prompt_cache_entries: int
@@ -66,7 +70,9 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def memory_report(model: Qwen35Model, caches: ModelCaches, cache: PrefixCache) -> MemoryReport:
+def memory_report(
+    model: Qwen35Model, caches: ModelCaches, cache: PrefixCache, draft_bytes: int = 0
+) -> MemoryReport:
     device = model.device
     on_cuda = device.type == "cuda"
     return MemoryReport(
@@ -74,6 +80,7 @@ def memory_report(model: Qwen35Model, caches: ModelCaches, cache: PrefixCache) -
         weights_bytes=model.weight_bytes,
         kv_pool_bytes=caches.kv.nbytes,
         state_pool_bytes=caches.states.nbytes,
+        draft_state_bytes=draft_bytes,
         prompt_cache_bytes=cache.nbytes,
         prompt_cache_budget_bytes=cache.budget_bytes,
         prompt_cache_entries=len(cache),

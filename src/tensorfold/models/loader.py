@@ -219,6 +219,8 @@ def load_model(
         for n, kind in enumerate(cfg.layer_kinds):
             layers.append(b.layer(n, kind, counters[kind]))
             counters[kind] += 1
-        return Qwen35Model(
+        model = Qwen35Model(
             cfg, embed, layers, b.norm("norm.weight"), head, dtype, device, layout=wm.layout.name
         )
+    model.path = Path(path)
+    return model

@@ -49,6 +49,11 @@ class Qwen35Model:
         self.config, self.embed, self.layers, self.norm = config, embed, layers, norm
         self.lm_head, self.dtype, self.device = lm_head, dtype, device
         self.layout = layout  # the file's weight layout: "hf" or "mlx"
+        self.path = None  # the checkpoint folder it was loaded from (loader sets it)
+        self.keep_hidden = False  # keep every row's post-final-norm state (an MTP drafter reads it)
+        self.hidden: torch.Tensor | None = None
+        self.taps: tuple[int, ...] = ()  # layers whose output a block drafter reads (DFlash)
+        self.tapped: torch.Tensor | None = None  # those outputs, concatenated in `taps` order
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
@@ -62,9 +67,16 @@ class Qwen35Model:
         rope = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, self.dtype)
         x = self.layers[0].input_norm(h)
         norms_after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, norms_after):
+        tapped = {}
+        for i, (layer, next_norm) in enumerate(zip(self.layers, norms_after)):
             h, x = layer.post_norm(self._mix(layer, x, batch, rope, caches), residual=h)
             h, x = next_norm(layer.mlp(x), residual=h)
+            if i in self.taps:
+                tapped[i] = h  # the residual stream after layer i
+        if self.taps:
+            self.tapped = torch.cat([tapped[i] for i in self.taps], dim=-1)
+        if self.keep_hidden:
+            self.hidden = x
         return self.lm_head(x[batch.logit_rows])
 
     @staticmethod

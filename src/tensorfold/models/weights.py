@@ -40,9 +40,9 @@ class Layout:
 class WeightMap:
     """Finds, validates and reads the tensors of one checkpoint for one config."""
 
-    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig) -> None:
+    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig, layout: Layout | None = None) -> None:
         self.ckpt, self.cfg = ckpt, cfg
-        self.layout = self._detect_layout()
+        self.layout = layout or self._detect_layout()  # given: a part under its own prefix
         self.quant: dict[str, QuantSpec | None] = {}
         self.experts: dict[str, str] = {}  # `layers.N.mlp.` -> its experts' layout
 

@@ -39,6 +39,33 @@ def _describe(prompt: Prompt, temperature: float, rep: int, s: Stream, **more) -
 # -- decode ------------------------------------------------------------------------------------
 
 
+DRAFT_SERIES = (
+    "tensorfold_draft_acceptance_length_sum",
+    "tensorfold_draft_acceptance_length_count",
+)
+
+
+def draft_totals(endpoint: Endpoint) -> tuple[float, float] | None:
+    """(tokens committed by verify passes, verify passes) from a TensorFold server's /metrics;
+    None from a server without them."""
+    body = endpoint.text("/metrics")
+    if body is None:
+        return None
+    found = {}
+    for line in body.splitlines():
+        name, _, value = line.partition(" ")
+        if name in DRAFT_SERIES:
+            found[name] = float(value)
+    return tuple(found[n] for n in DRAFT_SERIES) if len(found) == 2 else None
+
+
+def acceptance_length(before, after) -> float | None:
+    """Mean tokens committed per verify pass between two readings (None: no verify pass)."""
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def run_decode(cfg: BenchConfig) -> list[dict]:
     records = []
     with progress(len(cfg.temperatures) * len(cfg.prompts) * cfg.reps, "bench decode") as bar:
@@ -46,9 +73,10 @@ def run_decode(cfg: BenchConfig) -> list[dict]:
             for prompt in cfg.prompts:
                 for rep in range(cfg.reps):
                     body = cfg.body(prompt, temperature, cfg.seed_for(temperature, rep))
-                    records.append(
-                        _describe(prompt, temperature, rep, cfg.endpoint.stream(prompt.path, body))
-                    )
+                    before = draft_totals(cfg.endpoint)
+                    s = cfg.endpoint.stream(prompt.path, body)
+                    accept = acceptance_length(before, draft_totals(cfg.endpoint))
+                    records.append(_describe(prompt, temperature, rep, s, accept_len=accept))
                     bar.update()
     return records
 
@@ -65,13 +93,12 @@ def decode_table(records: list[dict]) -> str:
                 median(rates),
                 median([r["ttft_s"] for r in group]),
                 group[0]["tokens"],
+                median([r["accept_len"] for r in group if r.get("accept_len") is not None]),
                 " ".join(sorted({short(r["sha"]) for r in group})),
             ]
         )
-    return table(
-        ["prompt", "temperature", "tok/s by rep", "median tok/s", "median ttft s", "tokens", "sha"],
-        rows,
-    )
+    head = ["prompt", "temperature", "tok/s by rep", "median tok/s", "median ttft s", "tokens"]
+    return table([*head, "accept len", "sha"], rows)
 
 
 def decode_command(cfg: BenchConfig, output: str | None, plot: PlotRequest | None = None) -> int:

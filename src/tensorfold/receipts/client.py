@@ -132,6 +132,15 @@ class Endpoint:
                 r.status_code, r.json() if r.status_code == 200 else {}, time.perf_counter() - start
             )
 
+    def text(self, path: str) -> str | None:
+        """A GET's body as text, or None when the server does not answer 200 (or at all)."""
+        try:
+            with self._client() as http:
+                r = http.get(path)
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
     def stream(
         self,
         path: str,

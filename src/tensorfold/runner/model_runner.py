@@ -55,7 +55,7 @@ class ModelRunner:
         row = 0
         for i, (req, n) in enumerate(work):
             start = req.num_computed
-            ids += req.all_ids[start : start + n]
+            ids += req.feed_ids[start : start + n]
             segments.append(Segment(req.slot, start, row, n, req.kv_rows[: start + n]))
             wanted = req.logit_rows(n)
             logit_rows += [row + j for j in wanted]

@@ -29,6 +29,8 @@ class Choice:
     prompt_ids: list[int]
     params: SamplingParams
     choice: int = 0  # which choice of its prompt: keys the random numbers with the seed
+    draft: bool = True  # false: served without drafting
+    prediction: tuple[int, ...] | None = None  # a predicted reply's token ids (drafted from)
 
 
 def is_device_fault(exc: BaseException) -> bool:
@@ -107,7 +109,14 @@ class AsyncEngine:
                 with self._lock:  # routed before admission, so no event can miss its queue
                     self._routes[rid] = _Route(loop, queue, c.index)
                 requests.append(
-                    self.engine.add_request(c.prompt_ids, c.params, rid, choice=c.choice)
+                    self.engine.add_request(
+                        c.prompt_ids,
+                        c.params,
+                        rid,
+                        choice=c.choice,
+                        draft=c.draft,
+                        prediction=list(c.prediction) if c.prediction else None,
+                    )
                 )
         except BaseException:
             self._withdraw([f"{request_id}-{c.index}" for c in choices], requests)

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+from ..engine.drafting import add_flags as add_draft_flags
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -63,6 +64,7 @@ def add_parser(sub) -> None:
         help="the model name clients send (default: the checkpoint folder's name)",
     )
     add_limit_flags(p)
+    add_draft_flags(p)
     p.add_argument(
         "--shutdown-grace",
         type=float,
@@ -104,6 +106,7 @@ DEMO_NAME = "tensorfold-demo"
 
 
 def _build(args: argparse.Namespace):
+    from ..engine.drafting import check as check_draft
     from ..engine.engine import Engine, EngineConfig
     from ..engine.fingerprint import system_fingerprint
     from ..models.loader import load_model
@@ -114,12 +117,13 @@ def _build(args: argparse.Namespace):
     from .limits import from_args
     from .serving import SamplingDefaults
 
-    try:  # a bad key file or limit fails before a weight is loaded
+    try:  # a bad key file, limit or drafter fails before a weight is loaded
         api_key = resolve_api_key(args.api_key, args.api_key_file)
         limits = from_args(args, args.context, args.max_queue)
+        path = default_checkpoint(args.checkpoint).resolve()
+        check_draft(args.draft, args.draft_tokens, path)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
-    path = default_checkpoint(args.checkpoint).resolve()
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     # a GPU reads long prompts fastest in large passes (as vLLM's 2,048-token default); the CPU's
@@ -143,6 +147,8 @@ def _build(args: argparse.Namespace):
         cuda_graphs=args.cuda_graphs,
         max_queue=args.max_queue,
         prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)),
+        draft=args.draft,
+        draft_tokens=args.draft_tokens,
     )
     engine = Engine(model, tokenizer, config)
     defaults, memory = SamplingDefaults.from_checkpoint(path), engine.memory()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 from ..engine.stats import EngineStats
 
@@ -21,6 +22,7 @@ REFUSALS_DOC = (
     "(e.g. prompt_too_large, invalid_value, queue_full), or a connection's "
     "(header_timeout, body_timeout, too_many_connections)"
 )
+DRAFT_DOC = "Tokens committed per verify pass: accepted drafted tokens plus the bonus token"
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,18 @@ class Metrics:
             "Bytes the prompt cache holds (within its budget)",
             lambda: stats().cache_bytes,
         )
+
+        self._gauge(
+            "tensorfold_draft_proposed_tokens",
+            "Drafted tokens scored by verify passes",
+            lambda: stats().draft_proposed,
+        )
+        self._gauge(
+            "tensorfold_draft_accepted_tokens",
+            "Drafted tokens the target chose too (kept)",
+            lambda: stats().draft_accepted,
+        )
+        r.register(AcceptanceLengths(stats))
 
     def _vllm_named(self, r: CollectorRegistry, stats: Callable[[], EngineStats]) -> None:
         """The quantities vLLM's dashboards read, under our prefix (docs/server.md maps them)."""
@@ -174,3 +188,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AcceptanceLengths:
+    """Tokens committed per verify pass (accepted drafts + the bonus token), as a histogram."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self.stats = stats
+
+    def describe(self):
+        return [HistogramMetricFamily("tensorfold_draft_acceptance_length", DRAFT_DOC)]
+
+    def collect(self):
+        lengths = dict(self.stats().draft_lengths)
+        top = max(lengths, default=1)
+        buckets, seen = [], 0
+        for le in range(1, top + 1):
+            seen += lengths.get(le, 0)
+            buckets.append((str(float(le)), seen))
+        buckets.append(("+Inf", seen))
+        total = sum(n * c for n, c in lengths.items())
+        yield HistogramMetricFamily(
+            "tensorfold_draft_acceptance_length", DRAFT_DOC, buckets=buckets, sum_value=total
+        )

@@ -49,6 +49,25 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: StrictBool = False
 
 
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class Prediction(BaseModel):
+    """OpenAI Predicted Outputs: text the reply is expected to repeat, drafted from."""
+
+    type: Literal["content"]
+    content: str | Annotated[list[ContentPart], FAIL_FAST]
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content)
+
+
 class GenerationRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions; unknown fields are logged."""
 
@@ -67,7 +86,8 @@ class GenerationRequest(BaseModel):
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    draft: StrictBool | None = None  # no drafter yet: every request is served plain
+    draft: StrictBool | None = None  # false: served without drafting (the tokens are the same)
+    prediction: Prediction | None = None  # OpenAI Predicted Outputs
     return_token_ids: StrictBool = False  # adds token_ids to each choice (and chunk)
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
@@ -109,12 +129,6 @@ class CompletionRequest(GenerationRequest):
         if self.best_of not in (None, 1, self.n):
             return "best_of"
         return super().unsupported()
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
 
 
 class ChatMessage(BaseModel):
@@ -176,11 +190,20 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    # Present when the request carried a prediction.
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, exclude_if=_omit_none
+    )
 
 
 class CompletionLogprobs(BaseModel):

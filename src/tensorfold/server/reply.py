@@ -19,7 +19,7 @@ from .async_engine import Choice, EngineFailed, Generation
 from .errors import APIError
 from .formats import ChatFormat, ChoiceState, CompletionFormat, usage
 from .metrics import ChoiceTimes, Metrics
-from .protocol import ErrorInfo, ErrorResponse, Usage
+from .protocol import CompletionTokensDetails, ErrorInfo, ErrorResponse, Usage
 
 log = logging.getLogger("tensorfold.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -83,7 +83,14 @@ class Reply:
         firsts = [c for c in self.asked if c.choice == 0]
         prompt = sum(len(c.prompt_ids) for c in firsts)
         cached = sum(self.requests[c.index].cached_tokens for c in firsts)
-        return usage(list(self.choices.values()), prompt, cached)
+        u = usage(list(self.choices.values()), prompt, cached)
+        if any(c.prediction for c in self.asked):  # OpenAI's counts of the predicted tokens
+            drafts = [self.requests[c.index].draft for c in self.asked]
+            u.completion_tokens_details = CompletionTokensDetails(
+                accepted_prediction_tokens=sum(d.prediction_accepted for d in drafts if d),
+                rejected_prediction_tokens=sum(d.prediction_rejected for d in drafts if d),
+            )
+        return u
 
     def _log(self, status: int) -> None:
         reqs = list(self.requests.values())

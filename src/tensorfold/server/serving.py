@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -96,7 +97,7 @@ async def complete(s: ServerState, body: CompletionRequest, request: Request):
     params = sampling_params(
         body, s.defaults, body.max_tokens, body.logprobs, renames, max(scored, default=None)
     )
-    choices = choices_for(prompts, params, body.n)
+    choices = await drafting(s, body, choices_for(prompts, params, body.n))
     prefixes = {}
     if body.echo and s.tokenizer is not None:
         texts = [await s.text.decode(ids) for ids in prompts]
@@ -152,7 +153,7 @@ async def chat(s: ServerState, body: ChatCompletionRequest, request: Request):
     params = sampling_params(body, s.defaults, limit, top, renames, body.prompt_logprobs, grammar)
     job = Job(
         f"chatcmpl-{uuid.uuid4().hex}",
-        choices_for([ids], params, body.n),
+        await drafting(s, body, choices_for([ids], params, body.n)),
         body.stream,
         body.include_usage,
         {},
@@ -339,6 +340,15 @@ def check_context(prompts: list[list[int]], param: str, s: ServerState) -> None:
             param,
             code="context_length_exceeded",
         )
+
+
+async def drafting(s: ServerState, body: GenerationRequest, choices: list[Choice]):
+    """Each choice's drafting: off with `draft: false`; a `prediction` drafts from its tokens."""
+    prediction = None
+    if body.prediction is not None and body.prediction.text:
+        prediction = tuple((await s.text.prompts(body.prediction.text))[0])
+    draft = body.draft is not False
+    return [dataclasses.replace(c, draft=draft, prediction=prediction) for c in choices]
 
 
 def choices_for(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Choice]:

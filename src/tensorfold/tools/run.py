@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..engine.drafting import check as check_draft
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams, Watch
 from ..models.loader import load_model
@@ -63,6 +64,7 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 def run_command(args) -> int:
     path = default_checkpoint(args.checkpoint)
+    check_draft(args.draft, args.draft_tokens, path)  # refused before any weight is read
     device = resolve_device(args.device)
     model = load_model(path, dtype=resolve_dtype(args.dtype, device), device=device)
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
@@ -75,7 +77,12 @@ def run_command(args) -> int:
             model,
             tok,
             EngineConfig(
-                parallel=args.parallel, context=context, chunk=chunk, threads=args.threads
+                parallel=args.parallel,
+                context=context,
+                chunk=chunk,
+                threads=args.threads,
+                draft=args.draft,
+                draft_tokens=args.draft_tokens,
             ),
         )
 
@@ -88,6 +95,8 @@ def run_command(args) -> int:
         "token_sha": token_sha(req.output_ids),
         "finish_reason": req.finish_reason,
     }
+    if req.draft is not None:  # tokens drafted and kept (the reply is the same without)
+        result["draft"] = {"proposed": req.draft.proposed, "accepted": req.draft.accepted}
     if args.compare_chunk:
         other, prints_b = generate_once(engine(args.compare_chunk), ids, params, seams)
         result["seams"] = _compare(prints, prints_b, args.chunk, args.compare_chunk)

@@ -1,0 +1,110 @@
+"""What a verify pass costs against a decode step: a random 9B-shape checkpoint, each lane decoding
+steadily, timed per engine step (a) plain, as a CUDA graph and eagerly, and (b) drafting K tokens
+that are all accepted (a scripted drafter proposing the plain reply), so every step is one verify
+pass of K+1 rows per lane committing K+1 tokens. Tokens are checked equal to the plain run's.
+
+    PYTHONPATH=src:tests python3 benchmarks/verify_cost.py --out /tmp/verify [--models 4bit,bf16]
+        [--lanes 1,4,16] [--draft-tokens 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
+
+from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.request import SamplingParams
+from tensorfold.models.loader import load_model
+from tensorfold.tools.make_random import make_random
+
+PROMPT, TOKENS, STEPS = 64, 200, 12
+
+
+def prompts(lanes: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 200, (PROMPT,), generator=g).tolist() for _ in range(lanes)]
+
+
+def engine(model, lanes: int, graphs: bool, k: int = 0, replies=None) -> Engine:
+    config = EngineConfig(
+        parallel=lanes,
+        context=PROMPT + TOKENS + 8,
+        chunk=512,
+        cuda_graphs=graphs,
+        draft="ngram" if k else None,
+        draft_tokens=max(k, 1),
+    )
+    eng = Engine(model, None, config)
+    if k:
+        eng.drafting.default = Script(replies)
+    return eng
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(eng: Engine, lanes: int) -> tuple[float, float, list[list[int]]]:
+    """(seconds per step, tokens per step) over STEPS steady steps, then every reply."""
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+    reqs = [eng.add_request(p, params) for p in prompts(lanes)]
+    while any(r.in_prompt or len(r.output_ids) < 24 for r in reqs):  # warm: compile, graphs
+        eng.step()
+    before = sum(len(r.output_ids) for r in reqs)
+    sync()
+    t = time.perf_counter()
+    for _ in range(STEPS):
+        eng.step()
+    sync()
+    seconds = (time.perf_counter() - t) / STEPS
+    made = (sum(len(r.output_ids) for r in reqs) - before) / STEPS
+    eng.run_until_done()
+    return seconds, made, [r.output_ids for r in reqs]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="/tmp/verify")
+    p.add_argument("--models", default="4bit,bf16")
+    p.add_argument("--lanes", default="1,4,16")
+    p.add_argument("--draft-tokens", type=int, default=7)
+    p.add_argument("--shape", default="9b")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint instead of a random one")
+    args = p.parse_args()
+    k = args.draft_tokens
+    print(
+        f"| model | lanes | decode step (graph) | decode step (eager) | verify step ({k + 1} rows) "
+        "| verify / graph | verify / eager | tok/s plain | tok/s drafted |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in args.models.split(","):
+        quantize = "4" if name == "4bit" else None
+        path = args.checkpoint or make_random(
+            Path(args.out) / name, args.shape, quantize, device=args.device
+        )
+        model = load_model(path, dtype=torch.bfloat16, device=args.device)
+        for lanes in (int(x) for x in args.lanes.split(",") if x):
+            graph, _, want = timed(engine(model, lanes, True), lanes)
+            eager, _, same = timed(engine(model, lanes, False), lanes)
+            replies = {tuple(pr): out for pr, out in zip(prompts(lanes), want)}
+            verify, made, got = timed(engine(model, lanes, False, k, replies), lanes)
+            assert same == want and got == want, "drafted or eager tokens differ from plain"
+            print(
+                f"| {name} | {lanes} | {graph * 1e3:.2f} ms | {eager * 1e3:.2f} ms | "
+                f"{verify * 1e3:.2f} ms | {verify / graph:.2f} | {verify / eager:.2f} | "
+                f"{lanes / graph:,.0f} | {made / verify:,.0f} |",
+                flush=True,
+            )
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The DFlash drafter (models/dflash.py) in the engine: after each pass it reads the target's
+tapped residual streams of every row whose input and next token are committed and writes the
+drafter's context K/V there (its own pool over the target's pages and rows); a proposal is one
+block pass over [anchor, mask x k]. It only guesses; the verify pass decides."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import KVPool, ModelCaches
+from ..models.dflash import DFlashModel, load_dflash
+from ..models.qwen3_5 import Qwen35Model
+
+
+class DFlashDrafter:
+    def __init__(self, target: Qwen35Model, caches: ModelCaches, path, model=None) -> None:
+        self.target = target
+        self.model: DFlashModel = model or load_dflash(path, target)
+        c, kv = self.model.config, caches.kv
+        self.kv = KVPool(
+            c.num_layers,
+            kv.num_pages,
+            kv.page_size,
+            c.num_kv_heads,
+            c.head_dim,
+            target.dtype,
+            target.device,
+        )
+        target.taps = c.taps
+
+    def features(self, target: Qwen35Model) -> torch.Tensor:
+        return target.tapped
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+    def for_request(self, req) -> DFlashLane:
+        return DFlashLane(self, req)
+
+
+class DFlashLane:
+    def __init__(self, drafter: DFlashDrafter, req) -> None:
+        self.drafter, self.req = drafter, req
+        self.done = 0  # positions whose context K/V hold the target's features
+
+    def observe(self, start: int, features: torch.Tensor) -> None:
+        req = self.req
+        if start > self.done:  # resumed from the prompt cache: those rows are not ours
+            self.done = start
+        last = min(start + features.shape[0] - 1, req.num_tokens - 2)
+        if last < self.done:
+            return
+        rows = features[self.done - start : last - start + 1]
+        dev = self.drafter.target.device
+        with torch.inference_mode():
+            self.drafter.model.context(
+                rows,
+                torch.arange(self.done, last + 1, device=dev),
+                req.kv_rows[self.done : last + 1],
+                self.drafter.kv,
+            )
+        self.done = last + 1
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        anchor = len(tokens) - 1
+        if self.done != anchor:
+            return []
+        d = self.drafter
+        k = min(k, d.model.config.block_size - 1)
+        ids = [tokens[-1]] + [d.model.config.mask_token_id] * k
+        with torch.inference_mode():
+            logits = d.model.block(
+                d.target.embed, d.target.lm_head, ids, anchor, self.req.kv_rows[:anchor], d.kv
+            )
+        return logits.argmax(-1).tolist()

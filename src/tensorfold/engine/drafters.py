@@ -1,0 +1,118 @@
+"""Drafters: where proposed tokens come from. A drafter only guesses; the target decides every
+token (engine/drafting.py), so a drafter changes speed, never output.
+
+- `ngram`: prompt lookup over the request's own tokens (the prompt and the reply so far): the
+  longest recent n-gram that ends the sequence and occurred before proposes what followed it.
+- `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
+  reply by the same lookup.
+- `mtp`: the checkpoint's own MTP head (engine/mtp.py).
+- a drafter folder: a z-lab DFlash (v1) block drafter (engine/dflash.py); DFlash2 is refused by
+  name (NotStockDrafter) until it is served.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import DraftForAnotherTarget, NotStockDrafter  # noqa: F401 (re-exported)
+
+
+class Drafter(Protocol):
+    def for_request(self, req) -> Drafter:
+        """A fresh drafter for one request (its own lookup tables)."""
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow `tokens` (the request's committed ids; `output` is the reply
+        part of them)."""
+
+
+class NgramIndex:
+    """For every n-gram size, the latest position that followed each n-gram of a growing
+    sequence, updated incrementally (the sequence only grows)."""
+
+    def __init__(self, sizes: range) -> None:
+        self.sizes = sizes
+        self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.seen = 0  # ends below this are indexed
+
+    def update(self, tokens: list[int]) -> None:
+        for end in range(max(1, self.seen), len(tokens)):  # an n-gram ending at `end` has a next
+            for n in self.sizes:
+                if end >= n:
+                    self.ends[n][tuple(tokens[end - n : end])] = end
+        self.seen = max(self.seen, len(tokens))
+
+    def follow(self, context: list[int], corpus: list[int], k: int) -> list[int]:
+        """What followed the longest indexed n-gram that ends `context`, up to k tokens."""
+        for n in reversed(self.sizes):
+            if len(context) < n:
+                continue
+            end = self.ends[n].get(tuple(context[-n:]))
+            if end is not None:
+                return corpus[end : end + k]
+        return []
+
+
+class NgramDrafter:
+    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+        self.max_n, self.min_n = max_n, min_n
+        self.index = NgramIndex(range(min_n, max_n + 1))
+
+    def for_request(self, req=None) -> NgramDrafter:
+        return NgramDrafter(self.max_n, self.min_n)
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        self.index.update(
+            tokens
+        )  # the n-gram that ends `tokens` has no next token yet: not indexed
+        return self.index.follow(tokens, tokens, k)
+
+
+class PredictionDrafter:
+    """Drafts from a predicted reply: what followed the reply's last tokens in the prediction
+    (drafting starts after the first token, which the prompt's last row chooses)."""
+
+    def __init__(self, prediction: tuple[int, ...], max_n: int = 4) -> None:
+        self.prediction = list(prediction)
+        self.index = NgramIndex(range(1, max_n + 1))
+        self.index.update(self.prediction)
+
+    def for_request(self, req=None) -> PredictionDrafter:
+        return self
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        return self.index.follow(output, self.prediction, k)
+
+
+def make_drafter(method: str, target=None, caches=None) -> Drafter:
+    """The engine's drafter by name (`target` and `caches` given once the target is loaded);
+    refused by name before any weight is read."""
+    if method == "ngram":
+        return NgramDrafter()
+    if method == "mtp":
+        from .mtp import MTPDrafter
+
+        return MTPDrafter(target, caches)
+    check_drafter_path(method, target.config if target is not None else None)
+    from .dflash import DFlashDrafter
+
+    return DFlashDrafter(target, caches, Path(method))
+
+
+def check_drafter_path(method: str, target=None) -> None:
+    """A drafter folder: refused by name (a kind we do not serve, or bound to another target
+    when `target`, a ModelConfig or a checkpoint folder, is given), reading no weights."""
+    from ..models.dflash import check_dflash, read_config
+
+    path = Path(method)
+    if not path.is_dir():
+        raise NotStockDrafter(f"--draft {method!r}: not 'ngram', 'mtp' or a drafter folder")
+    if target is None:
+        read_config(path)
+        return
+    if not hasattr(target, "hidden_size"):
+        from ..config import ModelConfig
+
+        target = ModelConfig.from_dir(target)
+    check_dflash(path, target)

@@ -1,0 +1,260 @@
+"""Exact speculative decoding: a lane proposes k tokens, the target scores them in one pass, and
+only the tokens the target itself would have chosen are kept (docs/exactness.md, 'Drafting').
+
+A verify pass feeds the lane's uncomputed committed rows and then its k drafted tokens, as one
+segment of a shared pass; each row is computed with the arithmetic of any other row, so a row
+whose input was right has the bytes a plain decode row would have. Row j's logits choose the token
+at its position with the request's own rule (`Engine.choose_token`); the draft is accepted while
+it equals that choice, and the first choice it misses is the bonus token.
+
+The lane's Gated DeltaNet state cannot be cut back by arithmetic, so it is copied to a spare
+state slot before the pass. When every draft is accepted the state is right as it stands;
+otherwise the copy is put back and the committed rows are computed again at the head of the
+lane's next pass (the same kernels, so the same bytes). KV rows past the committed prefix are
+never read: a position's row is rewritten before any later row attends to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cache import StatePool
+from ..errors import InvalidRequest
+from ..models.mtp import check_mtp_head
+from .drafters import Drafter, NgramDrafter, PredictionDrafter, check_drafter_path, make_drafter
+from .request import Request, TokenEvent
+
+MAX_DRAFT_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """What the engine drafts with: `method` is None (off), "ngram", "mtp" or a drafter path."""
+
+    method: str | None = None
+    tokens: int = 4  # draft tokens per verify pass (k)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tokens <= MAX_DRAFT_TOKENS:
+            raise InvalidRequest(
+                f"draft_tokens={self.tokens} must be between 1 and {MAX_DRAFT_TOKENS}",
+                param="draft_tokens",
+            )
+
+
+@dataclass
+class Gate:
+    """Stops proposing after drafts that win nothing: skip 1, 2, 4 ... 32 chances, reset on a win."""
+
+    skip: int = 0
+    backoff: int = 0
+
+    def open(self) -> bool:
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def record(self, accepted: int) -> None:
+        if accepted > 0:
+            self.backoff = self.skip = 0
+        else:
+            self.backoff = min(32, max(1, 2 * self.backoff))
+            self.skip = self.backoff
+
+
+@dataclass
+class LaneDraft:
+    """One request's drafting: its proposal in flight and where its state copy is."""
+
+    drafters: tuple[Drafter, ...]
+    gate: Gate = field(default_factory=Gate)
+    proposal: list[int] = field(default_factory=list)
+    source: Drafter | None = None  # the drafter of the proposal in flight
+    start: int = -1  # num_computed when the state was copied (-1: no verify in flight)
+    spare: int = -1  # the spare state slot holding the copy
+    proposed: int = 0
+    accepted: int = 0
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
+
+
+@dataclass
+class DraftStats:
+    """Engine-wide figures: proposed and accepted tokens, and tokens committed per verify pass."""
+
+    proposed: int = 0
+    accepted: int = 0
+    verifies: int = 0
+    lengths: dict[int, int] = field(default_factory=dict)  # tokens committed -> verify passes
+
+    def record(self, proposed: int, accepted: int, committed: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.verifies += 1
+        self.lengths[committed] = self.lengths.get(committed, 0) + 1
+
+
+class Drafting:
+    """The engine's drafting: proposes before a pass, verifies after it, settles state."""
+
+    def __init__(self, config: DraftConfig, caches, lanes: int, target=None) -> None:
+        self.config, self.states, self.lanes = config, caches.states, lanes
+        self.spares: StatePool | None = None  # one spare slot per lane, made on first use
+        self.default = make_drafter(config.method, target, caches) if config.method else None
+        self.stats = DraftStats()
+
+    def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
+        """The request's drafting, or None when it drafts nothing (watched for every row's
+        logits: those are a plain pass's rows)."""
+        watched = req.watch is not None and req.watch.keep_logits
+        drafters: list[Drafter] = []
+        if prediction:
+            drafters.append(PredictionDrafter(tuple(prediction)))
+        if self.default is not None:
+            drafters.append(self.default.for_request(req))
+        if not enabled or watched or not drafters:
+            return None
+        return LaneDraft(tuple(drafters))
+
+    def propose(self, running: list[Request]) -> None:
+        """Each generating lane with nothing in flight proposes up to k tokens it may commit."""
+        for req in running:
+            d = req.draft
+            if d is None or req.in_prompt or d.proposal:
+                continue
+            room = min(self.config.tokens, req.max_tokens - len(req.output_ids) - 1)
+            if room <= 0 or not d.gate.open():
+                continue
+            for drafter in d.drafters:
+                d.proposal = list(drafter.propose(req.all_ids, req.output_ids, room))[:room]
+                if d.proposal:
+                    d.source = drafter
+                    break
+
+    def before_pass(self, work) -> None:
+        """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
+        spare slot (one copy per state tensor for all lanes)."""
+        src, dst = [], []
+        for w in work:
+            req, d = w.request, w.request.draft
+            if not req.drafting:
+                continue
+            pending = req.num_tokens - req.num_computed
+            del d.proposal[max(0, w.rows - pending) :]
+            if not d.proposal:
+                continue
+            if self.spares is None:
+                self.spares = self.states.like(self.lanes)
+            if d.spare < 0:
+                d.spare = self.spares.allocate()
+            src.append(req.slot)
+            dst.append(d.spare)
+            d.start = req.num_computed
+        if src:
+            self.states.copy_slots(src, dst, into=self.spares)
+
+    def verify(self, engine, req: Request, logits) -> list[TokenEvent]:
+        """Commits the accepted drafts and the bonus token, one at a time through the plain
+        path (each choice sees the tokens before it), then settles the lane's state."""
+        d, events = req.draft, []
+        proposal, k = d.proposal, len(d.proposal)
+        req.num_computed = req.num_tokens + k  # the state covers every fed row for now
+        accepted = 0
+        for j in range(k + 1):
+            token = engine.choose_token(req, logits[j])
+            event = engine.emit(req, logits[j], token)
+            events.append(event)
+            if j < k and accepts(proposal[j], token):
+                accepted += 1
+            if event.finished or j == k or not accepts(proposal[j], token):
+                break
+        d.proposed, d.accepted = d.proposed + k, d.accepted + accepted
+        if isinstance(d.source, PredictionDrafter):
+            d.prediction_accepted += accepted
+            d.prediction_rejected += k - accepted
+        d.gate.record(accepted)
+        self.stats.record(k, accepted, len(events))
+        if not events[-1].finished:
+            self.settle(req)
+        return events
+
+    def settle(self, req: Request) -> None:
+        """After a verify: keep the state if every fed row's input was committed, else put the
+        copy back so the lane's next pass computes the committed rows again."""
+        d = req.draft
+        if d is None:
+            return
+        if d.start >= 0 and req.num_computed != req.num_tokens - 1:
+            self.spares.copy_slot(d.spare, req.slot, into=self.states)
+            req.num_computed = d.start
+        d.start, d.proposal = -1, []
+
+    @property
+    def wants_hidden(self) -> bool:
+        """The drafter reads the target's states after each pass (mtp, dflash)."""
+        return hasattr(self.default, "features")
+
+    def features(self, target):
+        return self.default.features(target) if self.wants_hidden else None
+
+    def observe(self, spans, hidden) -> None:
+        """After a pass: each drafting lane's rows (request, first position, first row, rows)
+        of the target's post-final-norm states, for a drafter that reads them."""
+        for req, start, row0, n in spans:
+            d = req.draft
+            if d is None or req.slot < 0:
+                continue
+            for drafter in d.drafters:
+                if hasattr(drafter, "observe"):
+                    drafter.observe(start, hidden[row0 : row0 + n])
+
+    def behind(self, req: Request) -> int:
+        """Committed rows a finishing lane has not computed (a plain lane has none)."""
+        if req.draft is None or req.in_prompt:
+            return 0
+        return max(0, req.num_tokens - 1 - req.num_computed)
+
+    def release(self, req: Request) -> None:
+        d = req.draft
+        if d is not None and d.spare >= 0:
+            self.spares.release(d.spare)
+            d.spare = -1
+
+    @property
+    def spare_bytes(self) -> int:
+        """Memory kept for drafting: one spare state slot per lane (once any lane drafted) and a
+        drafter's own cache (the MTP head's KV rows)."""
+        own = getattr(self.default, "nbytes", 0)
+        return own + (self.spares.nbytes if self.spares is not None else 0)
+
+
+def add_flags(p) -> None:
+    """--draft and --draft-tokens of `serve` and `run`."""
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft with: ngram (prompt lookup), mtp (the checkpoint's MTP head) or a drafter "
+        "folder; output is the same as without (default: off)",
+    )
+    p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
+
+
+def check(method: str | None, tokens: int, checkpoint=None) -> DraftConfig:
+    """The drafting asked for, refused by name before any weight is read: an MTP head is bound
+    to the checkpoint by its tensors' names and shapes (headers only)."""
+    config = DraftConfig(method, tokens)
+    if method == "mtp":
+        if checkpoint is not None:
+            check_mtp_head(checkpoint)
+    elif method is not None and method != "ngram":
+        check_drafter_path(method, checkpoint)
+    return config
+
+
+def accepts(drafted: int, chosen: int) -> bool:
+    """A drafted token stands iff it is the token the target chose at its position."""
+    return drafted == chosen
+
+
+__all__ = ["DraftConfig", "Drafting", "LaneDraft", "NgramDrafter", "accepts"]

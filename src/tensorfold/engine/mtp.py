@@ -1,0 +1,102 @@
+"""The `mtp` drafter: Qwen3.5's own multi-token-prediction head (models/mtp.py) drafting for
+its target. It only guesses; the verify pass decides every token.
+
+The head keeps its own KV cache, one attention layer over the same pages and rows as the
+target's (a lane's row r of the target is row r of the head), so it needs no allocation of its
+own per lane. After each pass the head reads the target's post-final-norm state of every row
+whose input and next token are committed (position p: h[p] with t[p+1]), writing its KV row p;
+its last row's logits give the first draft, and each further draft feeds the head's own output
+back in at the next position (those speculative KV rows are rewritten once the target's state
+for the position exists).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import ForwardBatch, Segment
+from ..cache import KVPool, ModelCaches
+from ..models.mtp import MTPHead, load_mtp
+from ..models.qwen3_5 import Qwen35Model
+from ..ops.dispatch import lane_index
+
+
+class MTPDrafter:
+    def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
+        if head is None:
+            head = load_mtp(target, target.path)
+        self.target, self.head = target, head
+        kv, cfg = caches.kv, target.config
+        self.kv = KVPool(
+            1,
+            kv.num_pages,
+            kv.page_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            target.dtype,
+            target.device,
+        )
+        target.keep_hidden = True
+
+    def features(self, target: Qwen35Model) -> torch.Tensor:
+        """What it reads of each pass: the post-final-norm states of every row."""
+        return target.hidden
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+    def for_request(self, req) -> MTPLane:
+        return MTPLane(self, req)
+
+    def run(self, req, start: int, tokens: list[int], hidden: torch.Tensor):
+        """The head over positions start.. of one lane: (last row's logits, every row's output)."""
+        n, dev = len(tokens), self.target.device
+        seg = Segment(req.slot, start, 0, n, req.kv_rows[: start + n])
+        batch = ForwardBatch(
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=dev),
+            positions=torch.arange(start, start + n, device=dev),
+            kv_write=req.kv_rows[start : start + n],
+            segments=(seg,),
+            logit_rows=torch.tensor([n - 1], dtype=torch.long, device=dev),
+            lanes=lane_index((seg,), dev, self.target.config.conv_kernel),
+        )
+        with torch.inference_mode():
+            logits, out = self.head.forward(
+                self.target, batch.token_ids, hidden, batch, (self.kv.k[0], self.kv.v[0])
+            )
+        return logits[0], out
+
+
+class MTPLane:
+    """One request's head state: how far its KV rows are written, and the last row's output."""
+
+    def __init__(self, drafter: MTPDrafter, req) -> None:
+        self.drafter, self.req = drafter, req
+        self.done = 0  # positions whose head KV row holds the target's state
+        self.logits: torch.Tensor | None = None  # predicts the token at position done + 1
+        self.out: torch.Tensor | None = None  # the head's output at position done - 1
+
+    def observe(self, start: int, hidden: torch.Tensor) -> None:
+        """hidden: the target's states of positions start.. from the pass just run."""
+        req = self.req
+        if start > self.done:  # resumed from the prompt cache: the head's rows there are not ours
+            self.done = start
+        last = min(start + hidden.shape[0] - 1, req.num_tokens - 2)  # its next token committed
+        if last < self.done:
+            return
+        ids = req.all_ids[self.done + 1 : last + 2]
+        rows = hidden[self.done - start : last - start + 1]
+        self.logits, out = self.drafter.run(req, self.done, ids, rows)
+        self.out, self.done = out[-1:], last + 1
+
+    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        if self.logits is None or self.done != len(tokens) - 1:
+            return []
+        drafts = [int(torch.argmax(self.logits))]
+        out, pos = self.out, len(tokens) - 1
+        for _ in range(k - 1):
+            logits, out = self.drafter.run(self.req, pos, drafts[-1:], out)
+            drafts.append(int(torch.argmax(logits)))
+            pos += 1
+        return drafts

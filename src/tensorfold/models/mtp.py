@@ -1,0 +1,167 @@
+"""Qwen3.5's multi-token-prediction head (`mtp.*`), a drafter that ships inside the checkpoint
+(docs/model.md, 'MTP head').
+
+    x = fc(cat[pre_fc_norm_embedding(embed(t[i+1])), pre_fc_norm_hidden(h[i])])   # [H, 2H]
+    x = one gated full-attention decoder layer (its own KV cache)
+    logits = lm_head(norm(x))        # predicts t[i+2]; the target's embedding and head
+
+h[i] is the target's hidden state after its final norm at position i. Later draft steps feed
+the head's own output (after its norm) back in place of h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..batch import ForwardBatch
+from ..errors import CheckpointError, DraftForAnotherTarget, NotStockDrafter
+from ..layers.attention import GatedAttention
+from ..layers.linear import Linear
+from ..layers.mlp import MLP
+from ..layers.norm import RMSNorm
+from ..ops import dispatch as op
+from ..ops.rope import rope_tables
+from .qwen3_5 import Qwen35Model
+from .weights import WeightMap
+
+PREFIX = "mtp."
+
+
+def mtp_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """The dense head's tensors as the released files name them, with their shapes."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    a = "layers.0.self_attn."
+    m = "layers.0.mlp."
+    return {
+        "fc.weight": (h, 2 * h),
+        "pre_fc_norm_embedding.weight": (h,),
+        "pre_fc_norm_hidden.weight": (h,),
+        "norm.weight": (h,),
+        "layers.0.input_layernorm.weight": (h,),
+        "layers.0.post_attention_layernorm.weight": (h,),
+        a + "q_proj.weight": (2 * cfg.num_heads * d, h),
+        a + "k_proj.weight": (cfg.num_kv_heads * d, h),
+        a + "v_proj.weight": (cfg.num_kv_heads * d, h),
+        a + "o_proj.weight": (h, cfg.num_heads * d),
+        a + "q_norm.weight": (d,),
+        a + "k_norm.weight": (d,),
+        m + "gate_proj.weight": (i, h),
+        m + "up_proj.weight": (i, h),
+        m + "down_proj.weight": (h, i),
+    }
+
+
+def check_mtp(wm: WeightMap, cfg) -> WeightMap:
+    """Binds the head to the target by its tensors' names and shapes, reading no data; returns
+    the weight map that reads it."""
+    ckpt = wm.ckpt
+    if PREFIX + "fc.weight" not in ckpt:
+        raise NotStockDrafter(
+            f"{ckpt.folder}: no MTP head (mtp.fc.weight is missing; MLX conversions drop mtp.*)"
+        )
+    if cfg.moe is not None or any(
+        n.startswith(PREFIX + "layers.0.mlp.experts") for n in ckpt.infos
+    ):
+        raise NotStockDrafter("an MTP head with experts (MoE) is not served yet")
+    if any(n.startswith(PREFIX + "layers.1.") for n in ckpt.infos):
+        raise NotStockDrafter("an MTP head of more than one layer is not served")
+    if any(n.startswith(PREFIX) and n.endswith(".scales") for n in ckpt.infos):
+        raise NotStockDrafter("a quantized MTP head is not served yet")
+    for local, shape in mtp_shapes(cfg).items():
+        key = PREFIX + local
+        if key not in ckpt:
+            raise NotStockDrafter(f"{ckpt.folder}: the MTP head has no {key}")
+        got = ckpt.info(key).shape
+        if tuple(got) != shape:
+            raise DraftForAnotherTarget(
+                f"{key}: shape {list(got)}, but this target needs {list(shape)} "
+                f"(hidden {cfg.hidden_size}, heads {cfg.num_heads}/{cfg.num_kv_heads})"
+            )
+    mtp = WeightMap(ckpt, cfg, dataclasses.replace(wm.layout, prefix=PREFIX))
+    try:
+        for stem in ("fc", "layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj"):
+            mtp.check_matrix(stem, *mtp_shapes(cfg)[stem + ".weight"])
+        for stem in ("layers.0.self_attn.v_proj", "layers.0.self_attn.o_proj"):
+            mtp.check_matrix(stem, *mtp_shapes(cfg)[stem + ".weight"])
+        for stem in ("gate_proj", "up_proj", "down_proj"):
+            mtp.check_matrix(
+                "layers.0.mlp." + stem, *mtp_shapes(cfg)[f"layers.0.mlp.{stem}.weight"]
+            )
+    except CheckpointError as exc:
+        raise NotStockDrafter(str(exc)) from None
+    return mtp
+
+
+def check_mtp_head(path) -> None:
+    """check_mtp for the checkpoint folder `path`, from its config and headers alone."""
+    from ..config import ModelConfig
+    from .checkpoint import Checkpoint
+
+    cfg = ModelConfig.from_dir(path)
+    check_mtp(WeightMap(Checkpoint(path), cfg), cfg)
+
+
+@dataclass
+class MTPHead:
+    fc: Linear
+    norm_embedding: RMSNorm
+    norm_hidden: RMSNorm
+    input_norm: RMSNorm
+    attention: GatedAttention
+    post_norm: RMSNorm
+    mlp: MLP
+    norm: RMSNorm
+
+    def forward(
+        self,
+        target: Qwen35Model,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits of batch.logit_rows, the head's output hidden state of every row)."""
+        cfg = target.config
+        rows = op.pad_rows(batch.positions).shape[0]
+        e = target.embed(op.pad_rows(token_ids)).to(target.dtype)
+        h = torch.zeros(rows, hidden.shape[1], dtype=target.dtype, device=hidden.device)
+        h[: hidden.shape[0]] = hidden.to(target.dtype)
+        x = self.fc(torch.cat([self.norm_embedding(e), self.norm_hidden(h)], dim=-1))
+        rope = rope_tables(
+            op.pad_rows(batch.positions), cfg.rotary_dim, cfg.rope_theta, target.dtype
+        )
+        h = x
+        x = self.input_norm(h)
+        h, x = self.post_norm(self.attention(x, batch, rope, *kv), residual=h)
+        h, x = self.norm(self.mlp(x), residual=h)
+        return target.lm_head(x[batch.logit_rows]), x[: hidden.shape[0]]
+
+
+def load_mtp(target: Qwen35Model, path) -> MTPHead:
+    """The checkpoint's MTP head for `target`, checked by name and shape before any read."""
+    from .checkpoint import Checkpoint
+    from .loader import _Builder
+
+    cfg = target.config
+    wm = WeightMap(Checkpoint(path), cfg)
+    mtp = check_mtp(wm, cfg)
+
+    class _Quiet:
+        def update(self, n: int) -> None:
+            pass
+
+    b = _Builder(cfg, mtp, target.dtype, target.device, _Quiet())
+    a = "layers.0."
+    return MTPHead(
+        b.linear("fc"),
+        b.norm("pre_fc_norm_embedding.weight"),
+        b.norm("pre_fc_norm_hidden.weight"),
+        b.norm(a + "input_layernorm.weight"),
+        b.attention(a + "self_attn."),
+        b.norm(a + "post_attention_layernorm.weight"),
+        b.mlp(a + "mlp."),
+        b.norm("norm.weight"),
+    )

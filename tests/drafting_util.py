@@ -1,0 +1,98 @@
+"""Test helpers for drafting: a scripted drafter and a random MTP head with published names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from tensorfold.config import ModelConfig
+from tensorfold.models.dflash import read_config, tensor_shapes
+from tensorfold.models.mtp import mtp_shapes
+
+
+class Script:
+    """A drafter that knows each prompt's plain reply and proposes it, every token for which
+    `wrong(position)` holds turned into another token."""
+
+    def __init__(self, replies: dict[tuple[int, ...], list[int]], wrong=lambda p: False) -> None:
+        self.replies, self.wrong = replies, wrong
+
+    def for_request(self, req=None):
+        return self
+
+    def propose(self, tokens, output, k):
+        prompt = tuple(tokens[: len(tokens) - len(output)])
+        reply, n = self.replies[prompt], len(output)
+        return [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
+
+
+def add_mtp_head(path: Path, seed: int = 0, device: str = "cpu") -> Path:
+    """Writes a random MTP head (bf16, published names and shapes) into `path` as its own file,
+    named in the index when there is one."""
+    shapes = mtp_shapes(ModelConfig.from_dir(path))
+    g = torch.Generator(device=device).manual_seed(seed)
+    tensors = {
+        "mtp." + name: (torch.randn(shape, generator=g, device=device) * 0.02)
+        .to(torch.bfloat16)
+        .cpu()
+        for name, shape in shapes.items()
+    }
+    save_file(tensors, path / "model-mtp.safetensors", metadata={"format": "pt"})
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"].update({k: "model-mtp.safetensors" for k in tensors})
+        index.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def copy_with_head(src: Path, out: Path, seed: int = 0) -> Path:
+    shutil.copytree(src, out)
+    return add_mtp_head(out, seed)
+
+
+def drafter_config(target: ModelConfig, **over) -> dict:
+    """A config.json as z-lab ships it, for `target`; `over` changes top-level or dflash fields."""
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": target.vocab_size,
+        "num_target_layers": target.num_layers,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 8,
+        "use_sliding_window": True,
+        "dflash_config": {"block_size": 6, "mask_token_id": 7, "target_layer_ids": [1, 5]},
+    }
+    for k, v in over.items():
+        (cfg["dflash_config"] if k in cfg["dflash_config"] else cfg)[k] = v
+    return cfg
+
+
+def write_drafter(out, target: ModelConfig, shapes_from=None, seed=0, **over):
+    """A random DFlash drafter folder for `target` (config.json + model.safetensors, published
+    names); `shapes_from` writes another config's tensor shapes (a mis-bound file)."""
+    out.mkdir(parents=True)
+    cfg = drafter_config(target, **over)
+    (out / "config.json").write_text(json.dumps(cfg))
+    c = read_config(out) if shapes_from is None else shapes_from
+    g = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: (
+            torch.randn(shape, generator=g) * (0.3 if len(shape) > 1 else 0.1) + (len(shape) == 1)
+        ).to(torch.bfloat16)
+        for name, shape in tensor_shapes(c).items()
+    }
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out

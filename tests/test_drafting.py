@@ -1,0 +1,271 @@
+"""Drafted = plain, bitwise: token ids and the end-of-reply fingerprint (GDN and conv states, KV
+rows, logits) of a drafting lane equal a plain lane's, whatever the drafts, for greedy and seeded
+requests, alone or with company, with the prompt cache on."""
+
+import pytest
+from drafting_util import Script
+from engine_util import finish_prints, make_engine, sample_prompt
+
+from tensorfold.engine import drafting
+from tensorfold.engine.drafters import NgramDrafter, NotStockDrafter, make_drafter
+from tensorfold.engine.request import SamplingParams, Watch
+from tensorfold.errors import InvalidRequest
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(
+    max_tokens=24, temperature=0.9, top_p=0.95, top_k=50, seed=77, ignore_eos=True
+)
+CACHE = 1 << 24
+
+
+PATTERNS = {
+    "all_right": lambda p: False,
+    "all_wrong": lambda p: True,
+    "every_third_wrong": lambda p: p % 3 == 2,
+    "late_wrong": lambda p: p % 7 == 6,
+}
+
+
+def _prompts() -> list[list[int]]:
+    return [sample_prompt(200 + i, n, 300) for i, n in enumerate((9, 40, 17, 70))]
+
+
+def _run(path, prompts, params, parallel, drafter=None, **config):
+    """Requests staggered one per pass; returns [(ids, fingerprint)] and the engine."""
+    eng = make_engine(
+        path, parallel=parallel, prompt_cache_bytes=CACHE, draft="ngram" if drafter else None
+    )
+    if drafter is not None:
+        eng.drafting.default = drafter
+    prints, reqs, pending = {}, [], list(prompts)
+    while pending or eng.has_work():
+        if pending:
+            reqs.append(eng.add_request(pending.pop(0), params, watch=finish_prints(eng, prints)))
+        eng.step()
+    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
+
+
+@pytest.fixture(scope="module")
+def plain(hf_tiny_b):
+    return {
+        name: _run(hf_tiny_b, _prompts(), params, 1)[0]
+        for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
+    }
+
+
+def _replies(plain_runs) -> dict:
+    return {tuple(p): out for p, (out, _) in zip(_prompts(), plain_runs)}
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+@pytest.mark.parametrize("parallel", [1, 4])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_drafted_equals_plain(hf_tiny_b, plain, pattern, parallel, mode):
+    params = GREEDY if mode == "greedy" else SAMPLED
+    drafter = Script(_replies(plain[mode]), PATTERNS[pattern])
+    got, eng = _run(hf_tiny_b, _prompts(), params, parallel, drafter)
+    assert got == plain[mode]
+    stats = eng.drafting.stats
+    assert stats.proposed > 0
+    if pattern == "all_wrong":
+        assert stats.accepted == 0
+    elif pattern == "all_right":
+        assert stats.accepted == stats.proposed
+    else:
+        assert 0 < stats.accepted < stats.proposed
+
+
+def test_a_wrong_acceptance_rule_is_caught(hf_tiny_b, plain, monkeypatch):
+    """Planted: a draft one token off still counts as accepted. The outputs must then differ."""
+    monkeypatch.setattr(drafting, "accepts", lambda drafted, chosen: abs(drafted - chosen) <= 1)
+    drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    assert got != plain["greedy"]
+
+
+def test_sampled_draws_by_position_not_by_pass(hf_tiny_b, plain):
+    """The seeded draw at each position is the plain one: a changed seed changes the reply."""
+    other = SamplingParams(**{**SAMPLED.__dict__, "seed": 78})
+    drafter = Script(_replies(plain["sampled"]))
+    got, _ = _run(hf_tiny_b, _prompts(), other, 1, drafter)
+    assert [ids for ids, _ in got] != [ids for ids, _ in plain["sampled"]]
+
+
+@pytest.mark.parametrize("max_tokens", [3, 7, 8, 13])
+def test_max_tokens_inside_an_accepted_run(hf_tiny_b, plain, max_tokens):
+    params = SamplingParams(**{**GREEDY.__dict__, "max_tokens": max_tokens})
+    want, _ = _run(hf_tiny_b, _prompts()[:1], params, 1)
+    got, _ = _run(hf_tiny_b, _prompts()[:1], params, 1, Script(_replies(plain["greedy"])))
+    assert got == want and len(got[0][0]) == max_tokens
+
+
+def test_stop_token_inside_an_accepted_run(hf_tiny_b, plain):
+    stop = plain["greedy"][1][0][6]  # the 7th token of the second prompt's plain reply
+    params = SamplingParams(**{**GREEDY.__dict__, "stop_token_ids": (stop,)})
+    want, _ = _run(hf_tiny_b, _prompts(), params, 1)
+    got, _ = _run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
+    assert got == want and len(want[1][0]) <= 7
+
+
+def test_stop_string_inside_an_accepted_run(hf_tiny_b, plain):
+    eng = make_engine(hf_tiny_b, parallel=1)
+    text = eng.tokenizer.decode(plain["greedy"][1][0])
+    stop = text[len(text) // 3 : len(text) // 3 + 3]
+    params = SamplingParams(**{**GREEDY.__dict__, "stop": (stop,)})
+    want, _ = _run(hf_tiny_b, _prompts(), params, 1)
+    got, eng = _run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
+    assert got == want and eng.drafting.stats.accepted > 0
+
+
+def _print_at_end(eng, prints):
+    """Fingerprints the lane without logits (a cancel has none), for either finish."""
+    return Watch(on_finish=lambda req, _: prints.__setitem__("fp", eng.fingerprint(req, None)))
+
+
+def test_cancel_while_behind(hf_tiny_b, plain):
+    """Cancelled right after a verify pass that missed (the lane's state put back, its committed
+    rows not yet recomputed): the reply and the lane are a plain lane's at that length."""
+    ids = _prompts()[1]
+    eng = make_engine(hf_tiny_b, parallel=1, draft="ngram", prompt_cache_bytes=CACHE)
+    eng.drafting.default = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    prints = {}
+    req = eng.add_request(ids, GREEDY, watch=_print_at_end(eng, prints))
+    while not (req.output_ids and req.num_computed < req.num_tokens - 1):
+        eng.step()
+    eng.cancel(req.request_id)
+    eng.step()
+    assert req.finish_reason == "cancelled"
+    n = len(req.output_ids)
+    ref = make_engine(hf_tiny_b, parallel=1, prompt_cache_bytes=CACHE)
+    ref_prints = {}
+    params = SamplingParams(**{**GREEDY.__dict__, "max_tokens": n})
+    plain_req = ref.add_request(ids, params, watch=_print_at_end(ref, ref_prints))
+    ref.run_until_done()
+    assert req.output_ids == plain_req.output_ids == plain["greedy"][1][0][:n]
+    assert prints["fp"] == ref_prints["fp"]
+
+
+def test_cache_hit_in_the_middle(hf_tiny_b, plain):
+    """A second turn resumes from the first turn's cut; drafted and plain agree on both turns,
+    on the cached token count and the fingerprints."""
+    first = _prompts()[2]
+
+    def two_turns(drafter):
+        eng = make_engine(
+            hf_tiny_b, parallel=2, prompt_cache_bytes=CACHE, draft="ngram" if drafter else None
+        )
+        eng.drafting.default = drafter or eng.drafting.default
+        prints, out = {}, []
+        for _ in range(2):
+            ids = first if not out else first + out[0][0] + sample_prompt(9, 5, 300)
+            r = eng.add_request(ids, GREEDY, watch=finish_prints(eng, prints))
+            eng.run_until_done()
+            out.append((r.output_ids, r.cached_tokens, prints[r.request_id]))
+        return out
+
+    want = two_turns(None)
+    assert want[1][1] > 0  # the second turn did resume from the cache
+    second = first + want[0][0] + sample_prompt(9, 5, 300)
+    replies = {tuple(first): want[0][0], tuple(second): want[1][0]}
+    assert two_turns(Script(replies, PATTERNS["late_wrong"])) == want
+
+
+def test_prediction_drafts_and_counts(hf_tiny_b, plain):
+    ids, reply = _prompts()[0], plain["greedy"][0][0]
+    prediction = reply[:10] + [(t + 5) % 300 for t in reply[10:14]] + reply[14:]
+    eng = make_engine(hf_tiny_b, parallel=1, prompt_cache_bytes=CACHE)
+    prints = {}
+    req = eng.add_request(ids, GREEDY, watch=finish_prints(eng, prints), prediction=prediction)
+    eng.run_until_done()
+    assert (req.output_ids, prints[req.request_id]) == plain["greedy"][0]
+    d = req.draft
+    assert d.prediction_accepted > 10 and d.prediction_rejected > 0
+    assert d.prediction_accepted + d.prediction_rejected == d.proposed
+
+
+def test_draft_false_serves_plain(hf_tiny_b, plain):
+    eng = make_engine(hf_tiny_b, parallel=1, draft="ngram")
+    eng.drafting.default = Script(_replies(plain["greedy"]))
+    req = eng.add_request(_prompts()[0], GREEDY, draft=False, prediction=[1, 2, 3])
+    eng.run_until_done()
+    assert req.draft is None and eng.drafting.stats.proposed == 0
+    assert req.output_ids == plain["greedy"][0][0]
+
+
+DEMO_ASKS = (
+    "Repeat this line exactly: the quick brown fox jumps over the lazy dog",
+    "What is 17 × 23?",
+    "Copy this line: a small red boat sails past the old stone bridge",
+    "Reverse the order of the words: one two three four five",
+)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_ngram_on_the_demo_model(params):
+    """ngram on replies that repeat their prompts: drafts land and the bytes are plain."""
+    from tensorfold.demo import demo_checkpoint
+
+    path = demo_checkpoint("bf16")
+    tok = make_engine(path, parallel=1).tokenizer
+    prompts = [tok.chat([{"role": "user", "content": q}]) for q in DEMO_ASKS]
+    params = SamplingParams(**{**params.__dict__, "max_tokens": 64, "ignore_eos": False})
+    want, _ = _run(path, prompts, params, 1)
+    for parallel in (1, 4):
+        eng = make_engine(path, parallel=parallel, prompt_cache_bytes=CACHE, draft="ngram")
+        prints, reqs = {}, []
+        for ids in prompts:
+            reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
+            eng.step()
+        eng.run_until_done()
+        assert [(r.output_ids, prints[r.request_id]) for r in reqs] == want
+        assert eng.drafting.stats.accepted > 0
+
+
+def test_gate_backs_off_and_reopens():
+    gate = drafting.Gate()
+    opened = []
+    for accepted in [0, 0, 0, 0]:
+        while not gate.open():
+            opened.append(False)
+        opened.append(True)
+        gate.record(accepted)
+    assert opened == [True, False, True, False, False, True] + [False] * 4 + [True]
+    gate.record(2)
+    assert gate.open() and gate.open()
+
+
+def test_ngram_proposes_what_followed():
+    d = NgramDrafter().for_request()
+    assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], [], 3) == [4, 5, 9]
+    assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3, 4], [], 2) == [5, 9]
+    assert d.propose([7, 8], [], 3) == []
+
+
+def test_refusals_by_name(tmp_path):
+    with pytest.raises(NotStockDrafter):
+        make_drafter(str(tmp_path))
+    with pytest.raises(NotStockDrafter):
+        make_drafter("no-such-drafter")
+    with pytest.raises(InvalidRequest):
+        drafting.DraftConfig("ngram", 0)
+
+
+def test_spare_state_memory_reported(hf_tiny_b, plain):
+    _, eng = _run(hf_tiny_b, _prompts()[:1], GREEDY, 1, Script(_replies(plain["greedy"])))
+    assert eng.drafting.spare_bytes == eng.caches.states.nbytes  # one spare per lane
+
+
+def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
+    """Planted: after a missed draft the lane keeps the state of the rejected rows."""
+
+    def settle(self, req):
+        d = req.draft
+        if d is not None and d.start >= 0 and req.num_computed != req.num_tokens - 1:
+            req.num_computed = req.num_tokens - 1  # the state copy is not put back
+        if d is not None:
+            d.start, d.proposal = -1, []
+
+    monkeypatch.setattr(drafting.Drafting, "settle", settle)
+    drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]

@@ -1,0 +1,176 @@
+"""The `mtp` drafter: Qwen3.5's MTP head, made tiny here with its published tensor names and
+shapes. Drafted = plain bitwise whatever the head guesses; a head that does not fit its target
+is refused by name before any weight is read."""
+
+import shutil
+
+import pytest
+import torch
+from engine_util import finish_prints, make_engine, sample_prompt
+from fixtures.checkpoints import _add_tensors
+
+from tensorfold.config import ModelConfig
+from tensorfold.engine.request import SamplingParams
+from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
+from tensorfold.models.checkpoint import Checkpoint
+from tensorfold.models.mtp import mtp_shapes
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=20, temperature=0.8, top_k=40, seed=5, ignore_eos=True)
+
+
+def with_head(src, out, shapes=None, drop=(), seed=0):
+    """A copy of checkpoint `src` with a random MTP head (`shapes` overrides published ones)."""
+    shutil.copytree(src, out)
+    shapes = {**mtp_shapes(ModelConfig.from_dir(src)), **(shapes or {})}
+    g = torch.Generator().manual_seed(seed)
+    tensors = {
+        "mtp." + name: (torch.randn(shape, generator=g) * 0.2).to(torch.bfloat16)
+        for name, shape in shapes.items()
+        if name not in drop
+    }
+    _add_tensors(out, tensors)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_mtp(hf_tiny_b, tmp_path_factory):
+    return with_head(hf_tiny_b, tmp_path_factory.mktemp("mtp") / "hf_mtp")
+
+
+def _run(path, params, parallel, draft):
+    eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
+    prompts = [sample_prompt(40 + i, n, 300) for i, n in enumerate((12, 33, 7, 50))]
+    prints, reqs = {}, []
+    for ids in prompts:
+        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
+        eng.step()
+    eng.run_until_done()
+    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_mtp_drafted_equals_plain(hf_mtp, params, parallel):
+    want, _ = _run(hf_mtp, params, 1, None)
+    got, eng = _run(hf_mtp, params, parallel, "mtp")
+    assert got == want
+    assert eng.drafting.stats.proposed > 0  # the head drafted
+    assert eng.memory().draft_state_bytes >= eng.drafting.default.kv.nbytes > 0
+
+
+def test_head_without_mtp_tensors_is_refused(hf_tiny_b, hf_tiny_nested):
+    for path in (hf_tiny_b, hf_tiny_nested):  # none at all; only a few (no attention)
+        with pytest.raises(NotStockDrafter):
+            make_engine(path, draft="mtp")
+
+
+WRONG = {  # the target's width doubled in fc; a head with twice the KV heads
+    "fc_width": lambda c: {"fc.weight": (c.hidden_size, 4 * c.hidden_size)},
+    "kv_heads": lambda c: {
+        "layers.0.self_attn.k_proj.weight": (2 * c.num_kv_heads * c.head_dim, c.hidden_size)
+    },
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_head_for_another_target_is_refused_before_reads(hf_tiny_b, tmp_path, wrong, monkeypatch):
+    from tensorfold.models.mtp import check_mtp
+    from tensorfold.models.weights import WeightMap
+
+    cfg = ModelConfig.from_dir(hf_tiny_b)
+    path = with_head(hf_tiny_b, tmp_path / "other", WRONG[wrong](cfg))
+    reads = []
+    monkeypatch.setattr(Checkpoint, "read", lambda self, name: reads.append(name))
+    with pytest.raises(DraftForAnotherTarget):
+        check_mtp(WeightMap(Checkpoint(path), cfg), cfg)
+    assert reads == []
+
+
+def test_missing_head_tensor_is_refused(hf_tiny_b, tmp_path):
+    path = with_head(hf_tiny_b, tmp_path / "partial", drop=("norm.weight",))
+    with pytest.raises(NotStockDrafter, match="mtp.norm.weight"):
+        make_engine(path, draft="mtp")
+
+
+def test_head_matches_transformers_layers(hf_mtp):
+    """The head's equations against transformers' own Qwen3.5 decoder layer and zero-centred
+    norms, loaded with the head's weights (float32, causal, positions 0..n-1)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as tf
+
+    from tensorfold.models.loader import load_model
+
+    eng = make_engine(hf_mtp, parallel=1, draft="mtp")
+    target, head = eng.model, eng.drafting.default
+    n, h = 9, target.config.hidden_size
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, target.config.vocab_size, (n,), generator=g).tolist()
+    hidden = torch.randn(n, h, generator=g)
+    lane = type("Lane", (), {"slot": 0, "kv_rows": torch.arange(n)})()
+    logits, out = head.run(lane, 0, tokens, hidden)
+
+    cfg = AutoConfig.from_pretrained(hf_mtp)
+    cfg._attn_implementation = "eager"
+    sd = {}
+    for f in sorted(hf_mtp.glob("*.safetensors")):
+        sd.update({k: v.float() for k, v in load_file(f).items() if k.startswith("mtp.")})
+    norm = lambda name, x: (  # noqa: E731
+        tf.Qwen3_5RMSNorm(h, cfg.rms_norm_eps).requires_grad_(False).eval()
+    )
+    layer = tf.Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention")).eval()
+    layer.load_state_dict(
+        {k.removeprefix("mtp.layers.0."): v for k, v in sd.items() if ".layers.0." in k}
+    )
+
+    def rms(name, x):
+        m = norm(name, x)
+        m.weight.copy_(sd[f"mtp.{name}.weight"])
+        return m(x)
+
+    with torch.no_grad():
+        e = load_model(hf_mtp).embed(torch.tensor(tokens)).float()
+        x = torch.cat([rms("pre_fc_norm_embedding", e), rms("pre_fc_norm_hidden", hidden)], -1)
+        x = (x @ sd["mtp.fc.weight"].T)[None]
+        pos = torch.arange(n)[None]
+        pe = tf.Qwen3_5TextRotaryEmbedding(cfg)(x, pos)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = rms("norm", layer(x, position_embeddings=pe, attention_mask=mask, position_ids=pos)[0])
+        want = target.lm_head(y[-1:].float())[0]
+    torch.testing.assert_close(out.float(), y, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(logits.float(), want, atol=2e-4, rtol=2e-4)
+
+
+def test_run_refuses_a_missing_head_before_loading(hf_tiny_b, capsys, monkeypatch):
+    from tensorfold.cli import main
+
+    reads = []
+    monkeypatch.setattr(Checkpoint, "read", lambda self, name: reads.append(name))
+    argv = ["run", str(hf_tiny_b), "--tokens", "[1, 2, 3]", "--draft", "mtp"]
+    assert main(argv) == 2
+    assert "NotStockDrafter" in capsys.readouterr().err and reads == []
+
+
+def test_run_drafts_with_the_head(hf_mtp, capsys):
+    import json
+
+    from tensorfold.cli import main
+
+    argv = ["run", str(hf_mtp), "--tokens", "[5, 9, 11, 40]", "--max-tokens", "12", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--draft", "mtp", "--draft-tokens", "3"]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["token_ids"] == plain["token_ids"]
+    assert drafted["draft"]["proposed"] > 0 and "draft" not in plain
+
+
+def test_llm_refuses_a_missing_head_before_loading(hf_tiny_b, monkeypatch):
+    from tensorfold import LLM
+
+    reads = []
+    monkeypatch.setattr(Checkpoint, "read", lambda self, name: reads.append(name))
+    with pytest.raises(NotStockDrafter):
+        LLM(hf_tiny_b, device="cpu", draft="mtp")
+    assert reads == []
