@@ -19,6 +19,7 @@ from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, top_logprobs, uniform
+from ..runner.distributed import SplitRunner
 from ..runner.model_runner import ModelRunner
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
@@ -40,12 +41,12 @@ class Engine:
         self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()
     ) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        cfg = model.config
+        cfg, widths = model.config, model.cache_widths  # a split rank holds its heads only
         page_bytes = (
             2
             * len(cfg.full_layers)
             * config.page_size
-            * cfg.num_kv_heads
+            * widths.kv_heads
             * cfg.head_dim
             * torch.empty((), dtype=model.dtype).element_size()
         )
@@ -56,7 +57,7 @@ class Engine:
             len(cfg.full_layers),
             pages,
             config.page_size,
-            cfg.num_kv_heads,
+            widths.kv_heads,
             cfg.head_dim,
             model.dtype,
             model.device,
@@ -65,8 +66,8 @@ class Engine:
             len(cfg.linear_layers),
             config.parallel,
             cfg.conv_kernel,
-            cfg.conv_dim,
-            cfg.linear_num_value_heads,
+            widths.conv_dim,
+            widths.v_heads,
             cfg.linear_key_head_dim,
             cfg.linear_value_head_dim,
             model.dtype,
@@ -74,9 +75,8 @@ class Engine:
         )
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
-        self.runner = ModelRunner(
-            model, self.caches, config.threads, config.cuda_graphs, config.context
-        )
+        runner = ModelRunner if model.group is None else SplitRunner  # a split: rank 0 leads
+        self.runner = runner(model, self.caches, config.threads, config.cuda_graphs, config.context)
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self._inbox: deque[Request] = deque()
@@ -171,7 +171,7 @@ class Engine:
         greedy = [i for i, (req, _) in enumerate(ready) if req.params.temperature <= 0.0]
         tokens: list[int] = [0] * len(ready)
         if greedy:
-            picks = torch.stack([ready[i][1] for i in greedy]).argmax(-1).tolist()
+            picks = self.runner.greedy(torch.stack([ready[i][1] for i in greedy]))
             for i, t in zip(greedy, picks):
                 tokens[i] = t
         for i, (req, row) in enumerate(ready):
@@ -306,7 +306,15 @@ class Engine:
             cache_evictions=cache.stats.evictions,
             cache_inserts=cache.stats.inserts,
             cache_bytes=cache.nbytes,
+            collective_seconds=self.runner.collective.seconds,
+            collective_calls=self.runner.collective.calls,
+            collective_last_pass_seconds=self.runner.collective.last_pass_seconds,
         )
 
     def memory(self) -> MemoryReport:
-        return memory_report(self.model, self.caches, self.prefix_cache)
+        ranks = tuple(self.runner.ranks_memory())  # a split: every rank's bytes
+        return memory_report(self.model, self.caches, self.prefix_cache, ranks)
+
+    def close(self) -> None:
+        """Lets the other ranks of a split go (a no-op for a whole model)."""
+        self.runner.close()

@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 
+from ..runner.launch import add_flag as add_split_flag
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -51,6 +52,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
+    add_split_flag(p)
     p.add_argument(
         "--served-model-name",
         default=None,
@@ -77,7 +79,7 @@ DEMO_NAME = "tensorfold-demo"
 
 def _build(args: argparse.Namespace):
     from ..engine.engine import Engine, EngineConfig
-    from ..models.loader import load_model
+    from ..runner.launch import load_split
     from ..tokenizer import Tokenizer
     from ..util import default_checkpoint, resolve_device, resolve_dtype
     from .api import create_app
@@ -95,7 +97,9 @@ def _build(args: argparse.Namespace):
     dtype = resolve_dtype(args.dtype, device)
     start = time.monotonic()
     log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
-    model = load_model(path, dtype=dtype, device=device, progress=True)
+    model, device = load_split(path, dtype, device, args.tensor_parallel, progress=True)
+    if model is None:  # a following rank of a split: it followed rank 0 until its stop
+        return None, None
     tokenizer = Tokenizer(path) if Tokenizer.exists(path) else None
     if args.context > model.config.max_position_embeddings:
         log.warning(
@@ -151,6 +155,8 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     app, name = _build(args)
+    if app is None:
+        return 0
     log.info(
         "serving %r: parallel %d, context %d, chunk %d, queue %d",
         name,

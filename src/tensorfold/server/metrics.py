@@ -82,6 +82,22 @@ class Metrics:
             lambda: stats().cache_bytes,
         )
 
+        self._gauge(
+            "tensorfold_collective_seconds",
+            "A tensor split: seconds in collectives (plans and all-gathers) on rank 0, in total",
+            lambda: stats().collective_seconds,
+        )
+        self._gauge(
+            "tensorfold_collective_last_pass_seconds",
+            "A tensor split: seconds in collectives during the last pass on rank 0",
+            lambda: stats().collective_last_pass_seconds,
+        )
+        self._gauge(
+            "tensorfold_collective_calls",
+            "A tensor split: all-gathers run on rank 0, in total",
+            lambda: stats().collective_calls,
+        )
+
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
 

@@ -1,0 +1,179 @@
+"""Tensor split over torch.distributed (gloo, loopback): split = whole bitwise, refusals by name,
+two torchrun "nodes", and a rank that dies under a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from split_util import free_port, split_results, whole_results
+
+from tensorfold.cli import main
+from tensorfold.config import ModelConfig
+from tensorfold.errors import NonFiniteLogits, SplitRefused
+from tensorfold.models.split import plan_shard
+from tensorfold.ops.collective import split_argmax
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PROMPT = [501, 84, 82, 298, 198, 406, 290, 220, 17, 285, 220, 18, 30, 502, 198, 501, 324]
+
+
+@pytest.mark.parametrize(
+    "fixture, world",
+    [
+        ("hf_tiny", 2),  # tied, GQA 2, GDN key heads 2 -> value heads 4
+        ("hf_tiny_b", 2),  # untied, GQA 3, one GDN head per rank, sharded files
+        ("hf_tiny", 4),  # one query head per rank: KV heads and GDN key heads replicated
+        ("mlx_mixed", 2),  # MLX per-module bits, packed rows split
+    ],
+)
+def test_split_equals_whole(fixture, world, request):
+    """Token ids, logits bytes and fingerprints of the split equal the whole model's: prompts
+    chunked at 128 and 37, one lane and four, greedy and seeded sampling, a prompt-cache resume."""
+    path = request.getfixturevalue(fixture)
+    whole, split = whole_results(path), split_results(path, world)
+    assert split.keys() == whole.keys()
+    for key in whole:
+        assert split[key] == whole[key], key
+    assert whole["resumed"][2] > 0, "the second request resumed from the prompt cache"
+    assert whole["decode_128"] == whole["decode_37"]
+
+
+def test_refusals_name_the_split(hf_tiny, hf_tiny_b, hf_moe):
+    cfg = ModelConfig.from_dir(hf_tiny_b)
+    with pytest.raises(SplitRefused, match="num_attention_heads \\(6\\) is not divisible by 4"):
+        plan_shard(cfg, 0, 4, torch.float32)
+    with pytest.raises(SplitRefused, match="float64"):
+        plan_shard(ModelConfig.from_dir(hf_tiny), 0, 2, torch.float64)
+    with pytest.raises(SplitRefused, match="mixture-of-experts"):
+        plan_shard(ModelConfig.from_dir(hf_moe), 0, 2, torch.float32)
+    with pytest.raises(SplitRefused, match="not divisible by 3"):
+        plan_shard(ModelConfig.from_dir(hf_tiny), 0, 3, torch.float32)
+
+
+def test_cli_refuses_before_any_rank_starts(hf_tiny_b, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = ["run", str(hf_tiny_b), "--device", "cpu", "--tokens", "[1, 2]", "--tensor-parallel"]
+    assert main(args + ["4"]) == 2
+    assert "SplitRefused: --tensor-parallel 4: num_attention_heads (6)" in capsys.readouterr().err
+
+
+def test_split_argmax_is_the_whole_argmax():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(6, 64, generator=g)
+    rows[1, 5] = rows[1, 40] = 9.0  # a tie across ranks: the lower id
+    rows[2, 3] = rows[2, 4] = 9.0  # a tie inside a rank
+    rows[3, 50] = rows[3, 10] = 9.0
+    for parts in (1, 2, 4):
+        assert split_argmax(rows, parts) == rows.argmax(-1).tolist()
+    assert split_argmax(rows, 2)[1:4] == [5, 3, 10]
+    rows[4, 7] = float("nan")
+    with pytest.raises(NonFiniteLogits, match="row 4"):
+        split_argmax(rows, 2)
+    rows[4, 7] = float("inf")
+    with pytest.raises(NonFiniteLogits):
+        split_argmax(rows, 2)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "PYTHONPATH": SRC + os.pathsep + env.get("PYTHONPATH", "")}
+
+
+def _run_json(args: list[str], env: dict) -> dict:
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_two_torchrun_nodes_give_the_whole_tokens(hf_tiny_b):
+    """Two torchrun "nodes" on loopback (one rank each, env:// rendezvous) against the whole."""
+    run = ["-m", "tensorfold.cli", "run", str(hf_tiny_b), "--device", "cpu", "--json"]
+    run += ["--tokens", json.dumps(PROMPT), "--max-tokens", "6", "--ignore-eos"]
+    whole = _run_json([sys.executable, *run], _env())
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node"]
+            + ["1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port"]
+            + [str(port), *run[0:], "--tensor-parallel", "2"],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    split = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert split["token_ids"] == whole["token_ids"] and len(whole["token_ids"]) == 6
+    assert outs[1][0].strip() == ""  # rank 1 follows; only rank 0 prints
+
+
+def _children(pid: int) -> list[int]:
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(k) for k in kids]
+
+
+def test_served_split_and_a_lost_rank(hf_tiny):
+    """`serve --tensor-parallel 2` answers like the whole model, reports each rank's memory and
+    the collective time; once rank 1 dies, new work gets 503 at once (no hang)."""
+    port = free_port()
+    args = [sys.executable, "-m", "tensorfold.cli", "serve", str(hf_tiny), "--device", "cpu"]
+    args += ["--port", str(port), "--context", "256", "--prompt-cache-gib", "0.01"]
+    url, body = f"http://127.0.0.1:{port}", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    server = subprocess.Popen(args + ["--tensor-parallel", "2"], env=_env())
+    try:
+        _wait_up(url, server)
+        split = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        memory = httpx.get(f"{url}/memory", timeout=30).json()
+        assert [r["rank"] for r in memory["ranks"]] == [0, 1]
+        assert memory["ranks"][1]["weights_bytes"] > 0
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        assert "tensorfold_collective_seconds" in metrics
+        assert "tensorfold_collective_calls 0.0" not in metrics
+        (follower,) = _children(server.pid)
+        os.kill(follower, signal.SIGKILL)
+        start = time.monotonic()
+        codes = [httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code]
+        codes.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code)
+        assert codes[-1] == 503 and codes[0] in (500, 503), codes
+        assert time.monotonic() - start < 30
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 503
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    whole_server = subprocess.Popen(args, env=_env())
+    try:
+        _wait_up(url, whole_server)
+        whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    finally:
+        whole_server.terminate()
+        whole_server.wait(timeout=30)
+    assert split["choices"][0]["text"] == whole["choices"][0]["text"]
+
+
+def _wait_up(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the server exited"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up")
