@@ -177,3 +177,17 @@ def _wait_up(url: str, proc: subprocess.Popen) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError("the server did not come up")
+
+
+def test_llm_tensor_parallel_gives_the_whole_tokens(hf_tiny_c):
+    """LLM(..., tensor_parallel=2) in a process of its own (it becomes rank 0 of a split)."""
+    code = (
+        "import sys, json; from tensorfold.llm import LLM; "
+        "from tensorfold.engine.request import SamplingParams as S; "
+        "p = S(max_tokens=6, temperature=0.0, ignore_eos=True); "
+        "out = [LLM(sys.argv[1], device='cpu', tensor_parallel=tp).generate([sys.argv[2:]], p)"
+        "[0].outputs[0].token_ids for tp in (1, 2)]; print(json.dumps(out))"
+    )
+    args = [sys.executable, "-c", code, str(hf_tiny_c), *map(str, PROMPT)]
+    whole, split = _run_json(args, _env())
+    assert split == whole and len(whole) == 6

@@ -13,7 +13,7 @@ import torch
 from .engine.engine import Engine, EngineConfig
 from .engine.request import SamplingParams
 from .errors import QueueFull
-from .models.loader import load_model
+from .runner.launch import load_split
 from .tokenizer import Tokenizer
 from .util import resolve_device, resolve_dtype
 
@@ -45,13 +45,20 @@ class LLM:
         parallel: int = 4,
         context: int = 4096,
         chunk: int = 128,
+        tensor_parallel: int = 1,
         **engine_kwargs,
     ) -> None:
+        """`tensor_parallel=N` splits the model over N ranks on this machine (exact: the same
+        tokens as whole); this process is rank 0, and `close()` lets the others go."""
         dev = resolve_device(device)
-        self.model = load_model(model, dtype=resolve_dtype(dtype, dev), device=dev)
+        self.model, _ = load_split(model, resolve_dtype(dtype, dev), dev, tensor_parallel)
         self.tokenizer = Tokenizer(model) if Tokenizer.exists(model) else None
         config = EngineConfig(parallel=parallel, context=context, chunk=chunk, **engine_kwargs)
         self.engine = Engine(self.model, self.tokenizer, config)
+
+    def close(self) -> None:
+        """Stops the other ranks of a split (a no-op when whole); the LLM is unusable after."""
+        self.engine.close()
 
     def _ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -27,6 +27,7 @@ class Group:
     reports: object = None  # the gloo group of the ranks' /memory reports
     seconds: float = 0.0
     calls: int = 0
+    stopped: bool = False  # rank 0 has told the others to stop
 
     def gather_cols(self, x: torch.Tensor) -> torch.Tensor:
         """[..., n] on every rank -> [..., world*n]: the ranks' columns side by side, in rank order."""
@@ -34,14 +35,18 @@ class Group:
 
         start = time.perf_counter()
         x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world)]
+        out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))  # the ranks' pieces stacked
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         try:
-            dist.all_gather(parts, x, group=self.process_group)
+            gather(out, x, group=self.process_group)
         except Exception as exc:  # gloo raises RuntimeError, NCCL DistBackendError
             raise RankLost(f"an all-gather across {self.world} ranks failed: {exc}") from exc
         self.seconds += time.perf_counter() - start
         self.calls += 1
-        return parts[0] if self.world == 1 else torch.cat(parts, dim=-1)
+        if self.world == 1:
+            return out
+        pieces = out.view(self.world, *x.shape).movedim(0, -2)  # [..., world, n]
+        return pieces.reshape(*x.shape[:-1], self.world * x.shape[-1])
 
     def take_time(self) -> tuple[float, int]:
         """(seconds, calls) in collectives since the last call."""
@@ -52,20 +57,17 @@ class Group:
 
 def split_argmax(rows: torch.Tensor, parts: int) -> list[int]:
     """The greedy token of each row [R, V] as the split picks it: each rank's argmax over its
-    vocabulary slice (the first maximum), then the largest of those, the lowest id on ties.
-    Equal to the whole row's first maximum; a NaN or inf fails closed."""
-    if not bool(torch.isfinite(rows).all()):
-        bad = int((~torch.isfinite(rows)).any(-1).nonzero()[0])
-        raise NonFiniteLogits(f"logit row {bad} of the pass holds NaN or inf")
-    width = rows.shape[-1] // parts
-    picks = []
-    for row in rows:
-        best_value, best_id = None, -1
-        for r in range(parts):
-            piece = row[r * width : (r + 1) * width]
-            i = int(torch.argmax(piece))
-            value = float(piece[i])
-            if best_value is None or value > best_value:  # ties keep the lower rank: lower id
-                best_value, best_id = value, r * width + i
-        picks.append(best_id)
-    return picks
+    vocabulary slice (the first maximum), then the largest of those, the lowest rank (so the
+    lowest id) on ties. Equal to the whole row's first maximum; a NaN or inf fails closed.
+    One transfer to the host for all rows."""
+    r, v = rows.shape
+    pieces = rows.view(r, parts, v // parts)
+    local = pieces.argmax(-1)  # [R, parts] each rank's first maximum
+    values = pieces.gather(-1, local[..., None]).squeeze(-1)
+    rank = values.argmax(-1)  # the first rank holding the largest value
+    picks = rank * (v // parts) + local.gather(-1, rank[:, None]).squeeze(-1)
+    finite = torch.isfinite(rows).all(-1)
+    out, ok = torch.stack([picks, finite.long()]).tolist()
+    if not all(ok):
+        raise NonFiniteLogits(f"logit row {ok.index(0)} of the pass holds NaN or inf")
+    return out

@@ -10,6 +10,7 @@ go over NCCL. docs/architecture.md, 'A pass across ranks'.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
 import os
@@ -70,6 +71,9 @@ def _gather(obj, control, world: int) -> list:
     except Exception as exc:
         raise RankLost(f"a report could not be gathered from every rank: {exc}") from exc
     return out
+
+
+STOP = "stop"  # rank 0's last /memory report round: the report threads end
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ class SplitRunner(ModelRunner):
         hello = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots, *args)
         self._send(Plan((), "hello", body=hello))
         self._report_lock = threading.Lock()
+        atexit.register(self._close_at_exit)  # a forgotten close() must not leave ranks waiting
 
     def _send(self, plan: Plan) -> None:
         _broadcast(plan, self.group.control)
@@ -230,7 +235,19 @@ class SplitRunner(ModelRunner):
                 return [own]
 
     def close(self) -> None:
+        """Tells the other ranks to stop (once per split, whichever runner leads it then)."""
+        if self.group.stopped:
+            return
+        self.group.stopped = True
         self._send(Plan(self.log.take(), "stop"))
+        with self._report_lock:  # ends the other ranks' report threads too
+            _gather(STOP, self.group.reports, self.world)
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except RankLost:  # nothing left to stop
+            pass
 
 
 @dataclass
@@ -307,22 +324,24 @@ def follow(model: Qwen35Model) -> None:
     Each engine the leader builds says hello first: the pools are then built anew."""
     group: Group = model.group
     held: list[ModelCaches] = []  # the current pools, for the memory reports
-    runner, snaps, rows = None, {}, {}
+    runner, snaps, rows, reports = None, {}, {}, None
     while True:
         plan: Plan = _broadcast(None, group.control)
         if plan.kind == "hello":
             pages, page_size, slots, threads, graphs, context = plan.body
             caches = build_caches(model, pages, page_size, slots)
             runner, snaps, rows = ModelRunner(model, caches, threads, graphs, context), {}, {}
-            start_reports = not held
             held[:] = [caches]
-            if start_reports:
-                threading.Thread(
+            if reports is None:
+                reports = threading.Thread(
                     target=_report_memory, args=(model, held, group), daemon=True
-                ).start()
+                )
+                reports.start()
             continue
         apply_ops(plan.ops, runner.caches, snaps)
         if plan.kind == "stop":
+            if reports is not None:
+                reports.join(timeout=30)  # rank 0's last report round tells it to end
             return
         if plan.kind == "fingerprint":
             _gather(lane_pieces(runner.caches, *plan.body), group.control, group.world)
@@ -350,9 +369,12 @@ def _views(lanes, caches: ModelCaches, known: dict) -> tuple[list, dict]:
 
 
 def _report_memory(model: Qwen35Model, held: list[ModelCaches], group: Group) -> None:
+    """A following rank's /memory reports, one per request of rank 0, until rank 0 stops."""
     try:
-        while True:
-            _gather(rank_memory(model, held[0], group.rank), group.reports, group.world)
+        while (
+            _gather(rank_memory(model, held[0], group.rank), group.reports, group.world)[0] != STOP
+        ):
+            pass
     except RankLost:
         return
 

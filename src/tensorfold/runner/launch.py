@@ -1,7 +1,7 @@
 """`--tensor-parallel N`: start or join the ranks of a tensor split, and load this rank's part.
 
 On one machine the command starts the other N-1 ranks itself (`python -m
-tensorfold.runner.launch`, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set; gloo on the CPU,
+tensorfold.runner.rank`, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set; gloo on the CPU,
 NCCL on GPUs). Under torchrun (several machines: --nnodes, --node-rank, --master-addr) every
 process runs the same command and joins through env://. Rank 0 goes on to serve or run; the
 others follow its passes and exit when it stops.
@@ -60,7 +60,8 @@ def start_ranks(
     children = []
     for rank in range(1, world):
         child_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        cmd = [sys.executable, "-m", __name__, str(path), str(dtype), device.type, str(world)]
+        cmd = [sys.executable, "-m", "tensorfold.runner.rank", str(path), str(dtype), device.type]
+        cmd.append(str(world))
         children.append(subprocess.Popen(cmd, env=child_env))
     os.environ.update({k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")})
     os.environ.update(RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world))
@@ -104,16 +105,3 @@ def load_split(
         follow(model)
         return None, device
     return model, device
-
-
-def follow_main(argv: list[str]) -> int:
-    """A rank started by `start_ranks`: PATH DTYPE DEVICE WORLD."""
-    path, dtype, device, world = argv
-    dtype = getattr(torch, dtype.removeprefix("torch."))
-    model, _ = load_split(path, dtype, torch.device(device), int(world))
-    assert model is None, "rank 0 is the process that started the split"
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(follow_main(sys.argv[1:]))
