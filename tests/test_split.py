@@ -191,3 +191,42 @@ def test_llm_tensor_parallel_gives_the_whole_tokens(hf_tiny_c):
     args = [sys.executable, "-c", code, str(hf_tiny_c), *map(str, PROMPT)]
     whole, split = _run_json(args, _env())
     assert split == whole and len(whole) == 6
+
+
+def test_a_rank_holds_only_its_rows(hf_tiny_b, mlx_mixed):
+    """Rank 1 of 2 (loading needs no collective): its weights are its rows of the whole ones,
+    its caches' widths its heads'."""
+    from tensorfold.models.loader import load_model
+    from tensorfold.ops.collective import Group
+
+    for path in (hf_tiny_b, mlx_mixed):
+        whole = load_model(path)
+        part = load_model(path, group=Group(1, 2))
+        assert part.weight_bytes < 0.75 * whole.weight_bytes
+        cfg = whole.config
+        w_attn, p_attn = whole.layers[3].mixer, part.layers[3].mixer
+        w_gdn, p_gdn = whole.layers[0].mixer, part.layers[0].mixer
+        rows = lambda lin, a, b: _dense(lin)[a:b]  # noqa: E731
+        h = cfg.hidden_size
+        assert torch.equal(_dense(p_attn.o_proj), rows(w_attn.o_proj, h // 2, h))
+        q = 2 * cfg.head_dim * cfg.num_heads
+        assert torch.equal(_dense(p_attn.q_proj), rows(w_attn.q_proj, q // 2, q))
+        dv, hv = cfg.linear_value_head_dim, cfg.linear_num_value_heads
+        assert torch.equal(_dense(p_gdn.in_proj_z), rows(w_gdn.in_proj_z, dv * hv // 2, dv * hv))
+        assert torch.equal(p_gdn.A_log, w_gdn.A_log[hv // 2 :])
+        v = _dense(w_gdn.in_proj_qkv)[2 * cfg.key_dim + dv * hv // 2 :]
+        assert torch.equal(_dense(p_gdn.in_proj_qkv)[-dv * hv // 2 :], v)
+        assert part.cache_widths.v_heads == hv // 2 and part.cache_widths.kv_heads == 1
+
+
+def _dense(lin) -> torch.Tensor:
+    w = lin.weight
+    return w if isinstance(w, torch.Tensor) else w.rows(0, w.shape[0], torch.float32)
+
+
+def test_a_launcher_with_other_ranks_is_refused(monkeypatch):
+    from tensorfold.runner.distributed import init_group
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SplitRefused, match="--tensor-parallel 2, but the launcher started 3"):
+        init_group(2, torch.device("cpu"))

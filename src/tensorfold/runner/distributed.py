@@ -183,8 +183,8 @@ class SplitRunner(ModelRunner):
         self.group: Group = model.group
         self.world = self.group.world
         self.log = CacheLog(caches)
-        hello = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots, *args)
-        self._send(Plan((), "hello", body=hello))
+        pools = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots)
+        self._send(Plan((), "hello", body=(identity(model), *pools, *args)))
         self._report_lock = threading.Lock()
         atexit.register(self._close_at_exit)  # a forgotten close() must not leave ranks waiting
 
@@ -276,6 +276,12 @@ class _Tokens(dict):
         return dict.__getitem__(self, key)
 
 
+def identity(model: Qwen35Model) -> str:
+    """What every rank of a split must agree on: the config, the dtype, the layout, the split."""
+    digest = hashlib.sha256(repr(model.config).encode()).hexdigest()[:16]
+    return f"config {digest}, {model.dtype}, {model.layout}, {model.group.world} ranks"
+
+
 def lane_pieces(caches: ModelCaches, slot: int, pages, capacity: int, computed: int) -> dict:
     """This rank's part of a lane's states and KV rows (CPU copies)."""
     rows = caches.kv.rows(list(pages), capacity)[:computed]
@@ -328,7 +334,12 @@ def follow(model: Qwen35Model) -> None:
     while True:
         plan: Plan = _broadcast(None, group.control)
         if plan.kind == "hello":
-            pages, page_size, slots, threads, graphs, context = plan.body
+            leader, pages, page_size, slots, threads, graphs, context = plan.body
+            if leader != identity(model):
+                raise SplitRefused(
+                    f"rank {group.rank} loaded another model than rank 0 "
+                    f"({identity(model)} against {leader})"
+                )
             caches = build_caches(model, pages, page_size, slots)
             runner, snaps, rows = ModelRunner(model, caches, threads, graphs, context), {}, {}
             held[:] = [caches]
