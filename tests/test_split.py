@@ -97,7 +97,8 @@ def _run_json(args: list[str], env: dict) -> dict:
 def test_two_torchrun_nodes_give_the_whole_tokens(hf_tiny_b):
     """Two torchrun "nodes" on loopback (one rank each, env:// rendezvous) against the whole."""
     run = ["-m", "tensorfold.cli", "run", str(hf_tiny_b), "--device", "cpu", "--json"]
-    run += ["--tokens", json.dumps(PROMPT), "--max-tokens", "6", "--ignore-eos"]
+    run += ["--tokens", json.dumps(PROMPT * 3), "--max-tokens", "6", "--ignore-eos"]
+    run += ["--compare-chunk", "7", "--seams", "16"]  # fingerprints at seams, prompt end, reply end
     whole = _run_json([sys.executable, *run], _env())
     port = free_port()
     nodes = [
@@ -120,6 +121,8 @@ def test_two_torchrun_nodes_give_the_whole_tokens(hf_tiny_b):
     assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     split = json.loads(outs[0][0].strip().splitlines()[-1])
     assert split["token_ids"] == whole["token_ids"] and len(whole["token_ids"]) == 6
+    assert split["seams"] == whole["seams"] and len(whole["seams"]) == 5
+    assert split["seams_equal"] and whole["seams_equal"]
     assert outs[1][0].strip() == ""  # rank 1 follows; only rank 0 prints
 
 
@@ -146,13 +149,18 @@ def test_served_split_and_a_lost_rank(hf_tiny):
         assert "tensorfold_collective_seconds" in metrics
         assert "tensorfold_collective_calls 0.0" not in metrics
         (follower,) = _children(server.pid)
-        os.kill(follower, signal.SIGKILL)
-        start = time.monotonic()
-        codes = [httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code]
-        codes.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code)
-        assert codes[-1] == 503 and codes[0] in (500, 503), codes
-        assert time.monotonic() - start < 30
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 503
+        start, long = time.monotonic(), {**body, "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=long, timeout=60) as stream:
+            events = stream.iter_lines()
+            assert next(e for e in events if e.startswith("data:"))  # the request is running
+            os.kill(follower, signal.SIGKILL)  # mid-request
+            rest = [e for e in events if e.startswith("data:")]
+        # the stream ends, with the pass's error when the kill came before its last token
+        assert rest[-1] == "data: [DONE]" and (len(rest) > 150 or "RankLost" in rest[-2])
+        code = httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code
+        assert code == 503 and time.monotonic() - start < 30
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 503 and "RankLost" in health.json()["fault"]
     finally:
         server.terminate()
         server.wait(timeout=30)
