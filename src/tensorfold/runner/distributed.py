@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,11 +43,14 @@ def init_group(world: int, device: torch.device) -> Group:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # A pass's collectives wait at most this long for a rank that hangs (a dead rank's closed
+    # sockets fail them at once); plans and reports wait for as long as the server is idle.
     timeout = datetime.timedelta(seconds=float(os.environ.get("TENSORFOLD_SPLIT_TIMEOUT", 600)))
+    idle = datetime.timedelta(days=365)
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    reports = dist.new_group(backend="gloo", timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=idle)
+    reports = dist.new_group(backend="gloo", timeout=idle)
     return Group(dist.get_rank(), world, None, control, reports)
 
 
@@ -84,7 +87,7 @@ class LanePlan:
     slot: int
     start: int  # position of the first row
     tokens: tuple[int, ...]  # the rows' token ids
-    pages: tuple[int, ...]
+    pages: tuple[int, ...] | None  # None: as in the last pass (a lane's table never changes)
     capacity: int
     wanted: tuple[int, int]  # logit_rows of the pass: [start, stop) offsets
 
@@ -186,24 +189,30 @@ class SplitRunner(ModelRunner):
         pools = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots)
         self._send(Plan((), "hello", body=(identity(model), *pools, *args)))
         self._report_lock = threading.Lock()
+        self._tables: dict[str, tuple[int, ...]] = {}  # page tables the followers hold
         atexit.register(self._close_at_exit)  # a forgotten close() must not leave ranks waiting
 
     def _send(self, plan: Plan) -> None:
         _broadcast(plan, self.group.control)
 
     def execute(self, work) -> dict[int, torch.Tensor]:
-        lanes = tuple(
-            LanePlan(
-                req.request_id,
-                req.slot,
-                req.num_computed,
-                tuple(req.all_ids[req.num_computed : req.num_computed + n]),
-                tuple(req.pages),
-                req.capacity,
-                (req.logit_rows(n).start, req.logit_rows(n).stop),
+        lanes, tables = [], {}
+        for req, n in work:
+            pages = tables[req.request_id] = tuple(req.pages)
+            wanted = req.logit_rows(n)
+            lanes.append(
+                LanePlan(
+                    req.request_id,
+                    req.slot,
+                    req.num_computed,
+                    tuple(req.all_ids[req.num_computed : req.num_computed + n]),
+                    None if self._tables.get(req.request_id) == pages else pages,
+                    req.capacity,
+                    (wanted.start, wanted.stop),
+                )
             )
-            for req, n in work
-        )
+        self._tables = tables  # the followers keep the tables of the last pass's lanes
+        lanes = tuple(lanes)
         start = time.perf_counter()
         self._send(Plan(self.log.take(), "pass", lanes))
         sent = time.perf_counter() - start
@@ -261,7 +270,6 @@ class LaneView:
     capacity: int
     kv_rows: torch.Tensor
     wanted: tuple[int, int]
-    pages: list[int] = field(default_factory=list)
 
     def logit_rows(self, n: int) -> range:
         return range(*self.wanted)
@@ -363,14 +371,14 @@ def follow(model: Qwen35Model) -> None:
 
 
 def _views(lanes, caches: ModelCaches, known: dict) -> tuple[list, dict]:
-    """The pass's lanes as LaneViews; each lane's KV rows computed once per page table."""
+    """The pass's lanes as LaneViews, and their KV rows by request (those of the last pass's lanes
+    are reused: rank 0 sends a lane's page table only when it is new)."""
     work, rows = [], {}
     for lane in lanes:
-        key = (lane.request_id, lane.pages, lane.capacity)
-        kv_rows = known.get(key)
+        kv_rows = known.get(lane.request_id) if lane.pages is None else None
         if kv_rows is None:
             kv_rows = caches.kv.rows(list(lane.pages), lane.capacity)
-        rows[key] = kv_rows
+        rows[lane.request_id] = kv_rows
         ids = _Tokens(zip(range(lane.start, lane.start + len(lane.tokens)), lane.tokens))
         view = LaneView(
             lane.request_id, lane.slot, lane.start, ids, lane.capacity, kv_rows, lane.wanted
