@@ -236,7 +236,9 @@ class SplitRunner(ModelRunner):
 
     def ranks_memory(self) -> list[RankMemory]:
         """Every rank's bytes (any thread: the reports travel on their own group)."""
-        own = rank_memory(self.model, self.caches, 0)
+        own = rank_memory(self.model, self.caches, self.group.rank)
+        if self.group.stopped:  # the other ranks no longer report
+            return [own]
         with self._report_lock:
             try:
                 return _gather(own, self.group.reports, self.world)

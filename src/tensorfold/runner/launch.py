@@ -97,6 +97,11 @@ def load_split(
         return load_model(path, dtype=dtype, device=device, progress=progress), device
     plan_shard(ModelConfig.from_dir(path), 0, world, dtype)  # refused before any rank starts
     if "RANK" not in os.environ:
+        if device.type == "cuda" and torch.cuda.device_count() < world:
+            raise SplitRefused(
+                f"--tensor-parallel {world}: this machine has {torch.cuda.device_count()} GPUs "
+                "(one rank per GPU; across machines, start the ranks with torchrun)"
+            )
         start_ranks(path, dtype, device, world)
     device = rank_device(device)
     group = init_group(world, device)
