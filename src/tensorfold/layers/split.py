@@ -19,7 +19,7 @@ class RowSplit(Linear):
     def __init__(
         self, weight: Weight, dtype: torch.dtype, group: Group, gather_input: bool, book=None
     ) -> None:
-        super().__init__(weight, dtype, book)
+        super().__init__(weight, dtype, book, weight.shape[0] * group.world)
         self.group, self.gather_input = group, gather_input
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

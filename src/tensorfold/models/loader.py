@@ -123,7 +123,9 @@ class _Builder:
         return q.to(self.device)
 
     def linear(self, stem: str, rows: Ranges | None = None) -> Linear:
-        return Linear(self.weight(stem, rows), self.dtype, self.book)
+        whole = self.wm.read_matrix(stem)  # mapped, not read: the whole weight's row count
+        n = (whole if isinstance(whole, torch.Tensor) else whole[0]).shape[0]
+        return Linear(self.weight(stem, rows), self.dtype, self.book, n)
 
     def gathered(self, stem: str, rows: Ranges | None = None, gather_input: bool = True) -> Linear:
         """A projection whose output the split gathers (its input too, when the rank holds only
