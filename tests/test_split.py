@@ -33,6 +33,7 @@ PROMPT = [501, 84, 82, 298, 198, 406, 290, 220, 17, 285, 220, 18, 30, 502, 198, 
         ("hf_tiny_b", 2),  # untied, GQA 3, one GDN head per rank, sharded files
         ("hf_tiny", 4),  # one query head per rank: KV heads and GDN key heads replicated
         ("mlx_mixed", 2),  # MLX per-module bits, packed rows split
+        ("mlx_moe_q4", 2),  # MoE: experts split by expert (packed stacks), shared expert by rows
     ],
 )
 def test_split_equals_whole(fixture, world, request):
@@ -47,14 +48,12 @@ def test_split_equals_whole(fixture, world, request):
     assert whole["decode_128"] == whole["decode_37"]
 
 
-def test_refusals_name_the_split(hf_tiny, hf_tiny_b, hf_moe):
+def test_refusals_name_the_split(hf_tiny, hf_tiny_b):
     cfg = ModelConfig.from_dir(hf_tiny_b)
     with pytest.raises(SplitRefused, match="num_attention_heads \\(6\\) is not divisible by 4"):
         plan_shard(cfg, 0, 4, torch.float32)
     with pytest.raises(SplitRefused, match="float64"):
         plan_shard(ModelConfig.from_dir(hf_tiny), 0, 2, torch.float64)
-    with pytest.raises(SplitRefused, match="mixture-of-experts"):
-        plan_shard(ModelConfig.from_dir(hf_moe), 0, 2, torch.float32)
     with pytest.raises(SplitRefused, match="not divisible by 3"):
         plan_shard(ModelConfig.from_dir(hf_tiny), 0, 3, torch.float32)
 
@@ -201,7 +200,7 @@ def test_llm_tensor_parallel_gives_the_whole_tokens(hf_tiny_c):
     assert split == whole and len(whole) == 6
 
 
-def test_a_rank_holds_only_its_rows(hf_tiny_b, mlx_mixed):
+def test_a_rank_holds_only_its_rows(hf_tiny_b, mlx_mixed, hf_moe):
     """Rank 1 of 2 (loading needs no collective): its weights are its rows of the whole ones,
     its caches' widths its heads'."""
     from tensorfold.models.loader import load_model
@@ -225,6 +224,11 @@ def test_a_rank_holds_only_its_rows(hf_tiny_b, mlx_mixed):
         v = _dense(w_gdn.in_proj_qkv)[2 * cfg.key_dim + dv * hv // 2 :]
         assert torch.equal(_dense(p_gdn.in_proj_qkv)[-dv * hv // 2 :], v)
         assert part.cache_widths.v_heads == hv // 2 and part.cache_widths.kv_heads == 1
+    whole, part = load_model(hf_moe), load_model(hf_moe, group=Group(1, 2))  # experts one by one
+    e = whole.config.moe.num_experts
+    w_exp, p_exp = whole.layers[0].mlp.experts, part.layers[0].mlp.experts
+    assert p_exp.num_experts == e // 2 and part.layers[0].mlp.first == e // 2
+    assert torch.equal(p_exp.down.weight, w_exp.down.weight[e // 2 :])
 
 
 def _dense(lin) -> torch.Tensor:

@@ -134,8 +134,8 @@ class _Builder:
             return self.linear(stem)
         return RowSplit(self.weight(stem, rows), self.dtype, self.group, gather_input, self.book)
 
-    def mlp(self, p: str) -> MLP:
-        inter = self.rows(lambda s: (s.inter,))
+    def mlp(self, p: str, shared: bool = False) -> MLP:
+        inter = self.rows(lambda s: (s.shared,) if shared else (s.inter,))
         return MLP(
             self.linear(p + "gate_proj", inter),
             self.linear(p + "up_proj", inter),
@@ -158,15 +158,17 @@ class _Builder:
         )
 
     def moe(self, p: str) -> SparseMoE:
-        moe = self.cfg.moe
-        raw = self.wm.read_experts(p, moe.expert_intermediate_size)
+        moe, first, stop = self.cfg.moe, *(self.shard.experts if self.shard else (0, None))
+        raw = self.wm.read_experts(p, moe.expert_intermediate_size, first, stop)
         experts = Experts(self.stack(raw["gate"]), self.stack(raw["up"]), self.stack(raw["down"]))
         return SparseMoE(
-            self.linear(p + "gate"),
+            self.linear(p + "gate"),  # the router whole on every rank: every rank routes
             experts,
-            self.mlp(p + "shared_expert."),
+            self.mlp(p + "shared_expert.", shared=True),
             self.linear(p + "shared_expert_gate"),
             moe.top_k,
+            self.group,
+            first,
         )
 
     def norm(self, local: str) -> RMSNorm:

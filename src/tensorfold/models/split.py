@@ -42,6 +42,8 @@ class Shard:
     hidden: tuple[int, int]  # output rows of o_proj, out_proj, down_proj
     inter: tuple[int, int]  # rows of gate_proj, up_proj (the MLP's inner width)
     vocab: tuple[int, int]  # rows of the output head
+    experts: tuple[int, int] = (0, 0)  # routed experts [first, stop) of an MoE model
+    shared: tuple[int, int] = (0, 0)  # rows of the shared expert's gate and up projections
 
     def owns(self, heads: HeadSplit) -> bool:
         """Whether this rank is the first of the ranks holding these heads: the one whose copy
@@ -105,11 +107,6 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
     """This rank's part of the model; SplitRefused for a split that cannot be exact."""
     if world < 1 or not 0 <= rank < world:
         raise SplitRefused(f"rank {rank} of a {world}-rank split does not exist")
-    if cfg.moe is not None and world > 1:
-        raise SplitRefused(
-            f"--tensor-parallel {world}: mixture-of-experts models are not split yet "
-            "(their experts would be split by expert, without partial sums)"
-        )
     if dtype == torch.float64 and world > 1:
         raise SplitRefused(
             f"--tensor-parallel {world}: float64 products are not column-position invariant on "
@@ -119,6 +116,7 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
     kv = _heads(cfg.num_kv_heads, rank, world, "num_key_value_heads", replicate=True)
     hv = _heads(cfg.linear_num_value_heads, rank, world, "linear_num_value_heads", False)
     hk = _heads(cfg.linear_num_key_heads, rank, world, "linear_num_key_heads", replicate=True)
+    moe = cfg.moe
     return Shard(
         rank,
         world,
@@ -129,6 +127,10 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
         _rows(cfg.hidden_size, rank, world, "hidden_size"),
         _rows(cfg.intermediate_size, rank, world, "intermediate_size"),
         _rows(cfg.vocab_size, rank, world, "vocab_size"),
+        _rows(moe.num_experts, rank, world, "num_experts") if moe else (0, 0),
+        _rows(moe.shared_intermediate_size, rank, world, "shared_expert_intermediate_size")
+        if moe
+        else (0, 0),
     )
 
 
