@@ -57,6 +57,9 @@ def start_ranks(
     """Starts ranks 1..world-1 on this machine, each following; this process becomes rank 0."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    if device.type == "cpu":  # the machine's cores shared between its ranks, as torchrun does
+        torch.set_num_threads(max(1, torch.get_num_threads() // world))
+        env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     children = []
     for rank in range(1, world):
         child_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
