@@ -132,7 +132,7 @@ def test_planted_fault_is_caught(hf_tiny_b, monkeypatch):
     """Let the matmul see the pass's row count (a plain torch.mm): the invariants must break."""
     import tensorfold.ops.linear as lin
 
-    def batch_dependent(x, w, out=None):
+    def batch_dependent(x, w, out=None, tile=None):
         return torch.mm(x, w.t())
 
     monkeypatch.setattr(lin, "matmul_rows", batch_dependent)

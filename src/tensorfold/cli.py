@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from .errors import TensorFoldError
+from .runner.launch import add_flag as add_split_flag
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
     )
+    add_split_flag(p)
 
 
 def _run_parser(sub) -> None:

@@ -75,3 +75,18 @@ class InvalidRequest(RequestError):
 
 class QueueFull(TensorFoldError):
     pass
+
+
+class SplitRefused(TensorFoldError, ValueError):
+    """A tensor split that cannot give the whole model's bits (heads or vocabulary not divisible
+    by the ranks, a dtype whose products are not column-invariant, ranks that disagree); raised
+    before any weight is read."""
+
+
+class RankLost(TensorFoldError, RuntimeError):
+    """A rank of a tensor split stopped answering (it died, or a collective failed): the split
+    cannot continue, and the server answers 503."""
+
+
+class NonFiniteLogits(TensorFoldError, RuntimeError):
+    """A logit row holds NaN or inf: no token can be picked from it honestly."""

@@ -14,7 +14,7 @@ from .engine.drafting import check as check_draft
 from .engine.engine import Engine, EngineConfig
 from .engine.request import SamplingParams
 from .errors import QueueFull
-from .models.loader import load_model
+from .runner.launch import load_split
 from .tokenizer import Tokenizer
 from .util import resolve_device, resolve_dtype
 
@@ -46,15 +46,24 @@ class LLM:
         parallel: int = 4,
         context: int = 4096,
         chunk: int = 128,
+        tensor_parallel: int = 1,
         **engine_kwargs,
     ) -> None:
+        """`tensor_parallel=N` splits the model over N ranks on this machine (exact: the same
+        tokens as whole); this process is rank 0, and `close()` lets the others go."""
         dev = resolve_device(device)
         if engine_kwargs.get("draft"):  # a drafter that cannot serve is refused before loading
-            check_draft(engine_kwargs["draft"], engine_kwargs.get("draft_tokens", 4), model)
-        self.model = load_model(model, dtype=resolve_dtype(dtype, dev), device=dev)
+            check_draft(
+                engine_kwargs["draft"], engine_kwargs.get("draft_tokens", 4), model, tensor_parallel
+            )
+        self.model, _ = load_split(model, resolve_dtype(dtype, dev), dev, tensor_parallel)
         self.tokenizer = Tokenizer(model) if Tokenizer.exists(model) else None
         config = EngineConfig(parallel=parallel, context=context, chunk=chunk, **engine_kwargs)
         self.engine = Engine(self.model, self.tokenizer, config)
+
+    def close(self) -> None:
+        """Stops the other ranks of a split (a no-op when whole); the LLM is unusable after."""
+        self.engine.close()
 
     def _ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import resource
 from pathlib import Path
 
 import torch
@@ -47,3 +49,12 @@ def default_checkpoint(path: str | None) -> Path:
     from .demo import demo_checkpoint
 
     return demo_checkpoint()
+
+
+def rss_bytes() -> int:
+    """This process's resident memory."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: the peak is the best we have
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

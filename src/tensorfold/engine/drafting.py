@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, SplitRefused
 from ..models.mtp import check_mtp_head
 from .drafters import Drafter, NgramDrafter, PredictionDrafter, check_drafter_path, make_drafter
 from .request import Request, TokenEvent
@@ -98,8 +98,13 @@ class DraftStats:
 class Drafting:
     """The engine's drafting: proposes before a pass, verifies after it, settles state."""
 
-    def __init__(self, config: DraftConfig, caches, lanes: int, target=None) -> None:
+    def __init__(
+        self, config: DraftConfig, caches, lanes: int, target=None, allowed: bool = True
+    ) -> None:
+        """`allowed` False (a tensor split, whose other ranks do not keep spare state slots):
+        nothing drafts, a request's `prediction` included; its tokens are the same either way."""
         self.config, self.states, self.lanes = config, caches.states, lanes
+        self.allowed = allowed
         self.spares: StatePool | None = None  # one spare slot per lane, made on first use
         self.default = make_drafter(config.method, target, caches) if config.method else None
         self.stats = DraftStats()
@@ -113,7 +118,7 @@ class Drafting:
             drafters.append(PredictionDrafter(tuple(prediction)))
         if self.default is not None:
             drafters.append(self.default.for_request(req))
-        if not enabled or watched or not drafters:
+        if not enabled or watched or not drafters or not self.allowed:
             return None
         return LaneDraft(tuple(drafters))
 
@@ -240,9 +245,18 @@ def add_flags(p) -> None:
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
 
 
-def check(method: str | None, tokens: int, checkpoint=None) -> DraftConfig:
+def refuse_split_draft() -> str:
+    return (
+        "drafting (--draft) is not served with a tensor split yet: the other ranks do not keep "
+        "the lanes' spare state slots; serve with --tensor-parallel 1, or without --draft"
+    )
+
+
+def check(method: str | None, tokens: int, checkpoint=None, ranks: int = 1) -> DraftConfig:
     """The drafting asked for, refused by name before any weight is read: an MTP head is bound
-    to the checkpoint by its tensors' names and shapes (headers only)."""
+    to the checkpoint by its tensors' names and shapes (headers only); none with a split."""
+    if method is not None and ranks > 1:
+        raise SplitRefused(refuse_split_draft())
     config = DraftConfig(method, tokens)
     if method == "mtp":
         if checkpoint is not None:

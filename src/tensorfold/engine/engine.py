@@ -16,12 +16,13 @@ import torch
 
 from ..cache import KVPool, ModelCaches, StatePool
 from ..cache.prefix_cache import PrefixCache
-from ..errors import ContextOverflow, InvalidRequest, QueueFull
+from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
+from ..runner.distributed import SplitRunner
 from ..runner.model_runner import ModelRunner
 from .constraints import GrammarBook, apply_mask
-from .drafting import DraftConfig, Drafting
+from .drafting import DraftConfig, Drafting, refuse_split_draft
 from .logits_rules import shape_logits, shapes_logits
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .scheduler import Scheduler, SchedulerConfig
@@ -45,12 +46,12 @@ class Engine:
         self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()
     ) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        cfg = model.config
+        cfg, widths = model.config, model.cache_widths  # a split rank holds its heads only
         page_bytes = (
             2
             * len(cfg.full_layers)
             * config.page_size
-            * cfg.num_kv_heads
+            * widths.kv_heads
             * cfg.head_dim
             * torch.empty((), dtype=model.dtype).element_size()
         )
@@ -61,7 +62,7 @@ class Engine:
             len(cfg.full_layers),
             pages,
             config.page_size,
-            cfg.num_kv_heads,
+            widths.kv_heads,
             cfg.head_dim,
             model.dtype,
             model.device,
@@ -70,8 +71,8 @@ class Engine:
             len(cfg.linear_layers),
             config.parallel,
             cfg.conv_kernel,
-            cfg.conv_dim,
-            cfg.linear_num_value_heads,
+            widths.conv_dim,
+            widths.v_heads,
             cfg.linear_key_head_dim,
             cfg.linear_value_head_dim,
             model.dtype,
@@ -79,12 +80,17 @@ class Engine:
         )
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
-        self.runner = ModelRunner(
-            model, self.caches, config.threads, config.cuda_graphs, config.context
-        )
+        runner = ModelRunner if model.group is None else SplitRunner  # a split: rank 0 leads
+        self.runner = runner(model, self.caches, config.threads, config.cuda_graphs, config.context)
         self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
+        if model.group is not None and config.draft:
+            raise SplitRefused(refuse_split_draft())
         self.drafting = Drafting(
-            DraftConfig(config.draft, config.draft_tokens), self.caches, config.parallel, model
+            DraftConfig(config.draft, config.draft_tokens),
+            self.caches,
+            config.parallel,
+            model,
+            allowed=model.group is None,
         )
         if self.drafting.wants_hidden:  # a graph replay would not refresh the kept states
             self.runner.use_graphs = False
@@ -209,7 +215,7 @@ class Engine:
         ]
         tokens: list[int] = [0] * len(ready)
         if plain:
-            picks = torch.stack([ready[i][1] for i in plain]).argmax(-1).tolist()
+            picks = self.runner.greedy(torch.stack([ready[i][1] for i in plain]))
             for i, t in zip(plain, picks):
                 tokens[i] = t
         for i, (req, row) in enumerate(ready):
@@ -410,7 +416,17 @@ class Engine:
             draft_proposed=self.drafting.stats.proposed,
             draft_accepted=self.drafting.stats.accepted,
             draft_lengths=tuple(sorted(dict(self.drafting.stats.lengths).items())),
+            collective_seconds=self.runner.collective.seconds,
+            collective_calls=self.runner.collective.calls,
+            collective_last_pass_seconds=self.runner.collective.last_pass_seconds,
         )
 
     def memory(self) -> MemoryReport:
-        return memory_report(self.model, self.caches, self.prefix_cache, self.drafting.spare_bytes)
+        ranks = tuple(self.runner.ranks_memory())  # a split: every rank's bytes
+        return memory_report(
+            self.model, self.caches, self.prefix_cache, self.drafting.spare_bytes, ranks
+        )
+
+    def close(self) -> None:
+        """Lets the other ranks of a split go (a no-op for a whole model)."""
+        self.runner.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import resource
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +9,7 @@ import torch
 from ..cache import ModelCaches
 from ..cache.prefix_cache import PrefixCache
 from ..models.qwen3_5 import Qwen35Model
+from ..util import rss_bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,9 @@ class EngineStats:
     draft_proposed: int = 0  # drafted tokens scored by verify passes
     draft_accepted: int = 0  # of them, the ones the target chose too
     draft_lengths: tuple[tuple[int, int], ...] = ()  # (tokens committed, verify passes), sorted
+    collective_seconds: float = 0.0  # a tensor split: time in all-gathers and plans, in total
+    collective_calls: int = 0
+    collective_last_pass_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,18 +62,15 @@ class MemoryReport:
     process_rss_bytes: int
     device_allocated_bytes: int | None  # None off CUDA
     device_peak_bytes: int | None
-
-
-def rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):  # not Linux: the peak is the best we have
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ranks: tuple = ()  # a tensor split: every rank's bytes (runner/distributed.py RankMemory)
 
 
 def memory_report(
-    model: Qwen35Model, caches: ModelCaches, cache: PrefixCache, draft_bytes: int = 0
+    model: Qwen35Model,
+    caches: ModelCaches,
+    cache: PrefixCache,
+    draft_bytes: int = 0,
+    ranks: tuple = (),
 ) -> MemoryReport:
     device = model.device
     on_cuda = device.type == "cuda"
@@ -87,4 +86,5 @@ def memory_report(
         process_rss_bytes=rss_bytes(),
         device_allocated_bytes=torch.cuda.memory_allocated(device) if on_cuda else None,
         device_peak_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
+        ranks=ranks,
     )

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import dispatch as op
+from ..ops.linear import col_tile
 from ..ops.quant import QuantizedWeight
 
 Weight = torch.Tensor | QuantizedWeight
@@ -21,14 +22,18 @@ Weight = torch.Tensor | QuantizedWeight
 class Linear:
     """y = x Wᵀ (no bias anywhere in Qwen3.5)."""
 
-    def __init__(self, weight: Weight, dtype: torch.dtype, book=None) -> None:
+    def __init__(
+        self, weight: Weight, dtype: torch.dtype, book=None, whole_rows: int | None = None
+    ) -> None:
         self.weight = weight
         self.dtype = dtype
         self.book = book  # ops.triton.linear.TileBook shared by the model's layers (GPU)
         self.out_features, self.in_features = weight.shape
+        # The CPU's column tile follows the whole weight's rows, also on a rank holding a part.
+        self.tile = col_tile(whole_rows or self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return op.linear(x, self.weight, self.book)
+        return op.linear(x, self.weight, self.book, self.tile)
 
 
 class Embedding:

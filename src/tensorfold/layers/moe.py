@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import dispatch as op
+from ..ops.collective import Group
 from ..ops.moe import Experts
 from .linear import Linear
 from .mlp import MLP
@@ -19,15 +20,42 @@ from .mlp import MLP
 
 class SparseMoE:
     def __init__(
-        self, router: Linear, experts: Experts, shared: MLP, shared_gate: Linear, top_k: int
+        self,
+        router: Linear,
+        experts: Experts,
+        shared: MLP,
+        shared_gate: Linear,
+        top_k: int,
+        group: Group | None = None,
+        first: int = 0,
     ) -> None:
         self.router, self.experts, self.top_k = router, experts, top_k
         self.shared, self.shared_gate = shared, shared_gate
+        self.group, self.first = group, first  # a split: this rank's experts from `first`
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         route = op.moe_route(self.router(x), self.top_k)
-        routed = op.expert_swiglu(x, route.ids, self.experts)
+        if self.group is None:
+            routed = op.expert_swiglu(x, route.ids, self.experts)
+        else:
+            routed = self.split_experts(x, route.ids)
         return op.moe_combine(routed, route.weights, self.shared(x), self.shared_gate(x))
+
+    def split_experts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[M, k, H] as `expert_swiglu` gives it, on a rank holding some of the experts: each
+        chosen expert's rows through its owner only, the owners' outputs gathered and each
+        (row, choice) taken from its owner (a choice, never a sum). An expert's rows give the
+        same bits whichever rows share it (docs/exactness.md, 'Experts')."""
+        m, k = ids.shape
+        flat, per = ids.reshape(-1), self.experts.num_experts
+        mine = ((flat >= self.first) & (flat < self.first + per)).nonzero().squeeze(1)
+        out = x.new_zeros((m * k, self.experts.down.shape[0]))
+        if mine.numel():
+            local = (flat[mine] - self.first)[:, None]
+            out[mine] = op.expert_swiglu(x[mine // k], local, self.experts)[:, 0]
+        every = self.group.gather_cols(out).view(m * k, self.group.world, -1)
+        owner = flat // per
+        return every[torch.arange(m * k, device=x.device), owner].view(m, k, -1)
 
     def linears(self) -> list[Linear]:
         """The block's projections but the experts: the router, the shared expert, its gate."""

@@ -14,9 +14,12 @@ from ..layers.linear import Embedding, Linear, QuantizedWeight
 from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import GatedRMSNorm, RMSNorm
+from ..layers.split import RowSplit
+from ..ops.collective import Group
 from ..ops.moe import Experts, ExpertStack
 from .checkpoint import Checkpoint
 from .qwen3_5 import DecoderLayer, Qwen35Model
+from .split import Ranges, Shard, plan_shard, take_rows
 from .weights import WeightMap
 
 PROGRESS_BYTES = 1 << 30  # show a progress bar from 1 GiB of weights
@@ -79,9 +82,17 @@ def _check_gdn(cfg: ModelConfig, wm: WeightMap, p: str) -> None:
 
 class _Builder:
     def __init__(
-        self, cfg: ModelConfig, wm: WeightMap, dtype: torch.dtype, device: torch.device, bar
+        self,
+        cfg: ModelConfig,
+        wm: WeightMap,
+        dtype: torch.dtype,
+        device: torch.device,
+        bar,
+        shard: Shard | None = None,
+        group: Group | None = None,
     ) -> None:
         self.cfg, self.wm, self.dtype, self.device, self.bar = cfg, wm, dtype, device, bar
+        self.shard, self.group = shard, group  # a tensor split: this rank's rows (models/split.py)
         self.book = None
         if device.type == "cuda":  # GPU launch shapes, timed once and shared by all layers
             from ..ops.triton.linear import TileBook
@@ -89,27 +100,46 @@ class _Builder:
             self.book = TileBook()
         self.acc = torch.float64 if dtype == torch.float64 else torch.float32
 
-    def tensor(self, local: str, dtype: torch.dtype | None) -> torch.Tensor:
-        t = self.wm.read(local)
+    def rows(self, ranges) -> Ranges | None:
+        """`ranges(shard)` on a split rank; None (every row) otherwise."""
+        return ranges(self.shard) if self.shard is not None else None
+
+    def tensor(
+        self, local: str, dtype: torch.dtype | None, rows: Ranges | None = None
+    ) -> torch.Tensor:
+        t = take_rows(self.wm.read(local), rows)
         self.bar.update(t.numel() * t.element_size())
         return t.to(self.device, dtype) if dtype is not None else t.to(self.device)
 
-    def weight(self, stem: str):
+    def weight(self, stem: str, rows: Ranges | None = None):
         w = self.wm.read_matrix(stem)
         if isinstance(w, torch.Tensor):
+            w = take_rows(w, rows)
             self.bar.update(w.numel() * w.element_size())
             return w.to(self.device, self.dtype)
-        packed, scales, biases, spec = w
+        packed, scales, biases, spec = (*(take_rows(t, rows) for t in w[:3]), w[3])
         q = QuantizedWeight(packed, scales, biases, spec.bits, spec.group_size)
         self.bar.update(q.nbytes)
         return q.to(self.device)
 
-    def linear(self, stem: str) -> Linear:
-        return Linear(self.weight(stem), self.dtype, self.book)
+    def linear(self, stem: str, rows: Ranges | None = None) -> Linear:
+        whole = self.wm.read_matrix(stem)  # mapped, not read: the whole weight's row count
+        n = (whole if isinstance(whole, torch.Tensor) else whole[0]).shape[0]
+        return Linear(self.weight(stem, rows), self.dtype, self.book, n)
 
-    def mlp(self, p: str) -> MLP:
+    def gathered(self, stem: str, rows: Ranges | None = None, gather_input: bool = True) -> Linear:
+        """A projection whose output the split gathers (its input too, when the rank holds only
+        its heads' or inner columns of it); a plain projection when the model is whole."""
+        if self.group is None:
+            return self.linear(stem)
+        return RowSplit(self.weight(stem, rows), self.dtype, self.group, gather_input, self.book)
+
+    def mlp(self, p: str, shared: bool = False) -> MLP:
+        inter = self.rows(lambda s: (s.shared,) if shared else (s.inter,))
         return MLP(
-            self.linear(p + "gate_proj"), self.linear(p + "up_proj"), self.linear(p + "down_proj")
+            self.linear(p + "gate_proj", inter),
+            self.linear(p + "up_proj", inter),
+            self.gathered(p + "down_proj", self.rows(lambda s: (s.hidden,))),
         )
 
     def stack(self, raw) -> ExpertStack:
@@ -128,15 +158,17 @@ class _Builder:
         )
 
     def moe(self, p: str) -> SparseMoE:
-        moe = self.cfg.moe
-        raw = self.wm.read_experts(p, moe.expert_intermediate_size)
+        moe, first, stop = self.cfg.moe, *(self.shard.experts if self.shard else (0, None))
+        raw = self.wm.read_experts(p, moe.expert_intermediate_size, first, stop)
         experts = Experts(self.stack(raw["gate"]), self.stack(raw["up"]), self.stack(raw["down"]))
         return SparseMoE(
-            self.linear(p + "gate"),
+            self.linear(p + "gate"),  # the router whole on every rank: every rank routes
             experts,
-            self.mlp(p + "shared_expert."),
+            self.mlp(p + "shared_expert.", shared=True),
             self.linear(p + "shared_expert_gate"),
             moe.top_k,
+            self.group,
+            first,
         )
 
     def norm(self, local: str) -> RMSNorm:
@@ -145,43 +177,67 @@ class _Builder:
         )
 
     def attention(self, p: str) -> GatedAttention:
-        c = self.cfg
+        c, s = self.cfg, self.shard
+        kv = self.rows(lambda s: s.kv_rows(c.head_dim))
         return GatedAttention(
-            self.linear(p + "q_proj"),
-            self.linear(p + "k_proj"),
-            self.linear(p + "v_proj"),
-            self.linear(p + "o_proj"),
+            self.linear(p + "q_proj", self.rows(lambda s: s.q_rows(c.head_dim))),
+            self.linear(p + "k_proj", kv),
+            self.linear(p + "v_proj", kv),
+            self.gathered(p + "o_proj", self.rows(lambda s: (s.hidden,))),
             self.norm(p + "q_norm.weight"),
             self.norm(p + "k_norm.weight"),
-            c.num_heads,
-            c.num_kv_heads,
+            s.q_heads.count if s else c.num_heads,
+            s.kv_heads.count if s else c.num_kv_heads,
             c.head_dim,
         )
 
     def gdn(self, p: str) -> GatedDeltaNet:
-        c = self.cfg
-        conv = self.tensor(p + "conv1d.weight", self.dtype).reshape(c.conv_dim, c.conv_kernel)
+        c, s = self.cfg, self.shard
+        channels = self.rows(lambda s: s.conv_rows(c))
+        gates = self.rows(lambda s: s.gate_rows())
+        conv = self.tensor(p + "conv1d.weight", self.dtype)
+        conv = take_rows(conv.reshape(c.conv_dim, c.conv_kernel), channels)
         norm_w = self.tensor(
             p + "norm.weight", torch.float64 if self.dtype == torch.float64 else None
         )
         shape = GDNShape(
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
+            s.k_heads.count if s else c.linear_num_key_heads,
+            s.v_heads.count if s else c.linear_num_value_heads,
             c.linear_key_head_dim,
             c.linear_value_head_dim,
         )
         return GatedDeltaNet(
             shape,
-            self.linear(p + "in_proj_qkv"),
-            self.linear(p + "in_proj_z"),
-            self.linear(p + "in_proj_b"),
-            self.linear(p + "in_proj_a"),
+            self.linear(p + "in_proj_qkv", channels),
+            self.linear(p + "in_proj_z", self.rows(lambda s: s.z_rows(c))),
+            self.linear(p + "in_proj_b", gates),
+            self.linear(p + "in_proj_a", gates),
             conv,
-            self.tensor(p + "A_log", None),
-            self.tensor(p + "dt_bias", None),
+            self.tensor(p + "A_log", None, gates),
+            self.tensor(p + "dt_bias", None, gates),
             GatedRMSNorm(norm_w, c.rms_norm_eps),
-            self.linear(p + "out_proj"),
+            self.gathered(p + "out_proj", self.rows(lambda s: (s.hidden,))),
         )
+
+    def head(self, embed: Embedding) -> Linear:
+        """The output head (the embedding table when tied); split by vocabulary on a split rank,
+        each rank's logits gathered in rank order into whole rows."""
+        vocab = self.rows(lambda s: (s.vocab,))
+        if not self.cfg.tie_word_embeddings:
+            return self.gathered("lm_head", vocab, gather_input=False)
+        if self.group is None:
+            return embed.as_linear(self.book)
+        w = embed.weight
+        part = (
+            take_rows(w, vocab)
+            if isinstance(w, torch.Tensor)
+            else QuantizedWeight(
+                *(take_rows(t, vocab) for t in (w.packed, w.scales, w.biases)),
+                w.bits,
+                w.group_size,
+            )
+        )
+        return RowSplit(part, self.dtype, self.group, False, self.book)
 
     def layer(self, n: int, kind: str, cache_index: int) -> DecoderLayer:
         p = f"layers.{n}."
@@ -201,19 +257,23 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     progress: bool | None = None,
+    group: Group | None = None,
 ) -> Qwen35Model:
+    """The model, or with `group` (a tensor split) this rank's part of it: only its rows of
+    each weight are read from the mapped files (the embedding table whole)."""
     cfg = ModelConfig.from_dir(path)  # refuses a bad config before any file is opened
+    device = torch.device(device)
+    shard = plan_shard(cfg, group.rank, group.world, dtype) if group is not None else None
     ckpt = Checkpoint(path)  # headers only
     wm = WeightMap(ckpt, cfg)
     validate(cfg, wm)
-    device = torch.device(device)
     show = progress if progress is not None else ckpt.nbytes >= PROGRESS_BYTES
     with tqdm(
         total=ckpt.nbytes, unit="B", unit_scale=True, desc="loading", disable=not show
     ) as bar:
-        b = _Builder(cfg, wm, dtype, device, bar)
+        b = _Builder(cfg, wm, dtype, device, bar, shard, group)
         embed = Embedding(b.weight("embed_tokens"), dtype)
-        head = embed.as_linear(b.book) if cfg.tie_word_embeddings else b.linear("lm_head")
+        head = b.head(embed)
         counters = {"full": 0, "linear": 0}
         layers = []
         for n, kind in enumerate(cfg.layer_kinds):
@@ -222,5 +282,6 @@ def load_model(
         model = Qwen35Model(
             cfg, embed, layers, b.norm("norm.weight"), head, dtype, device, layout=wm.layout.name
         )
+        model.shard, model.group = shard, group
     model.path = Path(path)
     return model

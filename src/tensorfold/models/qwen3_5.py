@@ -25,6 +25,15 @@ from ..ops.quant import QuantizedWeight
 from ..ops.rope import rope_tables
 
 
+@dataclass(frozen=True)
+class CacheWidths:
+    """The widths of the caches this process holds (a rank of a split: its heads only)."""
+
+    kv_heads: int
+    conv_dim: int
+    v_heads: int
+
+
 @dataclass
 class DecoderLayer:
     input_norm: RMSNorm
@@ -54,6 +63,18 @@ class Qwen35Model:
         self.hidden: torch.Tensor | None = None
         self.taps: tuple[int, ...] = ()  # layers whose output a block drafter reads (DFlash)
         self.tapped: torch.Tensor | None = None  # those outputs, concatenated in `taps` order
+        self.shard = None  # models.split.Shard: this rank's part of a tensor split
+        self.group = None  # ops.collective.Group: the ranks of that split
+
+    @property
+    def cache_widths(self) -> CacheWidths:
+        cfg, s = self.config, self.shard
+        if s is None:
+            return CacheWidths(cfg.num_kv_heads, cfg.conv_dim, cfg.linear_num_value_heads)
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        return CacheWidths(
+            s.kv_heads.count, 2 * dk * s.k_heads.count + dv * s.v_heads.count, s.v_heads.count
+        )
 
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.

@@ -192,25 +192,27 @@ class WeightMap:
         self._check(base + ".biases", (e, n, k // spec.group_size), FLOAT_DTYPES)
         self.quant[stem] = spec
 
-    def read_experts(self, p: str, inter: int) -> dict[str, Any]:
-        """{"gate", "up", "down"}: each stacked over the experts, a dense [E, N, K] tensor or
-        (packed, scales, biases, spec) with the expert axis first."""
-        layout = self.experts[p]
+    def read_experts(self, p: str, inter: int, first: int = 0, stop: int | None = None):
+        """{"gate", "up", "down"}: experts [first, stop) each stacked, a dense [E, N, K] tensor or
+        (packed, scales, biases, spec) with the expert axis first (views of the mapped files
+        where the file stacks them, so a rank of a split reads only its experts)."""
+        layout, stop = self.experts[p], stop or self.cfg.moe.num_experts
         if layout == "fused":
-            gate_up = self.read(p + "experts.gate_up_proj")  # [E, 2I, H], the gate half first
+            gate_up = self.read(p + "experts.gate_up_proj")[first:stop]  # [E, 2I, H], gate first
             return {
                 "gate": gate_up[:, :inter],
                 "up": gate_up[:, inter:],
-                "down": self.read(p + "experts.down_proj"),
+                "down": self.read(p + "experts.down_proj")[first:stop],
             }
         if layout == "stacked":
             return {
-                name: self.read_matrix(f"{p}switch_mlp.{name}_proj")
+                name: _experts(self.read_matrix(f"{p}switch_mlp.{name}_proj"), first, stop)
                 for name in ("gate", "up", "down")
             }
-        e = self.cfg.moe.num_experts
         return {
-            name: _stack([self.read_matrix(f"{p}experts.{i}.{name}_proj") for i in range(e)])
+            name: _stack(
+                [self.read_matrix(f"{p}experts.{i}.{name}_proj") for i in range(first, stop)]
+            )
             for name in ("gate", "up", "down")
         }
 
@@ -231,6 +233,13 @@ class WeightMap:
             self.ckpt.read(base + ".biases"),
             spec,
         )
+
+
+def _experts(stack: Any, first: int, stop: int) -> Any:
+    """Experts [first, stop) of a stacked projection, dense or (packed, scales, biases, spec)."""
+    if isinstance(stack, torch.Tensor):
+        return stack[first:stop]
+    return (*(t[first:stop] for t in stack[:3]), stack[3])
 
 
 def _stack(parts: list) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch, Segment
+from .gates import untailed
 from .linear import pad_rows
 
 KV_SPLIT = 64
@@ -71,7 +72,7 @@ def gated_attention_lanes(
             q[seg.rows], k_cache, v_cache, seg.kv_rows, batch.positions[seg.rows], scale
         )
     # Over every row at once, padding included: the elementwise ops meet no scalar tail.
-    return out.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1))
+    return out.reshape(n, -1) * untailed(torch.sigmoid, gate.reshape(n, -1))
 
 
 def paged_attention(
@@ -113,32 +114,32 @@ def paged_attention(
 def _attend_tile(q, pos, k_cache, v_cache, kv_rows, scale, hkv):
     t, hq, d = q.shape
     group = hq // hkv
-    # [Hkv, group*T, D]: query heads of one KV head side by side, rows inside.
-    qh = q.view(t, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * t, d)
-    row_pos = pos.repeat(group)  # [group*T]
-    m = qh.new_full((hkv, group * t), float("-inf"))
-    l = qh.new_zeros((hkv, group * t))
-    o = qh.new_zeros((hkv, group * t, d))
+    # [Hq, T, D]: one product of one shape per query head, whatever the heads' grouping, so a
+    # head's bits do not depend on how many heads share its KV head (a tensor split may hold one).
+    qh = q.permute(1, 0, 2)
+    m = qh.new_full((hq, t), float("-inf"))
+    l = qh.new_zeros((hq, t))
+    o = qh.new_zeros((hq, t, d))
     last = int(pos.max())
     for split in range(0, last + 1, KV_SPLIT):
         key_pos = torch.arange(split, split + KV_SPLIT, device=q.device)
         idx = kv_rows[split : split + KV_SPLIT]
         if idx.shape[0] < KV_SPLIT:  # the tail of the page table: read any row, mask it below
             idx = torch.cat([idx, idx.new_zeros(KV_SPLIT - idx.shape[0])])
-        k = k_cache[idx].to(q.dtype).permute(1, 2, 0)  # [Hkv, D, S]
-        v = v_cache[idx].to(q.dtype).permute(1, 0, 2)  # [Hkv, S, D]
-        visible = key_pos[None, :] <= row_pos[:, None]  # [group*T, S]
+        k = k_cache[idx].to(q.dtype).repeat_interleave(group, dim=1).permute(1, 2, 0)  # [Hq, D, S]
+        v = v_cache[idx].to(q.dtype).repeat_interleave(group, dim=1).permute(1, 0, 2)  # [Hq, S, D]
+        visible = key_pos[None, :] <= pos[:, None]  # [T, S]
         scores = torch.matmul(qh, k) * scale
         scores = scores.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, scores.amax(-1))
-        active = (split <= row_pos)[None, :].expand_as(m)  # rows this split reaches
+        active = (split <= pos)[None, :].expand_as(m)  # rows this split reaches
         m_safe = torch.where(active, m_new, torch.zeros_like(m_new))
-        p = torch.exp(scores - m_safe[..., None])
-        alpha = torch.exp(m - m_safe)
+        p = untailed(torch.exp, scores - m_safe[..., None])
+        alpha = untailed(torch.exp, m - m_safe)
         l_new = l * alpha + p.sum(-1)
         o_new = o * alpha[..., None] + torch.matmul(p, v)
         m = torch.where(active, m_new, m)
         l = torch.where(active, l_new, l)
         o = torch.where(active[..., None], o_new, o)
     res = o / l.clamp_min(torch.finfo(o.dtype).tiny)[..., None]
-    return res.view(hkv, group, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+    return res.permute(1, 0, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gates import untailed
 from .linear import ROW_TILE
 
 
@@ -47,4 +48,4 @@ def causal_conv_lanes(
     for j in range(1, weight.shape[1]):
         out = out + w[:, j] * source[taps[:, j]].to(acc)
     states[slots] = source[keep].view(-1, hist, states.shape[2])
-    return F.silu(out)[:n].to(x.dtype)
+    return untailed(F.silu, out)[:n].to(x.dtype)

@@ -47,15 +47,18 @@ def lane_index(segments: tuple[Segment, ...], device, conv_kernel: int) -> LaneI
     )
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantizedWeight, book=None) -> torch.Tensor:
-    """x [M, K] · wᵀ -> [M, N]; `book` (ops.triton.linear.TileBook) picks GPU launch shapes."""
+def linear(
+    x: torch.Tensor, w: torch.Tensor | QuantizedWeight, book=None, tile: int = ref_linear.COL_TILE
+) -> torch.Tensor:
+    """x [M, K] · wᵀ -> [M, N]; `book` (ops.triton.linear.TileBook) picks GPU launch shapes,
+    `tile` the CPU's column tile (ops/linear.py, col_tile)."""
     if x.is_cuda:
         from .triton.linear import matmul
 
         return matmul(x, w, book)
     if isinstance(w, QuantizedWeight):
-        return ref_linear.matmul_packed_rows(x, w)
-    return ref_linear.matmul_rows(x, w)
+        return ref_linear.matmul_packed_rows(x, w, tile)
+    return ref_linear.matmul_rows(x, w, tile=tile)
 
 
 def rms_norm(

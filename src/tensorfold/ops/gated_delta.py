@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import Segment
+from .gates import untailed
 from .norm import l2_norm
 
 
@@ -65,7 +66,7 @@ def gated_delta_lanes(
     recurrence from the lane's slot. Returns o [n, Hv, dv] in v's dtype (padding rows zero)."""
     acc, dk = states.dtype, q.shape[-1]
     repeat = v.shape[1] // q.shape[1]
-    decay = g.exp()  # over every row at once
+    decay = untailed(torch.exp, g)  # over every row at once
     out = torch.zeros_like(v)
     for seg in segments:
         r = seg.rows

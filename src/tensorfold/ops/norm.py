@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gates import untailed
+
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -31,7 +33,7 @@ def gated_rms_norm(
     xf = x.to(acc)
     normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     y = weight * normed
-    return (y.to(acc) * F.silu(gate.to(acc))).to(x.dtype)
+    return (y.to(acc) * untailed(F.silu, gate.to(acc))).to(x.dtype)
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

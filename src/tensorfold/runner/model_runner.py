@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,15 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
 
+@dataclass
+class CollectiveTime:
+    """Time in a tensor split's collectives: in total and in the last pass (zero when whole)."""
+
+    seconds: float = 0.0
+    calls: int = 0
+    last_pass_seconds: float = 0.0
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -45,6 +55,7 @@ class ModelRunner:
             self.threads = set_cpu_threads(model.weight_bytes, threads)
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and model.graph_safe
         self.context, self.graphs = context, {}
+        self.collective = CollectiveTime()
 
     def execute(self, work) -> dict[int, torch.Tensor]:
         """work: [(request, rows)]. Returns {index in work: logits [r, V]} of the rows each
@@ -77,6 +88,17 @@ class ModelRunner:
         for r, owner in enumerate(owners):
             out.setdefault(owner, []).append(logits[r])
         return {i: torch.stack(rows) for i, rows in out.items()}
+
+    def ranks_memory(self) -> list:
+        """Each rank's bytes when the model is split (runner/distributed.py); none when whole."""
+        return []
+
+    def close(self) -> None:
+        """Releases what the runner holds beyond this process (the ranks of a split)."""
+
+    def greedy(self, rows: torch.Tensor) -> list[int]:
+        """The first maximum of each logit row [R, V] (one device sync for all of them)."""
+        return rows.argmax(-1).tolist()
 
     def _replay(self, reqs) -> dict[int, torch.Tensor]:
         graph = self.graphs.get(len(reqs))

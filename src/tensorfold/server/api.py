@@ -77,6 +77,7 @@ def create_app(
         bridge.start()
         yield
         bridge.stop()
+        bridge.close()  # a tensor split's other ranks stop
         text.close()
 
     app = FastAPI(title="TensorFold", lifespan=lifespan)

@@ -17,6 +17,7 @@ import torch
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams, TokenEvent
 from ..engine.stats import EngineFacts, EngineStats, MemoryReport
+from ..errors import RankLost
 
 log = logging.getLogger("tensorfold.server")
 
@@ -35,10 +36,11 @@ class Choice:
 
 def is_device_fault(exc: BaseException) -> bool:
     """A CUDA error such as an illegal address poisons the process's device context: every later
-    pass would fail too."""
+    pass would fail too. So does a lost rank of a tensor split."""
     fault_type = getattr(torch, "AcceleratorError", None)
     return (
-        (fault_type is not None and isinstance(exc, fault_type))
+        isinstance(exc, RankLost)
+        or (fault_type is not None and isinstance(exc, fault_type))
         or "CUDA error" in str(exc)
         or "illegal memory access" in str(exc)
     )
@@ -170,6 +172,15 @@ class AsyncEngine:
             self.stats.passes,
             cancelled,
         )
+
+    def close(self) -> None:
+        """After stop: lets the other ranks of a split go (never raises: the split may be lost)."""
+        if self.alive:
+            return  # the engine thread still runs a pass: it owns the ranks
+        try:
+            self.engine.close()
+        except Exception as exc:  # a lost rank: nothing is left to release
+            log.warning("closing the split: %s", exc)
 
     # -- engine thread ------------------------------------------------------------------------
     def _run_warmup(self) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..engine.drafting import add_flags as add_draft_flags
+from ..runner.launch import add_flag as add_split_flag
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -58,6 +59,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
+    add_split_flag(p)
     p.add_argument(
         "--served-model-name",
         default=None,
@@ -109,7 +111,7 @@ def _build(args: argparse.Namespace):
     from ..engine.drafting import check as check_draft
     from ..engine.engine import Engine, EngineConfig
     from ..engine.fingerprint import system_fingerprint
-    from ..models.loader import load_model
+    from ..runner.launch import load_split
     from ..tokenizer import Tokenizer
     from ..util import default_checkpoint, resolve_device, resolve_dtype
     from .api import create_app
@@ -121,7 +123,7 @@ def _build(args: argparse.Namespace):
         api_key = resolve_api_key(args.api_key, args.api_key_file)
         limits = from_args(args, args.context, args.max_queue)
         path = default_checkpoint(args.checkpoint).resolve()
-        check_draft(args.draft, args.draft_tokens, path)
+        check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
     device = resolve_device(args.device)
@@ -131,7 +133,9 @@ def _build(args: argparse.Namespace):
     args.chunk = args.chunk or (2048 if device.type == "cuda" else 128)
     start = time.monotonic()
     log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
-    model = load_model(path, dtype=dtype, device=device, progress=True)
+    model, device = load_split(path, dtype, device, args.tensor_parallel, progress=True)
+    if model is None:  # a following rank of a split: it followed rank 0 until its stop
+        return None, None
     tokenizer = Tokenizer(path) if Tokenizer.exists(path) else None
     if args.context > model.config.max_position_embeddings:
         log.warning(
@@ -211,6 +215,8 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     app, name = _build(args)
+    if app is None:
+        return 0
     log.info(
         "serving %r: parallel %d, context %d, chunk %d, queue %d",
         name,

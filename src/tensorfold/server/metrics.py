@@ -106,6 +106,21 @@ class Metrics:
             "Drafted tokens the target chose too (kept)",
             lambda: stats().draft_accepted,
         )
+        self._gauge(
+            "tensorfold_collective_seconds",
+            "A tensor split: seconds in collectives (plans and all-gathers) on rank 0, in total",
+            lambda: stats().collective_seconds,
+        )
+        self._gauge(
+            "tensorfold_collective_last_pass_seconds",
+            "A tensor split: seconds in collectives during the last pass on rank 0",
+            lambda: stats().collective_last_pass_seconds,
+        )
+        self._gauge(
+            "tensorfold_collective_calls",
+            "A tensor split: all-gathers run on rank 0, in total",
+            lambda: stats().collective_calls,
+        )
         r.register(AcceptanceLengths(stats))
 
     def _vllm_named(self, r: CollectorRegistry, stats: Callable[[], EngineStats]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..engine.drafting import check as check_draft
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams, Watch
-from ..models.loader import load_model
+from ..runner.launch import load_split
 from ..tokenizer import Tokenizer
 from ..util import default_checkpoint, resolve_device, resolve_dtype, token_sha
 
@@ -64,9 +64,12 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 def run_command(args) -> int:
     path = default_checkpoint(args.checkpoint)
-    check_draft(args.draft, args.draft_tokens, path)  # refused before any weight is read
+    check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)  # before any read
     device = resolve_device(args.device)
-    model = load_model(path, dtype=resolve_dtype(args.dtype, device), device=device)
+    dtype = resolve_dtype(args.dtype, device)
+    model, device = load_split(path, dtype, device, args.tensor_parallel)
+    if model is None:  # a following rank of a split: rank 0 printed the result
+        return 0
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
     ids = _prompt_ids(args, tok)
     context = args.context or max(4096, len(ids) + args.max_tokens)
@@ -87,7 +90,8 @@ def run_command(args) -> int:
         )
 
     seams = args.seams if args.compare_chunk else None
-    req, prints = generate_once(engine(args.chunk), ids, params, seams)
+    last = engine(args.chunk)
+    req, prints = generate_once(last, ids, params, seams)
     result = {
         "prompt_tokens": len(ids),
         "token_ids": req.output_ids,
@@ -98,11 +102,13 @@ def run_command(args) -> int:
     if req.draft is not None:  # tokens drafted and kept (the reply is the same without)
         result["draft"] = {"proposed": req.draft.proposed, "accepted": req.draft.accepted}
     if args.compare_chunk:
-        other, prints_b = generate_once(engine(args.compare_chunk), ids, params, seams)
+        last = engine(args.compare_chunk)  # a split's ranks now follow this engine
+        other, prints_b = generate_once(last, ids, params, seams)
         result["seams"] = _compare(prints, prints_b, args.chunk, args.compare_chunk)
         result["seams_equal"] = (
             all(s["equal"] for s in result["seams"]) and other.output_ids == req.output_ids
         )
+    last.close()  # a split's other ranks stop
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,0 +1,142 @@
+"""The tensor split of one model over `world` ranks: which rows of each weight a rank holds.
+
+Every product is split by output rows with the whole K on each rank, so a rank computes whole
+output values with the whole model's arithmetic; nothing is ever summed across ranks
+(docs/exactness.md, 'Tensor split'). Attention heads and Gated DeltaNet heads are split with
+their conv channels, gates and states; key/value heads are replicated where there are fewer
+of them than ranks. Whatever cannot be split exactly is refused here, by name, before any
+weight is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import SplitRefused
+
+Ranges = tuple[tuple[int, int], ...]  # row ranges [start, stop) of a weight, in order
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """Heads [first, first + count) on this rank; `copies` ranks hold each one (1: split)."""
+
+    first: int
+    count: int
+    copies: int = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `world`: the heads and rows it holds."""
+
+    rank: int
+    world: int
+    q_heads: HeadSplit  # attention query heads
+    kv_heads: HeadSplit  # attention key/value heads
+    k_heads: HeadSplit  # Gated DeltaNet key heads
+    v_heads: HeadSplit  # Gated DeltaNet value heads
+    hidden: tuple[int, int]  # output rows of o_proj, out_proj, down_proj
+    inter: tuple[int, int]  # rows of gate_proj, up_proj (the MLP's inner width)
+    vocab: tuple[int, int]  # rows of the output head
+    experts: tuple[int, int] = (0, 0)  # routed experts [first, stop) of an MoE model
+    shared: tuple[int, int] = (0, 0)  # rows of the shared expert's gate and up projections
+
+    def owns(self, heads: HeadSplit) -> bool:
+        """Whether this rank is the first of the ranks holding these heads: the one whose copy
+        counts when the ranks' states are put back together."""
+        return self.rank % heads.copies == 0
+
+    def q_rows(self, head_dim: int) -> Ranges:
+        """q_proj: 2*head_dim rows per head (the query, then its output gate)."""
+        h = self.q_heads
+        return ((2 * head_dim * h.first, 2 * head_dim * (h.first + h.count)),)
+
+    def kv_rows(self, head_dim: int) -> Ranges:
+        h = self.kv_heads
+        return ((head_dim * h.first, head_dim * (h.first + h.count)),)
+
+    def conv_rows(self, cfg: ModelConfig) -> Ranges:
+        """in_proj_qkv and the conv: channels [q | k | v], each part this rank's heads."""
+        k, v, dk, dv = (
+            self.k_heads,
+            self.v_heads,
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+        )
+        q_part = (dk * k.first, dk * (k.first + k.count))
+        k_part = (cfg.key_dim + q_part[0], cfg.key_dim + q_part[1])
+        v_part = (2 * cfg.key_dim + dv * v.first, 2 * cfg.key_dim + dv * (v.first + v.count))
+        return (q_part, k_part, v_part)
+
+    def z_rows(self, cfg: ModelConfig) -> Ranges:
+        dv, v = cfg.linear_value_head_dim, self.v_heads
+        return ((dv * v.first, dv * (v.first + v.count)),)
+
+    def gate_rows(self) -> Ranges:
+        """in_proj_a, in_proj_b, A_log, dt_bias: one row per value head."""
+        return ((self.v_heads.first, self.v_heads.first + self.v_heads.count),)
+
+
+def _heads(total: int, rank: int, world: int, what: str, replicate: bool) -> HeadSplit:
+    if total % world == 0:
+        per = total // world
+        return HeadSplit(rank * per, per)
+    if replicate and world % total == 0:  # fewer heads than ranks: each held by world/total
+        copies = world // total
+        return HeadSplit(rank // copies, 1, copies)
+    raise SplitRefused(
+        f"--tensor-parallel {world}: {what} ({total}) is not divisible by {world}"
+        + (f" and {world} is not a multiple of it" if replicate else "")
+    )
+
+
+def _rows(total: int, rank: int, world: int, what: str) -> tuple[int, int]:
+    if total % world:
+        raise SplitRefused(
+            f"--tensor-parallel {world}: {what} ({total}) is not divisible by {world}"
+        )
+    per = total // world
+    return rank * per, (rank + 1) * per
+
+
+def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> Shard:
+    """This rank's part of the model; SplitRefused for a split that cannot be exact."""
+    if world < 1 or not 0 <= rank < world:
+        raise SplitRefused(f"rank {rank} of a {world}-rank split does not exist")
+    if dtype == torch.float64 and world > 1:
+        raise SplitRefused(
+            f"--tensor-parallel {world}: float64 products are not column-position invariant on "
+            "the CPU's BLAS, so a split float64 model would not give the whole model's bits"
+        )
+    q = _heads(cfg.num_heads, rank, world, "num_attention_heads", replicate=False)
+    kv = _heads(cfg.num_kv_heads, rank, world, "num_key_value_heads", replicate=True)
+    hv = _heads(cfg.linear_num_value_heads, rank, world, "linear_num_value_heads", False)
+    hk = _heads(cfg.linear_num_key_heads, rank, world, "linear_num_key_heads", replicate=True)
+    moe = cfg.moe
+    return Shard(
+        rank,
+        world,
+        q,
+        kv,
+        hk,
+        hv,
+        _rows(cfg.hidden_size, rank, world, "hidden_size"),
+        _rows(cfg.intermediate_size, rank, world, "intermediate_size"),
+        _rows(cfg.vocab_size, rank, world, "vocab_size"),
+        _rows(moe.num_experts, rank, world, "num_experts") if moe else (0, 0),
+        _rows(moe.shared_intermediate_size, rank, world, "shared_expert_intermediate_size")
+        if moe
+        else (0, 0),
+    )
+
+
+def take_rows(t: torch.Tensor, ranges: Ranges | None) -> torch.Tensor:
+    """The rows of `ranges` (a view for one range: a mapped file is then read only there)."""
+    if ranges is None:
+        return t
+    parts = [t[a:b] for a, b in ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
