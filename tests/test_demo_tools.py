@@ -79,17 +79,25 @@ def test_tool_call_then_answer(client, question, name, args, result, thinking):
     assert follow.message.content == result and not follow.message.tool_calls
 
 
-@pytest.mark.parametrize(
-    "question,answer",
-    [
-        ("What is 17 × 23?", 391),
-        ("What is the capital of Japan?", "Tokyo"),
-        ("Reverse the word planet.", "tenalp"),
-    ],
-)
-def test_json_system_gets_json(client, question, answer):
+JSON_QUESTIONS = [
+    ("What is 17 × 23?", 391),
+    ("How many days are in a leap year?", 366),
+    ("What is the capital of Japan?", "Tokyo"),
+    ("Reverse the word planet.", "tenalp"),
+    ("Is 1900 a leap year?", "No"),
+    ("What is the chemical symbol for iron?", "Fe"),
+]
+# With thinking every one; without, the last four (the model's JSON answers without a trace are
+# its weak spot: see the demo README).
+JSON_CASES = [(q, a, True) for q, a in JSON_QUESTIONS] + [
+    (q, a, False) for q, a in JSON_QUESTIONS[2:]
+]
+
+
+@pytest.mark.parametrize("question,answer,thinking", JSON_CASES)
+def test_json_system_gets_json(client, question, answer, thinking):
     messages = [{"role": "system", "content": JSON_SYSTEM}, {"role": "user", "content": question}]
-    out = ask(client, messages, False).choices[0]
+    out = ask(client, messages, thinking).choices[0]
     assert out.finish_reason == "stop"
     reply = json.loads(out.message.content)
     jsonschema.validate(reply, ANSWER_SCHEMA)
