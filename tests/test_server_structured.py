@@ -223,7 +223,7 @@ def test_mask_depends_only_on_the_tokens_so_far(demo):
     for source in (json_grammar(SCHEMA), tools_grammar([CALC, LOOKUP], None, True)):
         grammar = Grammar(LLMatcher.grammar_from_lark(source))
         text = (
-            '{"answer":391,"sure":true}'
+            '{"answer": 391, "sure": true}'
             if "answer" in source
             else (
                 "<tool_call>\n<function=lookup>\n<parameter=key>\n2\n</parameter>\n</function>\n</tool_call>"

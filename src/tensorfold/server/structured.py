@@ -17,7 +17,9 @@ from .errors import APIError
 from .protocol import ChatCompletionRequest
 
 LEAD = "LEAD: /\\n{0,2}/\n"  # the newlines a reply opens with after its think block
-COMPACT = {"whitespace_flexible": False}  # JSON without free whitespace: a model cannot stall
+# JSON without free whitespace (a model cannot stall in it), separated as json.dumps and most
+# models write it: ", " between items, ": " after a key
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _lit(text: str) -> str:
