@@ -93,30 +93,39 @@ def _run_json(args: list[str], env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_two_torchrun_nodes_give_the_whole_tokens(hf_tiny_b):
+def test_two_torchrun_nodes_give_the_whole_tokens(hf_tiny_b, tmp_path):
     """Two torchrun "nodes" on loopback (one rank each, env:// rendezvous) against the whole."""
     run = ["-m", "tensorfold.cli", "run", str(hf_tiny_b), "--device", "cpu", "--json"]
     run += ["--tokens", json.dumps(PROMPT * 3), "--max-tokens", "6", "--ignore-eos"]
     run += ["--compare-chunk", "7", "--seams", "16"]  # fingerprints at seams, prompt end, reply end
     whole = _run_json([sys.executable, *run], _env())
     port = free_port()
+    # each node writes to files: a pipe nobody reads while the other node is waited on can fill
+    # and stall its writer (and with it the pair)
+    logs = [(tmp_path / f"node{r}.out", tmp_path / f"node{r}.err") for r in (0, 1)]
+    files = [(open(o, "w"), open(e, "w")) for o, e in logs]
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node"]
             + ["1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port"]
             + [str(port), *run[0:], "--tensor-parallel", "2"],
             env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=files[rank][0],
+            stderr=files[rank][1],
             text=True,
         )
         for rank in (0, 1)
     ]
     try:
-        outs = [node.communicate(timeout=240) for node in nodes]
+        for node in nodes:
+            node.wait(timeout=240)
     finally:
         for node in nodes:
             node.kill()
+        for out, err in files:
+            out.close()
+            err.close()
+    outs = [(o.read_text(), e.read_text()) for o, e in logs]
     assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     split = json.loads(outs[0][0].strip().splitlines()[-1])
     assert split["token_ids"] == whole["token_ids"] and len(whole["token_ids"]) == 6

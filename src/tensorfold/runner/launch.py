@@ -94,8 +94,8 @@ def load_split(
     world: int,
     progress: bool | None = None,
 ):
-    """(model, device) on rank 0 (the model whole when no split is asked); (None, device) on the
-    other ranks, once they have followed rank 0's passes to its stop."""
+    """(model, device) on rank 0 (the model whole when no split is asked). The other ranks follow
+    rank 0's passes and end their process at its stop (they never return)."""
     if not wants_split(world):
         return load_model(path, dtype=dtype, device=device, progress=progress), device
     plan_shard(ModelConfig.from_dir(path), 0, world, dtype)  # refused before any rank starts
@@ -111,5 +111,14 @@ def load_split(
     model = load_model(path, dtype=dtype, device=device, progress=progress, group=group)
     if group.rank != 0:
         follow(model)
-        return None, device
+        _leave()
     return model, device
+
+
+def _leave() -> None:
+    """A following rank's end, once rank 0 has said stop: flushed, then out without the
+    interpreter's teardown (destroying the gloo groups after the leader has gone sometimes
+    aborted the process, and its launcher then waited on it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
