@@ -253,12 +253,22 @@ class SplitRunner(ModelRunner):
         self._send(Plan(self.log.take(), "stop"))
         with self._report_lock:  # ends the other ranks' report threads too
             _gather(STOP, self.group.reports, self.world)
+        _release()
 
     def _close_at_exit(self) -> None:
         try:
             self.close()
         except RankLost:  # nothing left to stop
             pass
+
+
+def _release() -> None:
+    """Tears the process groups down while the interpreter still runs: left to its exit, gloo's
+    teardown sometimes aborted the process (terminate called without an active exception)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass
