@@ -21,6 +21,16 @@ from tensorfold.server.connections import server_config
 from tensorfold.tokenizer import Tokenizer
 
 CONTEXT = 512
+# requests the server tests share
+MSG = [{"role": "user", "content": "hi"}]
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+PROBE = {
+    "prompt": "Once upon a time",
+    "max_tokens": 4,
+    "temperature": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 
 
 @dataclass
@@ -101,3 +111,13 @@ def sse_events(response: httpx.Response):
         if line.startswith("data: "):
             data = line[len("data: ") :]
             yield None if data == "[DONE]" else json.loads(data)
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None, code: str) -> dict:
+    """An OpenAI error body with this status, parameter and code."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["code"] == code
+    assert isinstance(err["message"], str) and err["message"]
+    return err

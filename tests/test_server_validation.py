@@ -8,18 +8,11 @@ import logging
 
 import httpx
 import pytest
-from server_harness import metric
+from server_harness import CHAT, CMPL, MSG, metric
+from server_harness import PROBE as GREEDY
 
-CMPL, CHAT, TOKENIZE = "/v1/completions", "/v1/chat/completions", "/tokenize"
-MSG = [{"role": "user", "content": "hi"}]
-PROBE = {
-    "prompt": "Once upon a time",
-    "max_tokens": 4,
-    "temperature": 0,
-    "ignore_eos": True,
-    "return_token_ids": True,
-    "logprobs": 1,
-}
+TOKENIZE = "/tokenize"
+PROBE = {**GREEDY, "logprobs": 1}
 VOCAB = 576
 
 CASES = [  # (id, path, body: dict or raw bytes, status, param, code)
