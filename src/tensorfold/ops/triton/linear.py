@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ..quant import QuantizedWeight
+from .segments import _affine_segment, _affine_whole, _dense_segment, _dense_whole
 from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
     SEGMENT,
     SPLIT_MAX_ROWS,
@@ -35,84 +36,6 @@ from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this
     rows_class,
 )
 from .unpack import _unpacked, dequantize  # noqa: F401 - dequantize is public here too
-
-
-@triton.jit
-def _dense_segment(
-    x_ptr,
-    w_ptr,
-    o_m,
-    o_n,
-    M,
-    N,
-    k_begin,
-    stride_x,
-    stride_w,
-    SEG: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    o_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(SEG // BLOCK_K):
-        k0 = k_begin + i * BLOCK_K
-        b_x = tl.load(
-            x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0
-        )
-        b_w = tl.load(
-            w_ptr + o_n[:, None] * stride_w + (k0 + o_k)[None, :], mask=o_n[:, None] < N, other=0.0
-        )
-        acc = tl.dot(b_x, tl.trans(b_w), acc)
-    return acc
-
-
-@triton.jit
-def _affine_segment(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    b_ptr,
-    o_m,
-    o_n,
-    M,
-    N,
-    k_begin,
-    stride_x,
-    stride_w,
-    stride_s,
-    BITS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUPS: tl.constexpr,
-    SEG: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    o_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(SEG // BLOCK_K):
-        k0 = k_begin + i * BLOCK_K
-        b_x = tl.load(
-            x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0
-        )
-        b_w = _unpacked(
-            w_ptr,
-            s_ptr,
-            b_ptr,
-            o_n,
-            N,
-            k0,
-            stride_w,
-            stride_s,
-            BITS,
-            GROUP,
-            GROUPS,
-            BLOCK_N,
-            BLOCK_K,
-        )
-        acc = tl.dot(b_x, b_w.to(x_ptr.dtype.element_ty), acc)
-    return acc
 
 
 @triton.jit
@@ -166,25 +89,9 @@ def _dense_kernel(
             BLOCK_K,
         )
     else:
-        acc = _dense_segment(
-            x_ptr, w_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, SEG, BLOCK_M, BLOCK_N, BLOCK_K
+        acc = _dense_whole(
+            x_ptr, w_ptr, o_m, o_n, M, N, stride_x, stride_w, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K
         )
-        for s in range(1, NSEG):
-            acc += _dense_segment(
-                x_ptr,
-                w_ptr,
-                o_m,
-                o_n,
-                M,
-                N,
-                s * SEG,
-                stride_x,
-                stride_w,
-                SEG,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
     _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
 
 
@@ -238,7 +145,7 @@ def _affine_kernel(
             BLOCK_K,
         )
     else:
-        acc = _affine_segment(
+        acc = _affine_whole(
             x_ptr,
             w_ptr,
             s_ptr,
@@ -247,7 +154,6 @@ def _affine_kernel(
             o_n,
             M,
             N,
-            0,
             stride_x,
             stride_w,
             stride_s,
@@ -255,32 +161,11 @@ def _affine_kernel(
             GROUP,
             GROUPS,
             SEG,
+            NSEG,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
         )
-        for s in range(1, NSEG):
-            acc += _affine_segment(
-                x_ptr,
-                w_ptr,
-                s_ptr,
-                b_ptr,
-                o_m,
-                o_n,
-                M,
-                N,
-                s * SEG,
-                stride_x,
-                stride_w,
-                stride_s,
-                BITS,
-                GROUP,
-                GROUPS,
-                SEG,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
     _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT)
 
 

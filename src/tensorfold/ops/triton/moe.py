@@ -21,7 +21,8 @@ import triton.language as tl
 
 from ..moe import Experts, ExpertStack
 from . import fused
-from .linear import LinearPlan, _affine_segment, _dense_segment
+from .linear import LinearPlan
+from .segments import _affine_whole, _dense_whole
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _grouped_kernel(
         w_e = w_ptr + e * stride_we
         if PACKED:
             s_e, b_e = s_ptr + e * stride_se, b_ptr + e * stride_se
-            acc = _affine_segment(
+            acc = _affine_whole(
                 x_ptr,
                 w_e,
                 s_e,
@@ -102,7 +103,6 @@ def _grouped_kernel(
                 o_n,
                 hi,
                 N,
-                0,
                 stride_x,
                 stride_w,
                 stride_s,
@@ -110,52 +110,27 @@ def _grouped_kernel(
                 GROUP,
                 GROUPS,
                 SEG,
+                NSEG,
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
             )
-            for s in range(1, NSEG):
-                acc += _affine_segment(
-                    x_ptr,
-                    w_e,
-                    s_e,
-                    b_e,
-                    o_m,
-                    o_n,
-                    hi,
-                    N,
-                    s * SEG,
-                    stride_x,
-                    stride_w,
-                    stride_s,
-                    BITS,
-                    GROUP,
-                    GROUPS,
-                    SEG,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                )
         else:
-            acc = _dense_segment(
-                x_ptr, w_e, o_m, o_n, hi, N, 0, stride_x, stride_w, SEG, BLOCK_M, BLOCK_N, BLOCK_K
+            acc = _dense_whole(
+                x_ptr,
+                w_e,
+                o_m,
+                o_n,
+                hi,
+                N,
+                stride_x,
+                stride_w,
+                SEG,
+                NSEG,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
             )
-            for s in range(1, NSEG):
-                acc += _dense_segment(
-                    x_ptr,
-                    w_e,
-                    o_m,
-                    o_n,
-                    hi,
-                    N,
-                    s * SEG,
-                    stride_x,
-                    stride_w,
-                    SEG,
-                    BLOCK_M,
-                    BLOCK_N,
-                    BLOCK_K,
-                )
         mask = (o_m[:, None] < hi) & (o_n[None, :] < N)
         tl.store(
             y_ptr + o_m[:, None] * stride_y + o_n[None, :],

@@ -1,0 +1,163 @@
+"""The arithmetic of one product's reduction plan on the GPU: one K segment summed from zero
+(one tl.dot per K block, in order, into one fp32 accumulator), and the whole chain (every segment,
+added in order). The products of linear.py and the expert products of moe.py run these."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .unpack import _unpacked
+
+
+@triton.jit
+def _dense_segment(
+    x_ptr,
+    w_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    k_begin,
+    stride_x,
+    stride_w,
+    SEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    o_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(SEG // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
+        b_x = tl.load(
+            x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0
+        )
+        b_w = tl.load(
+            w_ptr + o_n[:, None] * stride_w + (k0 + o_k)[None, :], mask=o_n[:, None] < N, other=0.0
+        )
+        acc = tl.dot(b_x, tl.trans(b_w), acc)
+    return acc
+
+
+@triton.jit
+def _affine_segment(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    k_begin,
+    stride_x,
+    stride_w,
+    stride_s,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    o_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(SEG // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
+        b_x = tl.load(
+            x_ptr + o_m[:, None] * stride_x + (k0 + o_k)[None, :], mask=o_m[:, None] < M, other=0.0
+        )
+        b_w = _unpacked(
+            w_ptr,
+            s_ptr,
+            b_ptr,
+            o_n,
+            N,
+            k0,
+            stride_w,
+            stride_s,
+            BITS,
+            GROUP,
+            GROUPS,
+            BLOCK_N,
+            BLOCK_K,
+        )
+        acc = tl.dot(b_x, b_w.to(x_ptr.dtype.element_ty), acc)
+    return acc
+
+
+@triton.jit
+def _dense_whole(
+    x_ptr,
+    w_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    SEG: tl.constexpr,
+    NSEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Every segment of the plan, each summed from zero, added in order: the whole form's sum
+    (the expert products of ops/triton/moe.py run it too)."""
+    acc = _dense_segment(
+        x_ptr, w_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, SEG, BLOCK_M, BLOCK_N, BLOCK_K
+    )
+    for s in range(1, NSEG):
+        acc += _dense_segment(
+            x_ptr,
+            w_ptr,
+            o_m,
+            o_n,
+            M,
+            N,
+            s * SEG,
+            stride_x,
+            stride_w,
+            SEG,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    return acc
+
+
+@triton.jit
+def _affine_whole(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    NSEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """`_dense_whole` for packed weights."""
+    acc = _affine_segment(
+        x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s,
+        BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    for s in range(1, NSEG):
+        acc += _affine_segment(
+            x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w, stride_s,
+            BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return acc
