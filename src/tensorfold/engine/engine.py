@@ -213,13 +213,14 @@ class Engine:
             for i, (req, _) in enumerate(ready)
             if req.params.temperature <= 0.0 and not self._custom(req)
         ]
+        batched = set(plain)
         tokens: list[int] = [0] * len(ready)
         if plain:
             picks = self.runner.greedy(torch.stack([ready[i][1] for i in plain]))
             for i, t in zip(plain, picks):
                 tokens[i] = t
         for i, (req, row) in enumerate(ready):
-            if i not in plain:
+            if i not in batched:
                 tokens[i] = self.choose_token(req, row)
         return tokens
 
