@@ -1,5 +1,6 @@
 """Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
-9B-shape checkpoint, summed by name, and the same steps' wall time eager and as CUDA graphs.
+checkpoint of a released shape (9B by default), summed by name, and the same steps' wall time
+eager and as CUDA graphs.
 With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
@@ -84,6 +85,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="/tmp/prof")
     p.add_argument("--models", default="4bit,bf16")
+    p.add_argument("--shape", default="9b", help="a released shape, MoE ones too (35b-a3b)")
     p.add_argument("--lanes", default="1")
     p.add_argument(
         "--prompt", type=int, default=0, help="also profile one prompt of this many tokens"
@@ -93,7 +95,10 @@ def main() -> None:
     report = []
     for name in args.models.split(","):
         path = make_random(
-            Path(args.out) / name, "9b", "4" if name == "4bit" else None, device="cuda"
+            Path(args.out) / f"{args.shape}-{name}",
+            args.shape,
+            "4" if name == "4bit" else None,
+            device="cuda",
         )
         model = load_model(path, dtype=torch.bfloat16, device="cuda")
         for lanes in (int(x) for x in args.lanes.split(",") if x):

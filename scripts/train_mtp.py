@@ -80,7 +80,10 @@ class MTPHead(nn.Module):
         pos = torch.arange(n, device=x.device)[None].expand(x.shape[0], -1)
         mask = torch.full((n, n), float("-inf"), device=x.device).triu(1)[None, None]
         x = self.layers[0](
-            x, position_embeddings=self.rotary(x, pos), attention_mask=mask, position_ids=pos
+            x,
+            position_embeddings=self.rotary(x, pos[None].expand(3, -1, -1)),  # mrope's 3 grids
+            attention_mask=mask,
+            position_ids=pos,
         )
         return self.norm(x)
 
