@@ -1,9 +1,8 @@
 """The split code path on one GPU (skipped without CUDA): a one-rank split through NCCL gives the
-whole model's bits at the 9B shape (random weights), with and without CUDA graphs, and its
-decode is as fast as the whole model's."""
+whole model's bits at the 9B shape (random weights), with and without CUDA graphs. Its speed
+is a benchmark's business, not a test's."""
 
 import os
-import time
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from tensorfold.tools.make_random import make_random  # noqa: E402
 
 VOCAB = 248320
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-SLOWER_AT_MOST = 1.10  # the split path's decode time against the whole model's
 
 
 @pytest.fixture(scope="module")
@@ -74,27 +72,3 @@ def test_one_rank_split_equals_whole_9b(models, graphs):
     a, b = _results(whole, graphs), _results(split, graphs)
     assert a[128] == a[37]
     assert b == a
-
-
-def _decode_seconds(model, tokens: int = 64) -> float:
-    engine = _engine(model, cuda_graphs=True)
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    prompts = [sample_prompt(70 + i, 32, VOCAB) for i in range(4)]
-    for p in prompts:  # warm-up: graphs recorded, tile book filled
-        engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    engine.run_until_done()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for p in prompts:
-        engine.add_request(p, params)
-    engine.run_until_done()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def test_one_rank_split_decodes_as_fast_9b(models):
-    whole, split = models
-    t_whole = min(_decode_seconds(whole) for _ in range(2))
-    t_split = min(_decode_seconds(split) for _ in range(2))
-    print(f"\n4 lanes x 64 tokens: whole {t_whole:.3f}s, one-rank split {t_split:.3f}s")
-    assert t_split <= SLOWER_AT_MOST * t_whole
