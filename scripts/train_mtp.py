@@ -3,7 +3,9 @@
 The target is frozen. Replies are the target's own (greedy, through TensorFold's engine), so the
 head learns what the target says. The head reads the target's hidden state after its final norm
 at position i and the token at i+1, and is trained to predict the token at i+2 (docs/model.md,
-'MTP head'), on reply positions. It is saved under the published names, in bf16, as a file of
+'MTP head'), on reply positions. Drafting feeds the head's own output back for each further
+draft, so training unrolls --depth such steps with the attention each step sees when drafting
+(`chain_mask`), and the loss is the mean over the steps. It is saved under the published names, in bf16, as a file of
 its own beside the model (`model-mtp.safetensors`: the loader reads every safetensors file of
 a folder without an index), then drafted with and checked: drafted = plain on held-out prompts,
 and the acceptance length.
@@ -33,6 +35,12 @@ def parse_args():
     p.add_argument("--examples", type=int, default=60_000, help="prompts whose replies train it")
     p.add_argument("--eval", type=int, default=256, help="held-out prompts for the check")
     p.add_argument("--steps", type=int, default=3000)
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=3,
+        help="draft steps unrolled in training (its own outputs fed back)",
+    )
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
@@ -72,35 +80,73 @@ class MTPHead(nn.Module):
         self.norm = tf.Qwen3_5RMSNorm(h, cfg.rms_norm_eps)
         self.rotary = tf.Qwen3_5TextRotaryEmbedding(cfg)
 
-    def forward(self, embed_next: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.fc(
+    def inputs(self, embed_next: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's input rows: fc over [norm(embedding of the next token), norm(state)]."""
+        return self.fc(
             torch.cat([self.pre_fc_norm_embedding(embed_next), self.pre_fc_norm_hidden(hidden)], -1)
         )
-        n = x.shape[1]
-        pos = torch.arange(n, device=x.device)[None].expand(x.shape[0], -1)
-        mask = torch.full((n, n), float("-inf"), device=x.device).triu(1)[None, None]
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The normed outputs of input rows x [B, L, H] at positions pos [B, L] under an additive
+        mask [L, L]."""
         x = self.layers[0](
             x,
             position_embeddings=self.rotary(x, pos[None].expand(3, -1, -1)),  # mrope's 3 grids
-            attention_mask=mask,
+            attention_mask=mask[None, None],
             position_ids=pos,
         )
         return self.norm(x)
 
 
+def chain_mask(depth: int, rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [depth·rows], additive mask) of `depth` blocks of rows, as drafting sees them.
+
+    Row (j, r) is chain r's j-th draft step, at position r + j - 1: step 1 reads the target's
+    state, step j > 1 the head's own output of step j - 1. At drafting time the head's cache
+    holds step-1 rows for positions <= r (the target's states) and this chain's own steps, so
+    row (j, r) attends to (1, r') for r' <= r and to (j', r) for 2 <= j' <= j."""
+    r = torch.arange(rows, device=device)
+    j = torch.arange(1, depth + 1, device=device)
+    rr, jj = r.repeat(depth), j.repeat_interleave(rows)
+    first = (jj[None, :] == 1) & (rr[None, :] <= rr[:, None])
+    own = (jj[None, :] > 1) & (rr[None, :] == rr[:, None]) & (jj[None, :] <= jj[:, None])
+    mask = torch.full((depth * rows, depth * rows), torch.finfo(torch.float32).min, device=device)
+    return rr + jj - 1, mask.masked_fill(first | own, 0.0)
+
+
 def batches(seqs: list[list[int]], starts: list[int], batch: int, pad: int, g: torch.Generator):
-    """Endless (ids [B, T], loss mask [B, T-2]): a position i counts when t[i+2] is in the reply."""
+    """Endless (ids [B, T], reply [B, T]): reply marks the positions of the target's replies."""
     while True:
         for idx in torch.randperm(len(seqs), generator=g).split(batch):
-            rows = [seqs[i] for i in idx]
-            width = max(map(len, rows))
-            ids = torch.full((len(rows), width), pad)
-            mask = torch.zeros(len(rows), width - 2, dtype=torch.bool)
+            width = max(len(seqs[i]) for i in idx)
+            ids = torch.full((len(idx), width), pad)
+            reply = torch.zeros(len(idx), width, dtype=torch.bool)
             for r, i in enumerate(idx):
                 s = seqs[i]
                 ids[r, : len(s)] = torch.tensor(s)
-                mask[r, max(0, starts[i] - 2) : len(s) - 2] = True
-            yield ids, mask
+                reply[r, starts[i] : len(s)] = True
+            yield ids, reply
+
+
+def chain_loss(target, head, ids: torch.Tensor, reply: torch.Tensor, depth: int) -> torch.Tensor:
+    """Mean over steps 1..depth of the cross-entropy of chain r's step j against t[r + j + 1]."""
+    rows = ids.shape[1] - 2
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids).last_hidden_state  # after the final norm
+        e = target.get_input_embeddings()(ids)
+    at = torch.arange(rows, device=ids.device)
+    outs, xs, losses = [hidden[:, :rows]], [], []
+    for j in range(1, depth + 1):
+        nxt = (at + j).clamp_max(ids.shape[1] - 1)
+        xs.append(head.inputs(e[:, nxt], outs[-1]))
+        pos, mask = chain_mask(j, rows, ids.device)
+        out = head(torch.cat(xs, 1), pos[None].expand(ids.shape[0], -1), mask)[:, -rows:]
+        outs.append(out)
+        want = (at + j + 1).clamp_max(ids.shape[1] - 1)
+        keep = reply[:, want] & (at + j + 1 < ids.shape[1])
+        logits = target.lm_head(out[keep]).float()
+        losses.append(nn.functional.cross_entropy(logits, ids[:, want][keep]))
+    return torch.stack(losses).mean()
 
 
 def train(args, target, head, seqs, starts, pad) -> list[float]:
@@ -108,19 +154,13 @@ def train(args, target, head, seqs, starts, pad) -> list[float]:
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed)
     losses, stream = [], batches(seqs, starts, args.batch, pad, g)
-    embed = target.get_input_embeddings()
     for step in range(args.steps):
         lr = args.lr * min(1.0, (step + 1) / args.warmup)
         lr *= 0.5 * (1 + math.cos(math.pi * step / args.steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, mask = (t.to(dev) for t in next(stream))
-        with torch.no_grad():
-            hidden = target.model(input_ids=ids).last_hidden_state  # after the final norm
-            e = embed(ids)
-        out = head(e[:, 1:-1], hidden[:, :-2])  # position i: h[i] with t[i+1] -> t[i+2]
-        logits = target.lm_head(out).float()
-        loss = nn.functional.cross_entropy(logits[mask], ids[:, 2:][mask])
+        ids, reply = (t.to(dev) for t in next(stream))
+        loss = chain_loss(target, head, ids, reply, args.depth)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
