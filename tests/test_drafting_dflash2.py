@@ -376,3 +376,35 @@ PUBLISHED = {
     "use_sliding_window": True,
     "vocab_size": 202048,
 }
+
+
+def test_served_over_http_equals_draft_false(hf_tiny_b, drafter):
+    """`--draft PATH` as serve builds it: a seeded reply is the reply with `"draft": false`."""
+    from server_harness import make_engine as serving_engine
+    from server_harness import metric, start_server
+
+    live = start_server(serving_engine(hf_tiny_b, draft=str(drafter)))
+    ask = {"model": "tiny", "prompt": sample_prompt(5, 24, 300), "max_tokens": 24}
+    ask |= {"temperature": 0.9, "seed": 3, "ignore_eos": True, "return_token_ids": True}
+    try:
+        with live.client() as http:
+            bodies = [
+                http.post("/v1/completions", json=ask | more) for more in ({}, {"draft": False})
+            ]
+        assert [r.status_code for r in bodies] == [200, 200], bodies[0].text
+        ids = [r.json()["choices"][0]["token_ids"] for r in bodies]
+        assert ids[0] == ids[1] and len(ids[0]) == 24
+        assert metric(live.metrics(), "tensorfold_draft_proposed_tokens") > 0
+    finally:
+        live.stop()
+
+
+def test_llm_refuses_a_misbound_dflash2_before_loading(hf_tiny_b, tmp_path, monkeypatch):
+    from tensorfold.llm import LLM
+
+    target = ModelConfig.from_dir(hf_tiny_b)
+    good = read_config(write_drafter(tmp_path / "good", target, **dflash2_over()))
+    path = write_drafter(tmp_path / "d", target, shapes_from=good, **_without("conv_group_size")(0))
+    monkeypatch.setattr(Checkpoint, "read", lambda self, name: pytest.fail(f"read {name}"))
+    with pytest.raises(NotStockDrafter, match="conv_kernel_size without conv_group_size"):
+        LLM(hf_tiny_b, draft=str(path))
