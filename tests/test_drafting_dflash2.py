@@ -204,6 +204,32 @@ def test_block_and_walk_match_the_equations(hf_tiny_b, tmp_path, is_causal):
     assert (plain - want).abs().max() > 0.1
 
 
+def test_codebooks_named_as_module_weights_read_the_same(hf_tiny_b, drafter, tmp_path):
+    """z-lab's files name the codebooks bare; an export with `.weight` gives the same drafts."""
+    import shutil
+
+    renamed = tmp_path / "renamed"
+    shutil.copytree(drafter, renamed)
+    file = renamed / "model.safetensors"
+    tensors = {
+        name + (".weight" if "codebook" in name else ""): t for name, t in load_file(file).items()
+    }
+    save_file(tensors, file, metadata={"format": "pt"})
+    drafts = []
+    for path in (drafter, renamed):
+        eng = make_engine(hf_tiny_b, parallel=1, draft=str(path))
+        d = eng.drafting.default
+        width = len(d.model.config.taps) * d.model.config.hidden_size
+        feats = torch.randn(6, width, generator=torch.Generator().manual_seed(2))
+        d.model.context(feats, torch.arange(6), torch.arange(6), d.kv)
+        ids = [17] + [d.model.config.mask_token_id] * 5
+        with torch.inference_mode():
+            drafts.append(
+                d.model.draft(eng.model.embed, eng.model.lm_head, ids, 6, torch.arange(6), d.kv)
+            )
+    assert drafts[0] == drafts[1] and len(drafts[0]) == 5
+
+
 def test_short_block_reads_zeros_past_its_start(hf_tiny_b, tmp_path):
     """k = 1 (a block of 2) and a kernel of 3: the taps that reach before the anchor read 0."""
     target = ModelConfig.from_dir(hf_tiny_b)

@@ -176,7 +176,7 @@ def check_dflash(path: str | Path, target) -> tuple[DFlashConfig, Checkpoint]:
         rows = ckpt.info(name).shape[0] if "codebook" in name and name in ckpt else c.vocab_size
         if rows != c.vocab_size:  # the selector's codebooks are indexed by the target's ids
             raise DraftForAnotherTarget(
-                f"{path}: {name} has {rows} rows, the target's vocabulary {c.vocab_size}"
+                f"{path}: {name} has {rows} rows; the target's vocabulary has {c.vocab_size}"
             )
         if name not in ckpt:
             raise NotStockDrafter(f"{path}: tensor {name} is missing")
