@@ -76,8 +76,27 @@ def drafter_config(target: ModelConfig, **over) -> dict:
         "dflash_config": {"block_size": 6, "mask_token_id": 7, "target_layer_ids": [1, 5]},
     }
     for k, v in over.items():
-        (cfg["dflash_config"] if k in cfg["dflash_config"] else cfg)[k] = v
+        inner = k in cfg["dflash_config"] or k in DFLASH2_FIELDS
+        (cfg["dflash_config"] if inner else cfg)[k] = v
     return cfg
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def dflash2_over(**over) -> dict:
+    """`write_drafter` fields of a DFlash2 drafter as z-lab ships them (every layer sliding,
+    `is_causal` false, the two convolution and two selector fields), tiny; `over` wins."""
+    return {
+        "architectures": ["DFlash2DraftModel"],
+        "is_causal": False,
+        "layer_types": ["sliding_attention", "sliding_attention"],
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": 8,
+        "selector_top_k": 5,
+        **over,
+    }
 
 
 def write_drafter(out, target: ModelConfig, shapes_from=None, seed=0, **over):

@@ -55,7 +55,10 @@ MISBOUND = {  # each names one way a drafter can belong to another target
     "depth": (DraftForAnotherTarget, lambda t: {"num_target_layers": t.num_layers + 4}),
     "taps": (DraftForAnotherTarget, lambda t: {"target_layer_ids": [1, t.num_layers]}),
     "mask_id": (DraftForAnotherTarget, lambda t: {"mask_token_id": t.vocab_size}),
-    "dflash2": (NotStockDrafter, lambda t: {"architectures": ["DFlash2DraftModel"]}),
+    "dflash2_without_its_fields": (
+        NotStockDrafter,
+        lambda t: {"architectures": ["DFlash2DraftModel"]},
+    ),
     "selector": (NotStockDrafter, lambda t: {"selector_rank": 256}),
 }
 

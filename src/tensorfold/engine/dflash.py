@@ -1,7 +1,13 @@
 """The DFlash drafter (models/dflash.py) in the engine: after each pass it reads the target's
 tapped residual streams of every row whose input and next token are committed and writes the
 drafter's context K/V there (its own pool over the target's pages and rows); a proposal is one
-block pass over [anchor, mask x k]. It only guesses; the verify pass decides."""
+block pass over [anchor, mask x k] (DFlash2: then the selector's walk). It only guesses; the
+verify pass decides.
+
+Every request drafts greedily (each row's argmax, or DFlash2's greedy walk), sampled ones too: a
+draft stands only where it equals the token the request itself draws there with its own seeded
+randomness, so what is proposed changes the speed, never the reply, and drafting must not draw
+from that randomness. A walk sampled at the request's temperature would only move acceptance."""
 
 from __future__ import annotations
 
@@ -69,8 +75,7 @@ class DFlashLane:
         d = self.drafter
         k = min(k, d.model.config.block_size - 1)
         ids = [tokens[-1]] + [d.model.config.mask_token_id] * k
-        with torch.inference_mode():
-            logits = d.model.block(
+        with torch.inference_mode():  # greedy for sampled requests too (module docstring)
+            return d.model.draft(
                 d.target.embed, d.target.lm_head, ids, anchor, self.req.kv_rows[:anchor], d.kv
             )
-        return logits.argmax(-1).tolist()

@@ -6,8 +6,8 @@ token (engine/drafting.py), so a drafter changes speed, never output.
 - `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
   reply by the same lookup.
 - `mtp`: the checkpoint's own MTP head (engine/mtp.py).
-- a drafter folder: a z-lab DFlash (v1) block drafter (engine/dflash.py); DFlash2 is refused by
-  name (NotStockDrafter) until it is served.
+- a drafter folder: a z-lab DFlash block drafter, v1 or DFlash2 (engine/dflash.py); other block
+  drafters (DSpark, Domino) are refused by name (NotStockDrafter).
 """
 
 from __future__ import annotations

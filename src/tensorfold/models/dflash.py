@@ -1,4 +1,4 @@
-"""DFlash (v1) block drafters as z-lab publishes them (docs/model.md, 'DFlash drafters').
+"""DFlash block drafters as z-lab publishes them, v1 and DFlash2 (docs/model.md, 'DFlash drafters').
 
 A small stack of Qwen3-style layers with no embedding or head of its own. The target's residual
 streams after the tapped layers are concatenated and fused, c = hidden_norm(fc(taps)); every
@@ -6,8 +6,9 @@ layer projects c with its own k_proj/v_proj (+ k_norm, rotary at the context's p
 context K/V kept per position. A round embeds [anchor, mask x (B-1)] with the target's table,
 runs the layers with the block's queries over [context ; block] (non-causal within the block
 unless a layer is sliding or `is_causal` says so), then the final norm and the target's head give
-the drafts for the B-1 positions after the anchor. Plain torch on either device: a drafter only
-guesses, the verify pass decides.
+the drafts for the B-1 positions after the anchor (DFlash2: convolutions inside each layer and a
+candidate selector over the drafts, models/dflash2.py). Plain torch on either device: a drafter
+only guesses, the verify pass decides.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from ..layers.linear import Linear
 from ..ops import dispatch as op
 from ..ops.rope import apply_rope, rope_tables
 from .checkpoint import Checkpoint
+from .dflash2 import PAIRS, Conv, DFlash2Fields, Selector, dflash2_shapes, load_conv, load_selector
+from .dflash2 import read_fields as read_dflash2_fields
 
-STOCK = ("DFlashDraftModel",)
-LATER = ("DFlash2DraftModel",)  # grouped dynamic convs and a candidate selector: not served yet
+V1, V2 = "DFlashDraftModel", "DFlash2DraftModel"
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class DFlashConfig:
     embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     softcap: float | None = None
+    v2: DFlash2Fields | None = None  # DFlash2's convolutions and selector
 
     def causal(self, layer: int) -> bool:
         kind = self.layer_types[layer]
@@ -66,20 +69,15 @@ def read_config(path: str | Path) -> DFlashConfig:
         raise NotStockDrafter(f"{path}: no config.json (a drafter folder holds one)")
     raw = json.loads(file.read_text())
     arch = tuple(raw.get("architectures") or ())
-    if any(a in LATER for a in arch):
-        raise NotStockDrafter(f"{path}: {arch[0]} (DFlash2) is not served yet; DFlash v1 is")
-    if not any(a in STOCK for a in arch):
+    if V1 not in arch and V2 not in arch:
         raise NotStockDrafter(f"{path}: architectures {list(arch)} is not a DFlash drafter")
+    v2 = read_dflash2_fields(raw, path) if V2 in arch else None
     d = raw.get("dflash_config") or {}
-    extra = [
-        k
-        for k in ("conv_kernel_size", "selector_rank", "projector_type", "markov_rank")
-        if k in d or k in raw
-    ]
+    marks = ("projector_type", "markov_rank") + (() if v2 else tuple(k for p in PAIRS for k in p))
+    extra = [k for k in marks if k in d or k in raw]
     if extra or raw.get("attention_bias"):
-        raise NotStockDrafter(
-            f"{path}: {extra or ['attention_bias']} is not a stock DFlash v1 field"
-        )
+        kind = V2 if v2 else "DFlash v1"
+        raise NotStockDrafter(f"{path}: {extra or ['attention_bias']} is not a stock {kind} field")
     if "target_layer_ids" not in d or "mask_token_id" not in d:
         raise NotStockDrafter(f"{path}: dflash_config needs target_layer_ids and mask_token_id")
     n = int(raw["num_hidden_layers"])
@@ -106,10 +104,12 @@ def read_config(path: str | Path) -> DFlashConfig:
         embedding_scale=float(d.get("input_embedding_scale", 1.0)),
         output_multiplier=float(d.get("output_multiplier", raw.get("output_multiplier", 1.0))),
         softcap=d.get("final_logit_softcapping", raw.get("final_logit_softcapping")),
+        v2=v2,
     )
 
 
-def tensor_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(c: DFlashConfig, names=()) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape (`names`: the file's, to pick a codebook's spelling)."""
     h, d = c.hidden_size, c.head_dim
     shapes = {
         "fc.weight": (h, len(c.taps) * h),
@@ -131,6 +131,8 @@ def tensor_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (c.intermediate_size, h),
             p + "mlp.down_proj.weight": (h, c.intermediate_size),
         }
+    if c.v2 is not None:
+        shapes |= dflash2_shapes(c.v2, h, c.vocab_size, c.num_layers, names)
     return shapes
 
 
@@ -170,7 +172,12 @@ def check_dflash(path: str | Path, target) -> tuple[DFlashConfig, Checkpoint]:
             f"{path}: fc.weight {list(fc)}, but {len(c.taps)} taps of width {c.hidden_size} need "
             f"[{c.hidden_size}, {len(c.taps) * c.hidden_size}]"
         )
-    for name, shape in tensor_shapes(c).items():
+    for name, shape in tensor_shapes(c, ckpt).items():
+        rows = ckpt.info(name).shape[0] if "codebook" in name and name in ckpt else c.vocab_size
+        if rows != c.vocab_size:  # the selector's codebooks are indexed by the target's ids
+            raise DraftForAnotherTarget(
+                f"{path}: {name} has {rows} rows; the target's vocabulary has {c.vocab_size}"
+            )
         if name not in ckpt:
             raise NotStockDrafter(f"{path}: tensor {name} is missing")
         if tuple(ckpt.info(name).shape) != shape:
@@ -193,12 +200,15 @@ class DraftLayer:
     gate: Linear
     up: Linear
     down: Linear
+    attention_conv: Conv | None = None  # DFlash2
+    mlp_conv: Conv | None = None
 
 
 class DFlashModel:
     def __init__(self, c: DFlashConfig, fc, hidden_norm, norm, layers, dtype, device) -> None:
         self.config, self.fc, self.hidden_norm, self.norm = c, fc, hidden_norm, norm
         self.layers, self.dtype, self.device = layers, dtype, device
+        self.selector: Selector | None = None  # DFlash2
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # Qwen3 norms: x * w
         shape = x.shape
@@ -224,27 +234,43 @@ class DFlashModel:
     def hidden_norm_apply(self, features: torch.Tensor) -> torch.Tensor:
         return self._norm(self.fc(features.to(self.dtype)), self.hidden_norm)
 
-    def block(self, embed, head, ids: list[int], start: int, ctx_rows, kv) -> torch.Tensor:
-        """Logits [len(ids) - 1, V] for the positions after the anchor ids[0] at `start`."""
+    def hidden(self, embed, ids: list[int], start: int, ctx_rows, kv) -> torch.Tensor:
+        """The final-normed states [len(ids) - 1, H] of the positions after the anchor ids[0]."""
         c, n, dev = self.config, len(ids), self.device
         h = embed(torch.tensor(ids, device=dev)).to(self.dtype) * c.embedding_scale
         positions = torch.arange(start, start + n, device=dev)
         rope = self._rope(positions)
         keys = torch.arange(start + n, device=dev)
         for i, layer in enumerate(self.layers):
-            x = self._norm(h, layer.input_norm)
+            x, after = _before(layer.attention_conv, self._norm(h, layer.input_norm))
             q = self._norm(layer.q(x).view(n, c.num_heads, c.head_dim), layer.q_norm)
             q = apply_rope(q, *rope)
             k, v = self._kv(layer, x, rope)
             k = torch.cat([kv.k[i][ctx_rows].to(k.dtype), k])
             v = torch.cat([kv.v[i][ctx_rows].to(v.dtype), v])
-            h = h + layer.o(self._attend(q, k, v, positions, keys, i).reshape(n, -1))
-            x = self._norm(h, layer.post_norm)
-            h = h + layer.down(F.silu(layer.gate(x)) * layer.up(x))
-        logits = head(self._norm(h, self.norm)[1:]).float() * c.output_multiplier
+            h = h + after(layer.o(self._attend(q, k, v, positions, keys, i).reshape(n, -1)))
+            x, after = _before(layer.mlp_conv, self._norm(h, layer.post_norm))
+            h = h + after(layer.down(F.silu(layer.gate(x)) * layer.up(x)))
+        return self._norm(h, self.norm)[1:]
+
+    def logits(self, head, hidden: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        logits = head(hidden).float() * c.output_multiplier
         if c.softcap:
             logits = torch.tanh(logits / float(c.softcap)) * float(c.softcap)
         return logits
+
+    def block(self, embed, head, ids: list[int], start: int, ctx_rows, kv) -> torch.Tensor:
+        """Logits [len(ids) - 1, V] for the positions after the anchor ids[0] at `start`."""
+        return self.logits(head, self.hidden(embed, ids, start, ctx_rows, kv))
+
+    def draft(self, embed, head, ids: list[int], start: int, ctx_rows, kv) -> list[int]:
+        """The drafts: each row's argmax (v1), or the selector's greedy walk (DFlash2)."""
+        hidden = self.hidden(embed, ids, start, ctx_rows, kv)
+        logits = self.logits(head, hidden)
+        if self.selector is None:
+            return logits.argmax(-1).tolist()
+        return self.selector.walk(hidden, logits, ids[0])
 
     def _attend(self, q, k, v, qpos, kpos, layer: int) -> torch.Tensor:
         c = self.config
@@ -264,6 +290,14 @@ class DFlashModel:
         return out.transpose(0, 1)
 
 
+def _before(conv: Conv | None, u: torch.Tensor):
+    """A sublayer's input through its first convolution, and what its output goes through."""
+    if conv is None:
+        return u, lambda y: y
+    x, dyn = conv.before(u)
+    return x, lambda y: conv.after(y, dyn)
+
+
 def load_dflash(path: str | Path, target) -> DFlashModel:
     """The drafter at `path` for `target` (a loaded Qwen35Model), checked before any read."""
     c, ckpt = check_dflash(path, target.config)
@@ -275,6 +309,9 @@ def load_dflash(path: str | Path, target) -> DFlashModel:
 
     def lin(name):
         return Linear(ckpt.read(name + ".weight").to(dev, dtype), dtype)
+
+    def conv(prefix):
+        return load_conv(lambda n: t(n, dtype), lin, prefix) if c.v2 else None
 
     layers = []
     for i in range(c.num_layers):
@@ -292,6 +329,11 @@ def load_dflash(path: str | Path, target) -> DFlashModel:
                 lin(p + "mlp.gate_proj"),
                 lin(p + "mlp.up_proj"),
                 lin(p + "mlp.down_proj"),
+                conv(p + "attention_conv."),
+                conv(p + "mlp_conv."),
             )
         )
-    return DFlashModel(c, lin("fc"), t("hidden_norm.weight"), t("norm.weight"), layers, dtype, dev)
+    model = DFlashModel(c, lin("fc"), t("hidden_norm.weight"), t("norm.weight"), layers, dtype, dev)
+    if c.v2 is not None:
+        model.selector = load_selector(ckpt, c.v2, lambda n: t(n, dtype), lin)
+    return model
