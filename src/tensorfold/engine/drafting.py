@@ -123,12 +123,15 @@ class Drafting:
         return LaneDraft(tuple(drafters))
 
     def propose(self, running: list[Request]) -> None:
-        """Each generating lane with nothing in flight proposes up to k tokens it may commit."""
+        """Each generating lane with nothing in flight proposes up to k tokens it may commit,
+        fewer by the committed rows it recomputes after a rejection: its pass stays 1 + k rows."""
         for req in running:
             d = req.draft
             if d is None or req.in_prompt or d.proposal:
                 continue
-            room = min(self.config.tokens, req.max_tokens - len(req.output_ids) - 1)
+            # every verify pass of 1 + k rows per lane: one CUDA graph's shape (runner/cuda_graph.py)
+            pending = req.num_tokens - req.num_computed
+            room = min(self.config.tokens + 1 - pending, req.max_tokens - len(req.output_ids) - 1)
             if room <= 0 or not d.gate.open():
                 continue
             for drafter in d.drafters:
