@@ -16,6 +16,11 @@ Static per graph: every lane's KV slot table (a lane's rows are fixed at admissi
 copied only when the set of lanes changes), state slots, conv gather indices, attention tiles'
 row ranges. Per pass only the fed tokens and their positions are copied in; the KV write rows and
 the tiles' first positions are computed from them inside the graph.
+
+Memory: a runner's graphs share one memory pool. Each graph's outputs (logits, kept states) stay
+allocated; its other buffers live only within a replay and the graphs never run at once, so the
+pool holds the largest pass's working memory once, not once per graph. Graphs are made only for
+rows 1 and 1 + K (the engine's draft tokens) and 1 to `parallel` lanes: at most 2 * parallel.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from ..ops.conv import conv_gather
 
 
 class PassGraph:
-    def __init__(self, model, caches, lanes: int, rows: int, context: int) -> None:
-        dev = model.device
+    def __init__(self, model, caches, lanes: int, rows: int, context: int, pool=None) -> None:
+        dev, self.pool = model.device, pool  # the memory pool it shares with the others
         self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
         n = lanes * rows
@@ -88,7 +93,7 @@ class PassGraph:
                 eager = (model.hidden, model.tapped)
                 torch.cuda.synchronize()
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):  # recorded, not run
+                with torch.cuda.graph(self.graph, pool=self.pool):  # recorded, not run
                     self.logits = self._forward()
                 self.kept = (model.hidden, model.tapped)
                 model.hidden, model.tapped = eager

@@ -57,6 +57,7 @@ class ModelRunner:
         self.context, self.graphs = context, {}
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine adds 1 + K)
         self.replays: dict[tuple[int, int], int] = {}  # (lanes, rows) -> passes run from graphs
+        self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.collective = CollectiveTime()
 
     def execute(self, work) -> dict[int, torch.Tensor]:
@@ -112,8 +113,10 @@ class ModelRunner:
         key = (len(work), rows)
         graph = self.graphs.get(key)
         if graph is None:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[key] = PassGraph(
-                self.model, self.caches, len(work), rows, self.context
+                self.model, self.caches, len(work), rows, self.context, self.pool
             )
         # the graph's output buffer is rewritten by the next replay
         logits = graph.run([req for req, _ in work]).clone()
