@@ -83,7 +83,7 @@ def test_verify_graph_inputs_match_the_eager_batch(hf_tiny_b, k):
         {tuple(p): r.output_ids for p, r in zip(prompts, replies)}, lambda p: p % 5 == 3
     )
     eng = make_engine(hf_tiny_b, parallel=3, context=256, draft="ngram", draft_tokens=k)
-    eng.drafting.default = script
+    eng.drafting.default, eng.drafting.align = script, True  # as on a GPU with graphs
     runner, execute, graphs, seen = eng.runner, eng.runner.execute, {}, []
 
     def checked(work):

@@ -94,6 +94,7 @@ class Engine:
         )
         if model.group is None:  # verify passes of 1 + K rows per lane replay graphs too
             self.runner.graph_rows = frozenset({1, 1 + config.draft_tokens})
+            self.drafting.align = self.runner.use_graphs
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()
