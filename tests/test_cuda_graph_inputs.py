@@ -134,3 +134,43 @@ def test_verify_lane_wants_its_last_committed_row_and_every_draft(hf_tiny_b):
     assert graph_rows([(req, 5)], frozenset({5})) == 5
     logits = torch.arange(10.0).view(5, 2)
     assert torch.equal(lane_logits([(req, 5)], 5, logits)[0], logits[1:])
+
+
+class _Kept(_Capture):
+    """A model that keeps each pass's states (as for an MTP or DFlash drafter): new tensors
+    every forward, tagged by the call."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls, self.hidden, self.tapped = 0, None, None
+
+    def forward(self, batch, caches):
+        self.calls += 1
+        self.hidden = torch.full((batch.num_rows, 2), float(self.calls))
+        self.tapped = self.hidden + 0.5
+        return super().forward(batch, caches)
+
+
+class _FakeGraph:
+    def replay(self):
+        pass
+
+
+def test_a_replay_hands_the_drafter_the_graphs_kept_states(hf_tiny_b, monkeypatch):
+    """The first run returns the eager pass's logits and kept states (the recorded pass is not
+    run); a replay points the model's kept states at the recorded pass's buffers."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: torch.no_grad())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    eng = make_engine(hf_tiny_b, parallel=2, context=256)
+    reqs = [eng.add_request(sample_prompt(5 + i, 7, 300), GREEDY) for i in range(2)]
+    while any(r.in_prompt for r in reqs):
+        eng.step()
+    fake = _Kept(eng.model)
+    graph = PassGraph(fake, eng.caches, 2, 1, 256)
+    graph.run(reqs)
+    assert fake.calls == 2 and float(fake.hidden[0, 0]) == 1.0  # eager pass's, not the recorded
+    assert float(fake.tapped[0, 0]) == 1.5
+    fake.hidden = fake.tapped = None  # an eager pass in between keeps its own
+    graph.run(reqs)
+    assert fake.calls == 2 and float(fake.hidden[0, 0]) == 2.0 and float(fake.tapped[0, 0]) == 2.5
