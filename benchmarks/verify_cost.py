@@ -1,7 +1,8 @@
 """What a verify pass costs against a decode step: a random 9B-shape checkpoint, each lane decoding
 steadily, timed per engine step (a) plain, as a CUDA graph and eagerly, and (b) drafting K tokens
 that are all accepted (a scripted drafter proposing the plain reply), so every step is one verify
-pass of K+1 rows per lane committing K+1 tokens. Tokens are checked equal to the plain run's.
+pass of K+1 rows per lane committing K+1 tokens, replayed from a CUDA graph and eagerly. Tokens
+are checked equal to the plain run's; the graph run must have replayed its verify passes.
 
     PYTHONPATH=src:tests python3 benchmarks/verify_cost.py --out /tmp/verify [--models 4bit,bf16]
         [--lanes 1,4,16] [--draft-tokens 7]
@@ -79,10 +80,11 @@ def main() -> None:
     args = p.parse_args()
     k = args.draft_tokens
     print(
-        f"| model | lanes | decode step (graph) | decode step (eager) | verify step ({k + 1} rows) "
-        "| verify / graph | verify / eager | tok/s plain | tok/s drafted |"
+        f"| model | lanes | decode step (graph) | decode step (eager) | verify step ({k + 1} rows, "
+        "graph) | verify step (eager) | verify / decode (graph) | verify / decode (eager) "
+        "| tok/s plain (graph) | tok/s drafted (graph) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         quantize = "4" if name == "4bit" else None
         path = args.checkpoint or make_random(
@@ -93,12 +95,16 @@ def main() -> None:
             graph, _, want = timed(engine(model, lanes, True), lanes)
             eager, _, same = timed(engine(model, lanes, False), lanes)
             replies = {tuple(pr): out for pr, out in zip(prompts(lanes), want)}
-            verify, made, got = timed(engine(model, lanes, False, k, replies), lanes)
-            assert same == want and got == want, "drafted or eager tokens differ from plain"
+            drafted = engine(model, lanes, True, k, replies)
+            verify, made, got = timed(drafted, lanes)
+            verify_eager, _, got_eager = timed(engine(model, lanes, False, k, replies), lanes)
+            assert same == want and got == want and got_eager == want, "tokens differ from plain"
+            replayed = drafted.runner.replays.get((lanes, k + 1), 0)
+            assert replayed or args.device == "cpu", "no verify pass was replayed from a graph"
             print(
                 f"| {name} | {lanes} | {graph * 1e3:.2f} ms | {eager * 1e3:.2f} ms | "
-                f"{verify * 1e3:.2f} ms | {verify / graph:.2f} | {verify / eager:.2f} | "
-                f"{lanes / graph:,.0f} | {made / verify:,.0f} |",
+                f"{verify * 1e3:.2f} ms | {verify_eager * 1e3:.2f} ms | {verify / graph:.2f} | "
+                f"{verify_eager / eager:.2f} | {lanes / graph:,.0f} | {made / verify:,.0f} |",
                 flush=True,
             )
         del model

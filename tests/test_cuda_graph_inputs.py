@@ -1,72 +1,176 @@
-"""The decode graph's static inputs, checked on the CPU against the eager pass's batch: the same
-tokens, positions, KV write rows, attention slot tables, state slots and conv gathers."""
+"""The pass graphs' static inputs, checked on the CPU against the eager pass's batch: the same
+tokens, positions, KV write rows, attention tiles and slot tables, state slots, conv gathers, and
+each lane's logits rows, for decode passes and for verify passes (1 + K rows per lane, a lane
+recomputing committed rows after a rejection included)."""
 
+import pytest
 import torch
+from drafting_util import Script
 from engine_util import make_engine, sample_prompt
 
-from tensorfold.batch import Segment
 from tensorfold.engine.request import SamplingParams, Watch
-from tensorfold.ops.dispatch import lane_index
-from tensorfold.runner.cuda_graph import DecodeGraph, is_decode_pass
+from tensorfold.runner.cuda_graph import PassGraph, graph_rows, lane_logits
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
 
 class _Capture:
-    """Stands in for the model: records the batch it is given."""
+    """Stands in for the model: records the batch it is given and returns, as each wanted row's
+    'logits', its token and position (so a row handed to the wrong lane is seen)."""
 
     def __init__(self, model):
         self.device, self.config, self.batch = model.device, model.config, None
 
     def forward(self, batch, caches):
         self.batch = batch
-        return torch.zeros(batch.num_rows, 1)
+        return torch.stack([batch.token_ids, batch.positions], 1)[batch.logit_rows]
 
 
-def test_static_inputs_match_the_eager_batch(hf_tiny_b):
-    eng = make_engine(hf_tiny_b, parallel=3, context=256)
-    reqs = [
-        eng.add_request(
-            sample_prompt(90 + i, 5 + 9 * i, 300), SamplingParams(max_tokens=8, temperature=0)
-        )
-        for i in range(3)
-    ]
-    while any(r.in_prompt or not r.output_ids for r in reqs):
-        eng.step()
-    work = [(r, 1) for r in reqs]
-    assert is_decode_pass(work)
-    fake = _Capture(eng.model)
-    graph = DecodeGraph(fake, eng.caches, 3, 256)
-    graph._load(reqs)
-    graph._forward()
-    b, meta = fake.batch, fake.batch.lanes
-    assert b.token_ids.tolist() == [r.all_ids[r.num_computed] for r in reqs]
-    assert b.positions.tolist() == [r.num_computed for r in reqs]
-    assert b.kv_write.tolist() == [int(r.kv_rows[r.num_computed]) for r in reqs]
-    segs = [
-        Segment(r.slot, r.num_computed, i, 1, r.kv_rows[: r.num_computed + 1])
-        for i, r in enumerate(reqs)
-    ]
-    eager = lane_index(tuple(segs), "cpu", eng.model.config.conv_kernel)
-    assert torch.equal(meta.slots, eager.slots) and torch.equal(meta.cu_seqlens, eager.cu_seqlens)
-    assert torch.equal(meta.conv_taps, eager.conv_taps) and torch.equal(
-        meta.conv_keep, eager.conv_keep
-    )
-    tiles, ref = meta.attention, eager.attention
-    assert tiles.row0.tolist() == ref.row0.tolist() and tiles.pos0.tolist() == ref.pos0.tolist()
-    for i, r in enumerate(reqs):  # each tile reads its lane's rows for positions 0..pos
-        n = r.num_computed + 1
-        base, ref_base = int(tiles.table_base[i]), int(ref.table_base[i])
+def _same_batch(graph_batch, eager_batch) -> None:
+    g, e = graph_batch, eager_batch
+    assert torch.equal(g.token_ids, e.token_ids) and torch.equal(g.positions, e.positions)
+    assert torch.equal(g.kv_write, e.kv_write)
+    gl, el = g.lanes, e.lanes
+    assert torch.equal(gl.slots, el.slots) and torch.equal(gl.cu_seqlens, el.cu_seqlens)
+    assert torch.equal(gl.conv_taps, el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
+    tiles, ref = gl.attention, el.attention
+    assert tiles.row0.tolist() == ref.row0.tolist() and tiles.rows.tolist() == ref.rows.tolist()
+    assert tiles.pos0.tolist() == ref.pos0.tolist()
+    for t in range(ref.row0.shape[0]):  # each tile reads its lane's rows for positions 0..its last
+        n = int(ref.pos0[t] + ref.rows[t])
+        base, ref_base = int(tiles.table_base[t]), int(ref.table_base[t])
         assert torch.equal(tiles.kv_rows[base : base + n], ref.kv_rows[ref_base : ref_base + n])
 
 
-def test_graph_passes_are_one_row_per_lane_with_its_logits(hf_tiny_b):
-    """The graph serves a pass where every lane feeds one row and needs that row's logits
-    (Request.logit_rows); a watch keeping every logit row sees the same path as production."""
+def _check_pass(runner, work, rows: int, graphs: dict) -> None:
+    """The graph's batch and logits rows for `work` equal the eager pass's."""
+    key = (len(work), rows)
+    if key not in graphs:  # one graph per shape, reused: its tables reload as lanes change
+        graphs[key] = PassGraph(
+            _Capture(runner.model), runner.caches, len(work), rows, runner.context
+        )
+    graph = graphs[key]
+    fake = graph.model
+    graph._load([req for req, _ in work])
+    got = lane_logits(work, rows, graph._forward())
+    eager, owners = runner.batch(work)
+    _same_batch(fake.batch, eager)
+    want = fake.forward(eager, None)
+    assert sorted(got) == sorted(set(owners))
+    for i in got:
+        assert torch.equal(got[i], want[[r for r, o in enumerate(owners) if o == i]])
+
+
+def test_decode_graph_inputs_match_the_eager_batch(hf_tiny_b):
+    eng = make_engine(hf_tiny_b, parallel=3, context=256)
+    reqs = [eng.add_request(sample_prompt(90 + i, 5 + 9 * i, 300), GREEDY) for i in range(3)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    work = [(r, 1) for r in reqs]
+    assert graph_rows(work, frozenset({1})) == 1
+    _check_pass(eng.runner, work, 1, {})
+
+
+@pytest.mark.parametrize("k", [3, 17])  # 17: a lane's 18 rows span two attention tiles
+def test_verify_graph_inputs_match_the_eager_batch(hf_tiny_b, k):
+    """Every pass of a drafting engine (drafts right and wrong) whose shape a graph serves is
+    checked: most passes are, and some recompute committed rows after a rejection."""
+    prompts = [sample_prompt(90 + i, 5 + 9 * i, 300) for i in range(3)]
+    plain = make_engine(hf_tiny_b, parallel=3, context=256)
+    replies = [plain.add_request(p, GREEDY) for p in prompts]
+    plain.run_until_done()
+    script = Script(
+        {tuple(p): r.output_ids for p, r in zip(prompts, replies)}, lambda p: p % 5 == 3
+    )
+    eng = make_engine(hf_tiny_b, parallel=3, context=256, draft="ngram", draft_tokens=k)
+    eng.drafting.default, eng.drafting.align = script, True  # as on a GPU with graphs
+    runner, execute, graphs, seen = eng.runner, eng.runner.execute, {}, []
+
+    def checked(work):
+        rows = graph_rows(work, runner.graph_rows)
+        if rows is not None:
+            _check_pass(runner, work, rows, graphs)
+            seen.append((rows, [req.num_tokens - req.num_computed for req, _ in work]))
+        return execute(work)
+
+    runner.execute = checked
+    reqs = [eng.add_request(p, GREEDY) for p in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in replies]
+    verify = [pending for rows, pending in seen if rows == 1 + k]
+    assert runner.graph_rows == {1, 1 + k} and len(verify) >= 3
+    assert any(p > 1 for pending in verify for p in pending)  # rows recomputed in a graph pass
+
+
+def test_graph_passes_are_lanes_of_equal_rows_with_their_last_logits(hf_tiny_b):
+    """A graph serves a pass where every lane feeds the same allowed number of rows and needs
+    the logits of a suffix of them (Request.logit_rows); a watch keeping every logit row sees
+    the same path as production."""
     eng = make_engine(hf_tiny_b)
+    one = frozenset({1})
     req = eng.add_request(sample_prompt(1, 10, 300), SamplingParams(max_tokens=2))
     kept = eng.add_request(
         sample_prompt(2, 10, 300), SamplingParams(max_tokens=2), watch=Watch(keep_logits=True)
     )
-    assert not is_decode_pass([(req, 10)]) and not is_decode_pass([(kept, 10)])
-    assert not is_decode_pass([(req, 1)])  # a prompt row whose logits nobody needs
+    assert graph_rows([(req, 10)], one) is None and graph_rows([(kept, 10)], one) is None
+    assert graph_rows([(kept, 10)], frozenset({1, 10})) == 10  # every row's logits: a suffix
+    assert graph_rows([(req, 1)], one) is None  # a prompt row whose logits nobody needs
+    assert graph_rows([(req, 10)], frozenset({10})) == 10  # the prompt's last row: a suffix
     eng.step()
-    assert is_decode_pass([(req, 1)]) and is_decode_pass([(req, 1), (kept, 1)])
+    assert graph_rows([(req, 1)], one) == 1 and graph_rows([(req, 1), (kept, 1)], one) == 1
+    assert graph_rows([(req, 1), (kept, 2)], frozenset({1, 2})) is None  # rows differ
+
+
+def test_verify_lane_wants_its_last_committed_row_and_every_draft(hf_tiny_b):
+    eng = make_engine(hf_tiny_b, draft="ngram", draft_tokens=3)
+    eng.drafting.default = Script({}, lambda p: False)
+    req = eng.add_request(sample_prompt(3, 10, 300), SamplingParams(max_tokens=8))
+    eng.step()
+    req.draft.proposal = [5, 6, 7]
+    assert graph_rows([(req, 4)], eng.runner.graph_rows) == 4
+    assert graph_rows([(req, 3)], eng.runner.graph_rows) is None  # 3 rows: not 1 + K
+    req.num_computed -= 1  # a committed row to recompute: 2 + 3 rows, the last 4 wanted
+    assert req.logit_rows(5) == range(1, 5)
+    assert graph_rows([(req, 5)], frozenset({5})) == 5
+    logits = torch.arange(10.0).view(5, 2)
+    assert torch.equal(lane_logits([(req, 5)], 5, logits)[0], logits[1:])
+
+
+class _Kept(_Capture):
+    """A model that keeps each pass's states (as for an MTP or DFlash drafter): new tensors
+    every forward, tagged by the call."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls, self.hidden, self.tapped = 0, None, None
+
+    def forward(self, batch, caches):
+        self.calls += 1
+        self.hidden = torch.full((batch.num_rows, 2), float(self.calls))
+        self.tapped = self.hidden + 0.5
+        return super().forward(batch, caches)
+
+
+class _FakeGraph:
+    def replay(self):
+        pass
+
+
+def test_a_replay_hands_the_drafter_the_graphs_kept_states(hf_tiny_b, monkeypatch):
+    """The first run returns the eager pass's logits and kept states (the recorded pass is not
+    run); a replay points the model's kept states at the recorded pass's buffers."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: torch.no_grad())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    eng = make_engine(hf_tiny_b, parallel=2, context=256)
+    reqs = [eng.add_request(sample_prompt(5 + i, 7, 300), GREEDY) for i in range(2)]
+    while any(r.in_prompt for r in reqs):
+        eng.step()
+    fake = _Kept(eng.model)
+    graph = PassGraph(fake, eng.caches, 2, 1, 256)
+    graph.run(reqs)
+    assert fake.calls == 2 and float(fake.hidden[0, 0]) == 1.0  # eager pass's, not the recorded
+    assert float(fake.tapped[0, 0]) == 1.5
+    fake.hidden = fake.tapped = None  # an eager pass in between keeps its own
+    graph.run(reqs)
+    assert fake.calls == 2 and float(fake.hidden[0, 0]) == 2.0 and float(fake.tapped[0, 0]) == 2.5

@@ -1,5 +1,7 @@
 """Drafted = plain on the GPU (skipped without CUDA): a random 9B-shape checkpoint (4-bit, mixed)
-with a random MTP head, 1/4/16 lanes, greedy and seeded, scripted drafts and the head's own."""
+with a random MTP head, 1/4/16 lanes, greedy and seeded, scripted drafts and the head's own. The
+plain runs are eager (no CUDA graphs); the drafted runs replay decode and verify passes from
+graphs (runner/cuda_graph.py), so graph = eager is checked for verify passes too."""
 
 import pytest
 import torch
@@ -38,9 +40,14 @@ def dflash_9b(nine_b, tmp_path_factory):
     )
 
 
-def _run(model, prompts, params, parallel, draft=None, drafter=None):
+def _run(model, prompts, params, parallel, draft=None, drafter=None, graphs=True):
     config = EngineConfig(
-        parallel=parallel, context=2048, chunk=128, prompt_cache_bytes=1 << 28, draft=draft
+        parallel=parallel,
+        context=2048,
+        chunk=128,
+        prompt_cache_bytes=1 << 28,
+        draft=draft,
+        cuda_graphs=graphs,
     )
     eng = Engine(model, None, config)
     if drafter is not None:
@@ -57,13 +64,20 @@ def _run(model, prompts, params, parallel, draft=None, drafter=None):
 @pytest.mark.parametrize("parallel", [1, 4, 16])
 def test_drafted_equals_plain_9b(nine_b, dflash_9b, parallel, params):
     prompts = [sample_prompt(300 + i, 20 + 29 * i, VOCAB) for i in range(parallel)]
-    want = [_run(nine_b, [p], params, 1)[0][0] for p in prompts]
+    want = [_run(nine_b, [p], params, 1, graphs=False)[0][0] for p in prompts]
     replies = {tuple(p): ids for p, (ids, _) in zip(prompts, want)}
     for wrong in (lambda p: False, lambda p: p % 3 == 2, lambda p: True):
         got, eng = _run(nine_b, prompts, params, parallel, "ngram", Script(replies, wrong))
         assert got == want
         assert eng.drafting.stats.proposed > 0
+        if eng.drafting.stats.accepted == eng.drafting.stats.proposed:  # every pass 1 + K rows
+            assert _verify_replays(eng) > 0
     for draft in ("mtp", str(dflash_9b)):
         got, eng = _run(nine_b, prompts, params, parallel, draft)
         assert got == want
         assert eng.drafting.stats.proposed > 0
+
+
+def _verify_replays(eng) -> int:
+    """Verify passes (1 + K rows per lane) run from CUDA graphs."""
+    return sum(n for (_, rows), n in eng.runner.replays.items() if rows > 1)

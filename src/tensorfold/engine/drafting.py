@@ -107,6 +107,7 @@ class Drafting:
         self.allowed = allowed
         self.spares: StatePool | None = None  # one spare slot per lane, made on first use
         self.default = make_drafter(config.method, target, caches) if config.method else None
+        self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
@@ -123,12 +124,15 @@ class Drafting:
         return LaneDraft(tuple(drafters))
 
     def propose(self, running: list[Request]) -> None:
-        """Each generating lane with nothing in flight proposes up to k tokens it may commit."""
+        """Each generating lane with nothing in flight proposes up to k tokens it may commit;
+        aligned, fewer by the committed rows it recomputes after a rejection, so that its pass
+        stays 1 + k rows (runner/cuda_graph.py)."""
         for req in running:
             d = req.draft
             if d is None or req.in_prompt or d.proposal:
                 continue
-            room = min(self.config.tokens, req.max_tokens - len(req.output_ids) - 1)
+            recompute = req.num_tokens - req.num_computed - 1 if self.align else 0
+            room = min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
             if room <= 0 or not d.gate.open():
                 continue
             for drafter in d.drafters:

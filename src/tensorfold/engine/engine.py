@@ -36,7 +36,7 @@ class EngineConfig(SchedulerConfig):
     page_size: int = PAGE_SIZE
     prompt_cache_bytes: int = 0  # 0 turns the prompt cache off
     threads: int | None = None  # CPU threads (None: by model size)
-    cuda_graphs: bool = True  # on a GPU, replay decode passes as CUDA graphs (one per lane count)
+    cuda_graphs: bool = True  # on a GPU, replay decode and verify passes as CUDA graphs
     draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
     draft_tokens: int = 4  # tokens drafted per verify pass
 
@@ -92,8 +92,9 @@ class Engine:
             model,
             allowed=model.group is None,
         )
-        if self.drafting.wants_hidden:  # a graph replay would not refresh the kept states
-            self.runner.use_graphs = False
+        if model.group is None:  # verify passes of 1 + K rows per lane replay graphs too
+            self.runner.graph_rows = frozenset({1, 1 + config.draft_tokens})
+            self.drafting.align = self.runner.use_graphs
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()

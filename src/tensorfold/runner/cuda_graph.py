@@ -1,51 +1,67 @@
-"""Decode passes replayed as CUDA graphs, one graph per lane count.
+"""Passes of a fixed shape replayed as CUDA graphs: one graph per (lanes, rows per lane).
 
 A decode pass launches a few hundred small kernels; from Python that costs far more than the
 kernels themselves. A graph records the pass once, over static buffers, and replays it with one
 launch. The graph runs exactly the kernels and configurations of the eager pass (same row tile,
-same attention tiles, same recurrence), so a token's bits do not change; tests/test_gpu.py
-compares the two bitwise.
+same attention tiles, same recurrence), so a token's bits do not change; tests/test_gpu.py and
+tests/test_gpu_drafting.py compare the two bitwise.
+
+A graph's pass has `lanes` lanes of `rows` consecutive rows each: a decode pass (1 row) or a
+verify pass (the lane's uncomputed committed rows, then its drafted tokens: 1 + K rows when the
+lane drafts K, engine/drafting.py). It returns the logits of every row; the runner hands each
+lane the suffix of its rows that Request.logit_rows names (a verify lane wants its last
+committed row and every drafted row, a decode lane its one row).
 
 Static per graph: every lane's KV slot table (a lane's rows are fixed at admission, so it is
-copied only when the set of lanes changes), state slots, conv gather indices. Per step only the
-lanes' last tokens and positions are copied in; the KV write rows are gathered inside the graph.
+copied only when the set of lanes changes), state slots, conv gather indices, attention tiles'
+row ranges. Per pass only the fed tokens and their positions are copied in; the KV write rows and
+the tiles' first positions are computed from them inside the graph.
+
+Memory: a runner's graphs share one memory pool. Each graph's outputs (logits, kept states) stay
+allocated; its other buffers live only within a replay and the graphs never run at once, so the
+pool holds the largest pass's working memory once, not once per graph. Graphs are made only for
+rows 1 and 1 + K (the engine's draft tokens) and 1 to `parallel` lanes: at most 2 * parallel.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..batch import ForwardBatch, LaneIndex
-from ..ops.attention import AttentionTiles
+from ..batch import ForwardBatch, LaneIndex, Segment
+from ..ops.attention import Q_TILE, AttentionTiles
+from ..ops.conv import conv_gather
 
 
-class DecodeGraph:
-    def __init__(self, model, caches, lanes: int, context: int) -> None:
-        dev, k = model.device, model.config.conv_kernel
-        self.model, self.caches, self.lanes = model, caches, lanes
+class PassGraph:
+    def __init__(self, model, caches, lanes: int, rows: int, context: int, pool=None) -> None:
+        dev, self.pool = model.device, pool  # the memory pool it shares with the others
+        self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
-        self.inputs = torch.zeros(2, lanes, dtype=torch.long, device=dev)  # last tokens, positions
+        n = lanes * rows
+        self.inputs = torch.zeros(2, n, dtype=torch.long, device=dev)  # fed tokens, positions
         self.table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
         self.slots = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.kv_write = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.pos0 = torch.zeros(lanes, dtype=torch.int32, device=dev)
-        hist = k - 1
-        taps = [[i * hist + j for j in range(hist)] + [lanes * hist + i] for i in range(lanes)]
-        keep = [[i * hist + j for j in range(1, hist)] + [lanes * hist + i] for i in range(lanes)]
+        self.kv_write = torch.zeros(n, dtype=torch.long, device=dev)
+        starts = range(0, rows, Q_TILE)  # each lane's query tiles, as the eager pass cuts them
+        self.pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
+        shape = tuple(Segment(0, 0, i * rows, rows, None) for i in range(lanes))
+        taps, keep = conv_gather(shape, model.config.conv_kernel)
         tiles = AttentionTiles(
-            as_t(range(lanes), torch.int32),
-            as_t([1] * lanes, torch.int32),
+            as_t([i * rows + s for i in range(lanes) for s in starts], torch.int32),
+            as_t([min(Q_TILE, rows - s) for _ in range(lanes) for s in starts], torch.int32),
             self.pos0,
-            as_t([i * context for i in range(lanes)], torch.int32),
+            as_t([i * context for i in range(lanes) for _ in starts], torch.int32),
             self.table.view(-1),
         )
-        index = LaneIndex(self.slots, as_t(range(lanes + 1)), as_t(taps), as_t(keep), tiles)
+        bounds = as_t([i * rows for i in range(lanes + 1)])
+        index = LaneIndex(self.slots, bounds, as_t(taps), as_t(keep), tiles)
         self.batch = ForwardBatch(
-            self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(lanes)), index
+            self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(n)), index
         )
         self.members: tuple = ()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.kept: tuple = (None, None)  # the model's kept states of the recorded pass
 
     def _load(self, reqs) -> None:
         members = tuple((r.request_id, r.slot) for r in reqs)
@@ -54,31 +70,59 @@ class DecodeGraph:
                 self.table[i, : r.capacity] = r.kv_rows.to(torch.int32)
             self.slots.copy_(torch.tensor([r.slot for r in reqs]))
             self.members = members
-        step = [[r.all_ids[r.num_computed] for r in reqs], [r.num_computed for r in reqs]]
-        self.inputs.copy_(torch.tensor(step), non_blocking=True)
+        ids, positions, n = [], [], self.rows
+        for r in reqs:
+            ids += r.feed_ids[r.num_computed : r.num_computed + n]
+            positions += range(r.num_computed, r.num_computed + n)
+        self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
 
     def _forward(self) -> torch.Tensor:
-        positions = self.inputs[1]
-        self.pos0.copy_(positions.to(torch.int32))
-        self.kv_write.copy_(self.table.gather(1, positions[:, None]).squeeze(1).long())
+        positions = self.inputs[1].view(self.lanes, self.rows)
+        self.pos0.copy_(positions[:, ::Q_TILE].reshape(-1).to(torch.int32))
+        self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
         return self.model.forward(self.batch, self.caches)
 
     def run(self, reqs) -> torch.Tensor:
-        """Logits [lanes, V] of one decode row per lane (the requests in lane order)."""
+        """Logits [lanes * rows, V] of every row (the requests in lane order). On a replay the
+        model's kept states (an MTP or DFlash drafter reads them) are the graph's own buffers."""
         self._load(reqs)
+        model = self.model
         with torch.inference_mode():
             if self.graph is None:
-                logits = self._forward()  # compiles every kernel and does this step's work
+                logits = self._forward()  # compiles every kernel and does this pass's work
+                eager = (model.hidden, model.tapped)
                 torch.cuda.synchronize()
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):  # recorded, not run
+                with torch.cuda.graph(self.graph, pool=self.pool):  # recorded, not run
                     self.logits = self._forward()
+                self.kept = (model.hidden, model.tapped)
+                model.hidden, model.tapped = eager
                 return logits
             self.graph.replay()
+        model.hidden, model.tapped = self.kept
         return self.logits
 
 
-def is_decode_pass(work) -> bool:
-    """Every lane feeds one row and needs that row's logits (Request.logit_rows): the graph's
-    pass."""
-    return all(n == 1 and req.logit_rows(1) == range(1) for req, n in work)
+def graph_rows(work, allowed: frozenset[int]) -> int | None:
+    """The rows per lane of a pass a graph can replay, or None: every lane feeds the same number
+    of rows, one of `allowed`, and needs the logits of a non-empty suffix of them
+    (Request.logit_rows)."""
+    counts = {n for _, n in work}
+    if len(counts) != 1:
+        return None
+    (n,) = counts
+    if n not in allowed:
+        return None
+    for req, _ in work:
+        wanted = req.logit_rows(n)
+        if len(wanted) == 0 or wanted.stop != n:
+            return None
+    return n
+
+
+def lane_logits(work, rows: int, logits: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each lane's wanted rows of a graph's logits [lanes * rows, V]: {index in work: [r, V]}."""
+    return {
+        i: logits[i * rows + req.logit_rows(rows).start : (i + 1) * rows]
+        for i, (req, _) in enumerate(work)
+    }

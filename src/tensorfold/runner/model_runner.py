@@ -11,7 +11,7 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import DecodeGraph, is_decode_pass
+from .cuda_graph import PassGraph, graph_rows, lane_logits
 
 SMALL_MODEL_BYTES = 512 << 20
 
@@ -55,13 +55,27 @@ class ModelRunner:
             self.threads = set_cpu_threads(model.weight_bytes, threads)
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and model.graph_safe
         self.context, self.graphs = context, {}
+        self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine adds 1 + K)
+        self.replays: dict[tuple[int, int], int] = {}  # (lanes, rows) -> passes run from graphs
+        self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.collective = CollectiveTime()
 
     def execute(self, work) -> dict[int, torch.Tensor]:
         """work: [(request, rows)]. Returns {index in work: logits [r, V]} of the rows each
         request needs (its logit_rows), for the requests that need any."""
-        if self.use_graphs and is_decode_pass(work):
-            return self._replay([req for req, _ in work])
+        rows = graph_rows(work, self.graph_rows) if self.use_graphs else None
+        if rows is not None:
+            return self._replay(work, rows)
+        batch, owners = self.batch(work)
+        with torch.inference_mode():
+            logits = self.model.forward(batch, self.caches)
+        out: dict[int, list[torch.Tensor]] = {}
+        for r, owner in enumerate(owners):
+            out.setdefault(owner, []).append(logits[r])
+        return {i: torch.stack(rows) for i, rows in out.items()}
+
+    def batch(self, work) -> tuple[ForwardBatch, list[int]]:
+        """The eager pass of `work`, and the index in work of each logits row it returns."""
         ids, segments, logit_rows, owners = [], [], [], []
         row = 0
         for i, (req, n) in enumerate(work):
@@ -82,12 +96,7 @@ class ModelRunner:
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
             lanes=lane_index(tuple(segments), dev, self.model.config.conv_kernel),
         )
-        with torch.inference_mode():
-            logits = self.model.forward(batch, self.caches)
-        out: dict[int, list[torch.Tensor]] = {}
-        for r, owner in enumerate(owners):
-            out.setdefault(owner, []).append(logits[r])
-        return {i: torch.stack(rows) for i, rows in out.items()}
+        return batch, owners
 
     def ranks_memory(self) -> list:
         """Each rank's bytes when the model is split (runner/distributed.py); none when whole."""
@@ -100,16 +109,19 @@ class ModelRunner:
         """The first maximum of each logit row [R, V] (one device sync for all of them)."""
         return rows.argmax(-1).tolist()
 
-    def _replay(self, reqs) -> dict[int, torch.Tensor]:
-        graph = self.graphs.get(len(reqs))
+    def _replay(self, work, rows: int) -> dict[int, torch.Tensor]:
+        key = (len(work), rows)
+        graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[len(reqs)] = DecodeGraph(
-                self.model, self.caches, len(reqs), self.context
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = self.graphs[key] = PassGraph(
+                self.model, self.caches, len(work), rows, self.context, self.pool
             )
-        logits = graph.run(
-            reqs
-        ).clone()  # the graph's output buffer is rewritten by the next replay
-        return {i: logits[i : i + 1] for i in range(len(reqs))}
+        # the graph's output buffer is rewritten by the next replay
+        logits = graph.run([req for req, _ in work]).clone()
+        self.replays[key] = self.replays.get(key, 0) + 1
+        return lane_logits(work, rows, logits)
 
     def fingerprint(self, req, logits: torch.Tensor | None) -> str:
         """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""

@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="on a GPU, replay decode passes as CUDA graphs (same kernels and bits, one launch per pass)",
+        help="on a GPU, replay decode and verify passes as CUDA graphs (same kernels and bits, one launch "
+        "per pass)",
     )
     p.add_argument(
         "--threads",
