@@ -26,8 +26,8 @@ from .. import norm as ref_norm
 from ..attention import AttentionTiles
 from ..dispatch import lane_index
 from ..quant import dequantize, quantize
-from . import attention, fused, gdn, linear, norm
-from .controls import CONTROLS
+from . import attention, fused, gdn, linear, norm, registry_moe
+from .controls import CONTROLS as DENSE_CONTROLS
 
 
 @dataclass(frozen=True)
@@ -410,7 +410,10 @@ KERNELS = [
         check_gdn,
     ),
 ]
+KERNELS += [Kernel(*entry) for entry in registry_moe.ENTRIES]
+CONTROLS = DENSE_CONTROLS + registry_moe.CONTROLS
 IMPLS = {
+    **registry_moe.IMPLS,
     "linear.dense": linear.dense_matmul,
     "linear.affine": linear.affine_matmul,
     "attention.paged": attention.paged_attention,
