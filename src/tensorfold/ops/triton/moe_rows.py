@@ -20,15 +20,15 @@ COMBINE_BLOCK = 1024
 
 
 def _precise() -> bool:
-    """libdevice's correctly rounded exp on the device; Triton's interpreter has none (numpy's
-    exp stands in there)."""
+    """libdevice's exp on the device (CUDA's expf, which torch's kernels call; its range reduction
+    uses explicit fmas, kept with fusion off); Triton's interpreter has none (numpy's stands in)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @triton.jit
 def _exp(x, PRECISE: tl.constexpr):
     if PRECISE:
-        y = libdevice.exp(x)  # not tl.exp's fast approximation: the router's ranks rest on it
+        y = libdevice.exp(x)  # not tl.exp's bare ex2.approx: the router's ranks rest on it
     else:
         y = tl.exp(x)
     return y
@@ -147,6 +147,6 @@ def combine(
             BLOCK=COMBINE_BLOCK,
             PRECISE=_precise(),
             num_warps=4,
-            enable_fp_fusion=False,  # each product rounded before its add, as the reference
+            enable_fp_fusion=False,  # mul.rn then add.rn (no fma, no flush to zero), as the reference
         )
     return out
