@@ -22,6 +22,8 @@ def route() -> None:
         assert torch.equal(moe_rows.route(x[1:2], k).ids[0], got.ids[1])
         planted = registry_moe._route_highest(x, k)
         assert not torch.equal(planted.ids, ref.ids), "the highest-id control went unseen"
+        wide = torch.cat([x, torch.randn(6, 1).half()], 1)  # the router joined with the shared gate
+        assert torch.equal(moe_rows.route(wide[:, :e], k).ids, ref.ids)
 
 
 def tiles() -> None:
