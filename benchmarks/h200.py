@@ -3,6 +3,11 @@ decode at 1/4/16/64 lanes, prompts of 2k-64k tokens, time to first token and pea
 ratio of the card's limit. Prints a table last.
 
     PYTHONPATH=src python3 benchmarks/h200.py --out /tmp/bench [--sizes 2048,8192,32768,65536]
+    PYTHONPATH=src python3 benchmarks/h200.py --shape 122b-a10b --models 4bit --in-memory
+
+--in-memory draws the random tensors as the loader reads them (no weight file: the 122B-A10B at
+4 bits is ~69 GB, more than the GPU machine's disk); the load and the peak memory are those of a
+file's, plus one entry's draw in flight.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,7 +26,8 @@ from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.receipts.plot import require_matplotlib
-from tensorfold.tools.make_random import make_random
+from tensorfold.tools.make_random import RandomPlan, make_random
+from tensorfold.tools.random_checkpoint import RandomCheckpoint
 
 VOCAB = 248320
 
@@ -56,6 +62,8 @@ class Run:
 
     graphs: bool = True
     exact: bool = True
+    in_memory: bool = False
+    plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
         return Engine(
@@ -71,8 +79,24 @@ class Run:
             ),
         )
 
+    def checkpoint(self, path: Path, shape: str, name: str) -> Path:
+        """The random checkpoint's folder: its files, or only its config.json (in memory)."""
+        quantize = "4" if name == "4bit" else None
+        if self.in_memory:
+            self.plans[path] = RandomPlan(shape, quantize, device="cuda")
+            return self.plans[path].write_config(path)
+        return make_random(path, shape, quantize, device="cuda")
+
+    def tensors(self, path: Path) -> RandomCheckpoint | None:
+        """The in-memory tensors of the folder, or None: its files."""
+        return RandomCheckpoint(path, self.plans[path]) if path in self.plans else None
+
     def load(self, path: Path):
-        model = load_model(path, dtype=torch.bfloat16, device="cuda")
+        ckpt = self.tensors(path)
+        t = time.perf_counter()
+        model = load_model(path, dtype=torch.bfloat16, device="cuda", checkpoint=ckpt)
+        torch.cuda.synchronize()
+        print(f"{path.name}: loaded in {time.perf_counter() - t:.0f} s", flush=True)
         if not self.exact:
             make_inexact(model)
         return model
@@ -236,7 +260,9 @@ def main() -> None:
     p.add_argument("--sizes", default="2048,8192,32768,65536")
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
-    p.add_argument("--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b")
+    p.add_argument(
+        "--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b, 35b-a3b, 122b-a10b"
+    )
     p.add_argument(
         "--inexact",
         action="store_true",
@@ -252,6 +278,11 @@ def main() -> None:
         help="replay decode passes as CUDA graphs",
     )
     p.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="no weight files: the random tensors drawn as the loader reads them (the 122B)",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
@@ -260,7 +291,7 @@ def main() -> None:
     args = p.parse_args()
     if args.plot:
         require_matplotlib()  # before the run, not after it
-    run = Run(graphs=args.cuda_graphs, exact=not args.inexact)
+    run = Run(graphs=args.cuda_graphs, exact=not args.inexact, in_memory=args.in_memory)
     out = Path(args.out)
     limits = ceilings()
     print(
@@ -272,15 +303,15 @@ def main() -> None:
     lanes = [int(s) for s in args.lanes.split(",")]
     for name in args.models.split(","):
         t = time.perf_counter()
-        path = make_random(
-            out / f"{args.shape}-{name}", args.shape, "4" if name == "4bit" else None, device="cuda"
-        )
+        path = run.checkpoint(out / f"{args.shape}-{name}", args.shape, name)
         print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
         rows += bench(path, sizes, lanes, limits, run)
         for r in rows[-(len(sizes) + len(lanes) + 1) :]:
             print(json.dumps(r), flush=True)
         if args.resume and name == "bf16":
-            model = load_model(path, dtype=torch.bfloat16, device="cuda")
+            model = load_model(
+                path, dtype=torch.bfloat16, device="cuda", checkpoint=run.tensors(path)
+            )
             print("resume", json.dumps(resume(model, args.resume)), flush=True)
             del model
     print("\n| model | figure | measured | limit | ratio |\n| --- | --- | --- | --- | --- |")

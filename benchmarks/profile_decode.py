@@ -1,9 +1,9 @@
 """Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
-checkpoint of a released shape (9B by default), summed by name, and the same steps' wall time
-eager and as CUDA graphs.
-With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
+checkpoint (9B shape unless --shape), summed by name, and the same steps' wall time eager and as
+CUDA graphs. With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
+    PYTHONPATH=src python3 benchmarks/profile_decode.py --shape 35b-a3b --models 4bit --lanes 1,16
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from tensorfold.engine.engine import Engine
 from tensorfold.engine.request import SamplingParams
-from tensorfold.models.loader import load_model
-from tensorfold.tools.make_random import make_random
 
 
 def decoding_engine(model, lanes: int, graphs: bool) -> Engine:
@@ -85,22 +83,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="/tmp/prof")
     p.add_argument("--models", default="4bit,bf16")
-    p.add_argument("--shape", default="9b", help="a released shape, MoE ones too (35b-a3b)")
     p.add_argument("--lanes", default="1")
     p.add_argument(
         "--prompt", type=int, default=0, help="also profile one prompt of this many tokens"
     )
     p.add_argument("--chunk", type=int, default=4096)
+    p.add_argument("--shape", default="9b")
+    p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
     args = p.parse_args()
     report = []
+    run = Run(in_memory=args.in_memory)
     for name in args.models.split(","):
-        path = make_random(
-            Path(args.out) / f"{args.shape}-{name}",
-            args.shape,
-            "4" if name == "4bit" else None,
-            device="cuda",
-        )
-        model = load_model(path, dtype=torch.bfloat16, device="cuda")
+        path = run.checkpoint(Path(args.out) / f"{args.shape}-{name}", args.shape, name)
+        model = run.load(path)
         for lanes in (int(x) for x in args.lanes.split(",") if x):
             eng = decoding_engine(model, lanes, graphs=False)
             eager = step_time(eng)

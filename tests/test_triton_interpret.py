@@ -18,3 +18,13 @@ def test_kernels_under_the_triton_interpreter():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "match their references" in done.stdout
+
+
+def test_moe_kernels_under_the_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = Path(__file__).with_name("triton_interpret_moe.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "moe kernels match their references" in done.stdout

@@ -14,7 +14,7 @@ import torch
 from ..ops import dispatch as op
 from ..ops.collective import Group
 from ..ops.moe import Experts
-from .linear import Linear
+from .linear import Linear, join
 from .mlp import MLP
 
 
@@ -31,15 +31,17 @@ class SparseMoE:
     ) -> None:
         self.router, self.experts, self.top_k = router, experts, top_k
         self.shared, self.shared_gate = shared, shared_gate
+        self.gates = join([router, shared_gate])  # one product for the router and the shared gate
         self.group, self.first = group, first  # a split: this rank's experts from `first`
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        route = op.moe_route(self.router(x), self.top_k)
+        logits, shared_logit = self.gates(x)
+        route = op.moe_route(logits, self.top_k)
         if self.group is None:
             routed = op.expert_swiglu(x, route.ids, self.experts)
         else:
             routed = self.split_experts(x, route.ids)
-        return op.moe_combine(routed, route.weights, self.shared(x), self.shared_gate(x))
+        return op.moe_combine(routed, route.weights, self.shared(x), shared_logit)
 
     def split_experts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[M, k, H] as `expert_swiglu` gives it, on a rank holding some of the experts: each

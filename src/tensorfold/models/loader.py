@@ -258,13 +258,15 @@ def load_model(
     device: str | torch.device = "cpu",
     progress: bool | None = None,
     group: Group | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> Qwen35Model:
     """The model, or with `group` (a tensor split) this rank's part of it: only its rows of
-    each weight are read from the mapped files (the embedding table whole)."""
+    each weight are read from the mapped files (the embedding table whole). `checkpoint`: the
+    tensors from elsewhere than path's files (tools/random_checkpoint.py, benchmarks only)."""
     cfg = ModelConfig.from_dir(path)  # refuses a bad config before any file is opened
     device = torch.device(device)
     shard = plan_shard(cfg, group.rank, group.world, dtype) if group is not None else None
-    ckpt = Checkpoint(path)  # headers only
+    ckpt = checkpoint if checkpoint is not None else Checkpoint(path)  # headers only
     wm = WeightMap(ckpt, cfg)
     validate(cfg, wm)
     show = progress if progress is not None else ckpt.nbytes >= PROGRESS_BYTES

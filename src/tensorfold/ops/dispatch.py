@@ -22,7 +22,7 @@ from .rope import apply_rope
 
 # The arithmetic of every kernel and reference (docs/exactness.md): bump it with any change that
 # can move a bit, so system_fingerprint tells clients their bytes may differ.
-ARITHMETIC_VERSION = 1
+ARITHMETIC_VERSION = 2  # 2: the MoE routing and sum as single kernels on the GPU
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
@@ -177,13 +177,17 @@ def gated_attention(
 
 def moe_route(logits: torch.Tensor, top_k: int) -> ref_moe.Route:
     """Each row's top-k experts (ascending id) and renormalised weights (docs/exactness.md,
-    'Experts'). Torch ops on either device for now: a row's softmax and sort read that row alone."""
+    'Experts'); on the GPU one kernel (softmax, top-k, weights), a float64 run the torch ops."""
+    if logits.is_cuda and logits.dtype != torch.float64:
+        from .triton.moe_rows import route
+
+        return route(logits, top_k)
     return ref_moe.route(logits, top_k)
 
 
 def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: ref_moe.Experts) -> torch.Tensor:
     """[M, k, H]: each row's output of each of its experts, only the chosen experts read; on the
-    GPU three grouped products (one launch each over every chosen expert) and the SwiGLU kernel."""
+    GPU the tile table, one grouped launch for gate and up (silu · up written), one for down."""
     if x.is_cuda:
         from .triton.moe import expert_swiglu
 
@@ -195,5 +199,9 @@ def moe_combine(
     routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
 ) -> torch.Tensor:
     """Σ w·y over each row's experts in ascending id, then the gated shared expert, in fp32 and
-    rounded once. Elementwise torch ops on either device: each element reads its own row."""
+    rounded once; on the GPU one kernel (each element reads its own row)."""
+    if routed.is_cuda and weights.dtype == torch.float32:
+        from .triton.moe_rows import combine
+
+        return combine(routed, weights, shared, shared_logit)
     return ref_moe.combine(routed, weights, shared, shared_logit)

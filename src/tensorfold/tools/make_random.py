@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -169,6 +171,83 @@ class _Writer:
         )
 
 
+@dataclass(frozen=True)
+class RandomPlan:
+    """What make_random writes, tensor by tensor. Each entry is drawn from its own generator
+    (seeded by the seed and the entry's index), so any one can be drawn alone and in any order:
+    the in-memory checkpoint (RandomCheckpoint) draws them as the loader asks."""
+
+    shape: str
+    quantize: str | None = None
+    group_size: int = 64
+    seed: int = 0
+    device: str = "cpu"
+
+    @property
+    def mlx(self) -> bool:
+        return self.quantize is not None
+
+    @cached_property
+    def entries(self) -> list[tuple[str, str, tuple[int, ...], str]]:
+        """(stem, local name, shape, kind) in file order."""
+        prefix, head = (
+            ("language_model.model.", "language_model.lm_head")
+            if self.mlx
+            else ("model.", "lm_head")
+        )
+        return [
+            (head if local == "lm_head" else prefix + local, local, dims, kind)
+            for local, dims, kind in _tensors(text_config(self.shape), self.mlx)
+        ]
+
+    def draw(self, index: int, device: str | None = None) -> dict[str, torch.Tensor]:
+        """Entry `index`'s tensors by name (a packed weight is three); device "meta" gives their
+        shapes and dtypes without drawing."""
+        stem, local, dims, kind = self.entries[index]
+        device = device or self.device
+        g = None
+        if device != "meta":
+            g = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + index)
+        if kind in ("linear", "router") and self.mlx:
+            bits, gs = self._format(local, kind)
+            return {f"{stem}.{k}": t for k, t in _packed(dims, bits, gs, g, device).items()}
+        suffix = ".weight" if kind in ("linear", "router") else ""
+        return {stem + suffix: _dense(dims, kind, self.mlx, g, device)}
+
+    def _format(self, local: str, kind: str) -> tuple[int, int]:
+        return _bits(local, kind, self.quantize), 64 if kind == "router" else self.group_size
+
+    def config(self) -> dict:
+        cfg = text_config(self.shape)
+        top_type, text_type = model_types(self.shape)
+        arch = (
+            "Qwen3_5MoeForConditionalGeneration"
+            if top_type.endswith("moe")
+            else "Qwen3_5ForConditionalGeneration"
+        )
+        config = {
+            "model_type": top_type,
+            "architectures": [arch],
+            "text_config": dict(cfg, model_type=text_type),
+            "tie_word_embeddings": cfg["tie_word_embeddings"],
+            "eos_token_id": 248046,
+        }
+        if self.mlx:
+            quant: dict = {"group_size": self.group_size, "bits": 4, "mode": "affine"}
+            for stem, local, _, kind in self.entries:
+                bits, gs = self._format(local, kind)
+                if kind in ("linear", "router") and (bits, gs) != (4, self.group_size):
+                    quant[stem] = {"group_size": gs, "bits": bits, "mode": "affine"}
+            config["quantization"] = config["quantization_config"] = quant
+        return config
+
+    def write_config(self, out: str | Path) -> Path:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(self.config(), indent=1))
+        return out
+
+
 def make_random(
     out: str | Path,
     shape: str,
@@ -177,44 +256,13 @@ def make_random(
     seed: int = 0,
     device: str = "cpu",
 ) -> Path:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = text_config(shape)
-    g = torch.Generator(device=device).manual_seed(seed)
-    mlx = quantize is not None
-    top_type, text_type = model_types(shape)
-    prefix, head = (
-        ("language_model.model.", "language_model.lm_head") if mlx else ("model.", "lm_head")
-    )
+    plan = RandomPlan(shape, quantize, group_size, seed, device)
+    out = plan.write_config(out)
     writer = _Writer(out)
-    quant: dict = {"group_size": group_size, "bits": 4, "mode": "affine"} if mlx else {}
-    for local, dims, kind in tqdm(_tensors(cfg, mlx), desc=f"random {shape}", unit="tensor"):
-        stem = head if local == "lm_head" else prefix + local
-        if kind in ("linear", "router") and mlx:
-            bits, gs = _bits(local, kind, quantize), 64 if kind == "router" else group_size
-            if (bits, gs) != (4, group_size):
-                quant[stem] = {"group_size": gs, "bits": bits, "mode": "affine"}
-            for suffix, t in _packed(dims, bits, gs, g, device).items():
-                writer.add(f"{stem}.{suffix}", t)
-        else:
-            suffix = ".weight" if kind in ("linear", "router") else ""
-            writer.add(stem + suffix, _dense(dims, kind, mlx, g, device))
+    for i in tqdm(range(len(plan.entries)), desc=f"random {shape}", unit="tensor"):
+        for name, t in plan.draw(i).items():
+            writer.add(name, t)
     writer.close()
-    arch = (
-        "Qwen3_5MoeForConditionalGeneration"
-        if top_type.endswith("moe")
-        else "Qwen3_5ForConditionalGeneration"
-    )
-    config = {
-        "model_type": top_type,
-        "architectures": [arch],
-        "text_config": dict(cfg, model_type=text_type),
-        "tie_word_embeddings": cfg["tie_word_embeddings"],
-        "eos_token_id": 248046,
-    }
-    if mlx:
-        config["quantization"] = config["quantization_config"] = quant
-    (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
 
 

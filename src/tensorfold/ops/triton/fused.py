@@ -196,12 +196,15 @@ def _silu_mul(g_ptr, u_ptr, y_ptr, W, stride_g, stride_u, BLOCK: tl.constexpr):
     mask = o < W
     g = tl.load(g_ptr + r * stride_g + o, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + r * stride_u + o, mask=mask, other=0.0)
+    tl.store(y_ptr + r * W + o, _swiglu(g, u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu(g, u):
+    """silu(g) · u in fp32 from g (fp32, read from the model dtype) and u (the model dtype): one
+    body for this kernel and the expert products' fused gate and up (ops/triton/moe.py)."""
     act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # silu rounded to the model dtype
-    tl.store(
-        y_ptr + r * W + o,
-        (act.to(tl.float32) * u.to(tl.float32)).to(y_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    return act.to(tl.float32) * u.to(tl.float32)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Grouped expert products on the GPU: each chosen expert's rows through its own weights, in one
-launch per projection over all the experts a pass chose.
+"""Grouped expert products on the GPU: each chosen expert's rows through its own weights, over all
+the experts a pass chose: one launch for gate and up (writing silu(gate) · up), one for down.
 
 The rows (a row once per expert it chose) are sorted by expert and cut into tiles of one expert
 each; a tile's program reduces K with the plan of ops/triton/linear.py for that expert's (N, K)
@@ -7,8 +7,10 @@ each; a tile's program reduces K with the plan of ops/triton/linear.py for that 
 zero, one tl.dot per K block in order, the segments added in order, rounded once. That is the
 whole form of linear.py's products, so a row's bits are those of the same row through that
 expert's product alone, whether the expert serves 1 row or 500 (docs/exactness.md, 'Experts').
-The tile table is built on the device from the chosen ids (no host sync): the grid is sized
-from the row count alone, and tiles past the last expert's are empty.
+The tile table is built on the device from the chosen ids (no host sync; one small kernel for a
+decode-sized pass): the grid is sized from the row count alone, and tiles past the last expert's
+are empty. The gate-and-up launch reads each pair's row of x where it lies (no gathered copy) and
+the down launch writes each pair's output at its (row, choice) place (no scatter).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..moe import Experts, ExpertStack
-from . import fused
+from .fused import _swiglu, silu_mul
 from .linear import LinearPlan
 from .segments import _affine_whole, _dense_whole
 
@@ -40,8 +42,18 @@ class ExpertTiles:
         return self.expert.shape[0]
 
 
+TILE_KERNEL_PAIRS = 1024  # up to this many (row, expert) pairs the table is one launch
+
+
 def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTiles:
     """Tiles of at most block_m pairs of one expert each, ascending expert id, on the device."""
+    if ids.numel() <= TILE_KERNEL_PAIRS:
+        return tiles_kernel(ids, num_experts, block_m)
+    return tiles_torch(ids, num_experts, block_m)
+
+
+def tiles_torch(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTiles:
+    """expert_tiles in torch ops (a dozen small launches; the reference of tiles_kernel)."""
     flat = ids.reshape(-1)
     n = flat.shape[0]
     order = torch.argsort(flat, stable=True)
@@ -59,22 +71,150 @@ def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTil
 
 
 @triton.jit
-def _grouped_kernel(
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _tiles_kernel(
+    ids_ptr,
+    order_ptr,
+    sorted_ptr,
+    te_ptr,
+    lo_ptr,
+    hi_ptr,
+    P,
+    MOST,
+    BLOCK_M: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    o = tl.arange(0, BLOCK_P)
+    live = o < P
+    ids = tl.load(ids_ptr + o, mask=live, other=0).to(tl.int32)
+    # (expert, slot) as one key: the sort orders pairs by expert, then slot (a stable sort)
+    key = tl.sort(tl.where(live, ids * BLOCK_P + o, 2147483647), 0)
+    e, slot = key // BLOCK_P, key % BLOCK_P
+    tl.store(order_ptr + o, slot.to(tl.int64), mask=live)
+    tl.store(sorted_ptr + o, e, mask=live)
+    tl.debug_barrier()  # each pair reads its neighbours' experts back
+    prev = tl.load(sorted_ptr + o - 1, mask=live & (o > 0), other=-1)
+    after = tl.load(sorted_ptr + o + 1, mask=(o + 1) < P, other=-1)
+    start = tl.associative_scan(tl.where(live & (prev != e), o, 0), 0, _max)
+    end = tl.associative_scan(tl.where(live & (after != e), o + 1, P), 0, _min, reverse=True)
+    first = live & ((o - start) % BLOCK_M == 0)  # a tile starts every BLOCK_M pairs of an expert
+    t = tl.cumsum(first.to(tl.int32), 0) - 1
+    tl.store(te_ptr + t, e, mask=first)
+    tl.store(lo_ptr + t, o, mask=first)
+    tl.store(hi_ptr + t, tl.minimum(o + BLOCK_M, end), mask=first)
+    o_t = tl.arange(0, BLOCK_T)
+    empty = (o_t >= tl.sum(first.to(tl.int32), 0)) & (o_t < MOST)
+    zero = tl.zeros((BLOCK_T,), tl.int32)
+    tl.store(te_ptr + o_t, zero, mask=empty)
+    tl.store(lo_ptr + o_t, zero, mask=empty)
+    tl.store(hi_ptr + o_t, zero, mask=empty)
+
+
+def tiles_kernel(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTiles:
+    """expert_tiles in one launch of one program (a decode-sized pass): the same table as
+    tiles_torch (empty tiles read expert 0 here, never used)."""
+    flat = ids.reshape(-1)
+    n = flat.shape[0]
+    most = min(num_experts, n) + n // block_m
+    dev = flat.device
+    order = torch.empty(n, dtype=torch.long, device=dev)
+    scratch = torch.empty(n, dtype=torch.int32, device=dev)
+    e, lo, hi = (torch.empty(most, dtype=torch.int32, device=dev) for _ in range(3))
+    if n:
+        _tiles_kernel[(1,)](
+            flat,
+            order,
+            scratch,
+            e,
+            lo,
+            hi,
+            n,
+            most,
+            BLOCK_M=block_m,
+            BLOCK_P=triton.next_power_of_2(n),
+            BLOCK_T=triton.next_power_of_2(most),
+            num_warps=4,
+        )
+    return ExpertTiles(order, e, lo, hi, block_m)
+
+
+@triton.jit
+def _expert_product(
     x_ptr,
     w_ptr,
     s_ptr,
     b_ptr,
-    y_ptr,
-    tile_e,
-    tile_lo,
-    tile_hi,
+    e,
+    rows,
+    o_n,
+    M,
     N,
     stride_x,
     stride_we,
     stride_w,
     stride_se,
     stride_s,
+    PACKED: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    NSEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Rows `rows` of x (those < M) through expert e's matrix: the whole form's fp32 sum."""
+    w_e = w_ptr + e * stride_we
+    if PACKED:
+        s_e, b_e = s_ptr + e * stride_se, b_ptr + e * stride_se
+        acc = _affine_whole(
+            x_ptr, w_e, s_e, b_e, rows, o_n, M, N, stride_x, stride_w, stride_s,
+            BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    else:
+        acc = _dense_whole(
+            x_ptr, w_e, rows, o_n, M, N, stride_x, stride_w, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K
+        )  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _grouped_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    w2_ptr,
+    s2_ptr,
+    b2_ptr,
+    y_ptr,
+    order_ptr,
+    tile_e,
+    tile_lo,
+    tile_hi,
+    N,
+    X_ROWS,
+    stride_x,
+    stride_we,
+    stride_w,
+    stride_se,
+    stride_s,
     stride_y,
+    TOP_K: tl.constexpr,
+    GATHER: tl.constexpr,
+    SCATTER: tl.constexpr,
+    SWIGLU: tl.constexpr,
     PACKED: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -91,106 +231,104 @@ def _grouped_kernel(
     if hi > lo:
         o_m = lo + tl.arange(0, BLOCK_M)
         o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_e = w_ptr + e * stride_we
-        if PACKED:
-            s_e, b_e = s_ptr + e * stride_se, b_ptr + e * stride_se
-            acc = _affine_whole(
-                x_ptr,
-                w_e,
-                s_e,
-                b_e,
-                o_m,
-                o_n,
-                hi,
-                N,
-                stride_x,
-                stride_w,
-                stride_s,
-                BITS,
-                GROUP,
-                GROUPS,
-                SEG,
-                NSEG,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
+        inside = o_m < hi
+        if GATHER:  # pair p reads row order[p] // k of x; rows past the tile read nothing (>= M)
+            slot = tl.load(order_ptr + o_m, mask=inside, other=0)
+            rows, limit = tl.where(inside, slot // TOP_K, X_ROWS), X_ROWS
         else:
-            acc = _dense_whole(
-                x_ptr,
-                w_e,
-                o_m,
-                o_n,
-                hi,
-                N,
-                stride_x,
-                stride_w,
-                SEG,
-                NSEG,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
-        mask = (o_m[:, None] < hi) & (o_n[None, :] < N)
-        tl.store(
-            y_ptr + o_m[:, None] * stride_y + o_n[None, :],
-            acc.to(y_ptr.dtype.element_ty),
-            mask=mask,
-        )
+            rows, limit = o_m, hi
+        acc = _expert_product(
+            x_ptr, w_ptr, s_ptr, b_ptr, e, rows, o_n, limit, N, stride_x, stride_we, stride_w,
+            stride_se, stride_s, PACKED, BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        out = acc.to(y_ptr.dtype.element_ty)
+        if SWIGLU:  # up's product; both rounded to the model dtype before silu · up, as unfused
+            up = _expert_product(
+                x_ptr, w2_ptr, s2_ptr, b2_ptr, e, rows, o_n, limit, N, stride_x, stride_we,
+                stride_w, stride_se, stride_s, PACKED, BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M,
+                BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            u = up.to(y_ptr.dtype.element_ty)
+            out = _swiglu(out.to(tl.float32), u).to(y_ptr.dtype.element_ty)
+        dest = o_m
+        if SCATTER:  # pair p's output goes to its (row, choice) slot
+            dest = tl.load(order_ptr + o_m, mask=inside, other=0)
+        mask = inside[:, None] & (o_n[None, :] < N)
+        tl.store(y_ptr + dest[:, None] * stride_y + o_n[None, :], out, mask=mask)
+
+
+def _parts(stack: ExpertStack):
+    w = stack.weight.view(torch.int32) if stack.packed else stack.weight
+    return (w, stack.scales, stack.biases) if stack.packed else (w, w, w)
 
 
 def grouped_matmul(
-    xs: torch.Tensor, stack: ExpertStack, tiles: ExpertTiles, block_n: int = 64
+    xs: torch.Tensor,
+    stack: ExpertStack,
+    tiles: ExpertTiles,
+    block_n: int = 64,
+    gather_k: int = 0,
+    scatter: bool = False,
+    up: ExpertStack | None = None,
 ) -> torch.Tensor:
-    """xs [P, K] (pairs sorted by expert) · W_eᵀ per tile -> [P, N] in xs's dtype."""
+    """xs [P, K] (pairs sorted by expert) · W_eᵀ per tile -> [P, N] in xs's dtype. gather_k = k:
+    xs is x [M, K] and pair p reads row order[p] // k; scatter: pair p's output is written at row
+    order[p]; up: the fused gate and up, silu(xs · W_eᵀ) · (xs · U_eᵀ), `stack` the gate."""
     n, k = stack.shape
     plan = LinearPlan.for_weight(n, k, stack.group_size if stack.packed else None)
     xs = xs.contiguous()
-    y = torch.empty((xs.shape[0], n), dtype=xs.dtype, device=xs.device)
-    w = stack.weight.view(torch.int32) if stack.packed else stack.weight
-    s, b = (stack.scales, stack.biases) if stack.packed else (w, w)
+    pairs = tiles.order.shape[0]
+    y = torch.empty((pairs, n), dtype=xs.dtype, device=xs.device)
+    w, s, b = _parts(stack)
+    w2, s2, b2 = _parts(up) if up is not None else (w, s, b)
+    if up is not None and not _one_format(stack, up):
+        raise ValueError("gate and up stacks must have one format and layout")
     groups = max(plan.block_k // stack.group_size, 1) if stack.packed else 1
     grid = (tiles.count, triton.cdiv(n, block_n))
     _grouped_kernel[grid](
-        xs,
-        w,
-        s,
-        b,
-        y,
-        tiles.expert,
-        tiles.lo,
-        tiles.hi,
-        n,
-        xs.stride(0),
-        w.stride(0),
-        w.stride(1),
-        s.stride(0),
-        s.stride(1),
-        y.stride(0),
-        PACKED=stack.packed,
-        BITS=stack.bits or 16,
-        GROUP=stack.group_size or 16,
-        GROUPS=groups,
-        SEG=plan.segment,
-        NSEG=plan.segments(k),
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=plan.block_k,
-        num_warps=4,
-        num_stages=3,
-    )
+        xs, w, s, b, w2, s2, b2, y, tiles.order, tiles.expert, tiles.lo, tiles.hi, n, xs.shape[0],
+        xs.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), y.stride(0),
+        TOP_K=max(gather_k, 1), GATHER=gather_k > 0, SCATTER=scatter, SWIGLU=up is not None,
+        PACKED=stack.packed, BITS=stack.bits or 16, GROUP=stack.group_size or 16, GROUPS=groups,
+        SEG=plan.segment, NSEG=plan.segments(k), BLOCK_M=tiles.block_m, BLOCK_N=block_n,
+        BLOCK_K=plan.block_k, num_warps=4, num_stages=3,
+    )  # fmt: skip
     return y
 
 
 def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch.Tensor:
-    """[M, k, H]: ops.moe.expert_swiglu's result on the GPU, three grouped products and the
-    SwiGLU kernel, with no host sync."""
+    """[M, k, H]: ops.moe.expert_swiglu's result on the GPU with no host sync: the tile table, the
+    gate and up in one grouped launch (silu · up written), down in one writing each (row, choice)."""
     m, k = ids.shape
     tiles = expert_tiles(ids, experts.num_experts, 16 if m * k <= 512 else 64)
-    xs = x[tiles.order // k]
-    h = fused.silu_mul(
-        grouped_matmul(xs, experts.gate, tiles), grouped_matmul(xs, experts.up, tiles)
+    if _one_format(experts.gate, experts.up):
+        h = grouped_matmul(x, experts.gate, tiles, gather_k=k, up=experts.up)
+    else:  # a mixed file with gate and up at different bits: two launches and silu_mul
+        h = silu_mul(
+            grouped_matmul(x, experts.gate, tiles, gather_k=k),
+            grouped_matmul(x, experts.up, tiles, gather_k=k),
+        )
+    return grouped_matmul(h, experts.down, tiles, scatter=True).view(m, k, -1)
+
+
+def _one_format(a: ExpertStack, b: ExpertStack) -> bool:
+    same = (a.packed, a.bits, a.group_size, a.weight.stride()) == (
+        b.packed,
+        b.bits,
+        b.group_size,
+        b.weight.stride(),
     )
+    return same and (not a.packed or a.scales.stride() == b.scales.stride())
+
+
+def expert_swiglu_unfused(x: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch.Tensor:
+    """The same result in the earlier form (the torch tile table, a gathered copy of x, gate and
+    up apart, silu_mul, down, a scatter): the registry's witness that the fused form's bits are
+    these."""
+    m, k = ids.shape
+    tiles = tiles_torch(ids, experts.num_experts, 16 if m * k <= 512 else 64)
+    xs = x[tiles.order // k]
+    h = silu_mul(grouped_matmul(xs, experts.gate, tiles), grouped_matmul(xs, experts.up, tiles))
     y = grouped_matmul(h, experts.down, tiles)
     out = torch.empty_like(y)
     out[tiles.order] = y

@@ -26,8 +26,8 @@ from .. import norm as ref_norm
 from ..attention import AttentionTiles
 from ..dispatch import lane_index
 from ..quant import dequantize, quantize
-from . import attention, fused, gdn, linear, norm
-from .controls import CONTROLS
+from . import attention, fused, gdn, linear, norm, registry_moe
+from .controls import CONTROLS as DENSE_CONTROLS
 
 
 @dataclass(frozen=True)
@@ -410,7 +410,10 @@ KERNELS = [
         check_gdn,
     ),
 ]
+KERNELS += [Kernel(*entry) for entry in registry_moe.ENTRIES]
+CONTROLS = DENSE_CONTROLS + registry_moe.CONTROLS
 IMPLS = {
+    **registry_moe.IMPLS,
     "linear.dense": linear.dense_matmul,
     "linear.affine": linear.affine_matmul,
     "attention.paged": attention.paged_attention,
@@ -429,11 +432,14 @@ def _checked(check, impl, small: bool) -> list[str]:
         return [f"raised {type(e).__name__}: {str(e)[:160]}"]
 
 
-def run_all(small: bool = False, echo: bool = False) -> tuple[list[str], bool]:
-    """Every kernel's check, then every planted control's; `echo` prints each line when known."""
+def run_all(small: bool = False, echo: bool = False, only: str = "") -> tuple[list[str], bool]:
+    """Every kernel's check, then every planted control's; `echo` prints each line when known;
+    `only` keeps the kernels whose name starts with it (and their controls)."""
     lines, ok = [], True
-    by_name = {k.name: k for k in KERNELS}
-    for k in KERNELS:
+    kernels = [k for k in KERNELS if k.name.startswith(only)]
+    controls = [c for c in CONTROLS if c[0].startswith(only)]
+    by_name = {k.name: k for k in kernels}
+    for k in kernels:
         torch.manual_seed(0)
         bad = _checked(k.check, IMPLS[k.name], small)
         ok &= not bad
@@ -444,7 +450,7 @@ def run_all(small: bool = False, echo: bool = False) -> tuple[list[str], bool]:
         if echo:
             print(lines[-1], flush=True)
     red = 0
-    for name, what, impl in CONTROLS:
+    for name, what, impl in controls:
         torch.manual_seed(0)
         bad = _checked(by_name[name].check, impl, small)
         crashed = any(b.startswith("raised ") for b in bad)  # a crash is not a detection
@@ -453,11 +459,11 @@ def run_all(small: bool = False, echo: bool = False) -> tuple[list[str], bool]:
         lines.append(f"control {name:<18} {what:<40} {verdict}")
         if echo:
             print(lines[-1], flush=True)
-    ok &= red == len(CONTROLS)
+    ok &= red == len(controls)
     passed = sum(1 for line in lines if line.split()[1:2] == ["pass"])
     lines.append(
-        f"SUMMARY {len(KERNELS)} kernels: {passed} pass, {len(KERNELS) - passed} fail; "
-        f"{len(CONTROLS)} controls: {red} red as planted, {len(CONTROLS) - red} missed"
+        f"SUMMARY {len(kernels)} kernels: {passed} pass, {len(kernels) - passed} fail; "
+        f"{len(controls)} controls: {red} red as planted, {len(controls) - red} missed"
     )
     return lines, ok
 
@@ -467,7 +473,9 @@ def main() -> int:
         description="check every GPU kernel against its reference and its rules"
     )
     p.add_argument("--small", action="store_true")
-    lines, ok = run_all(p.parse_args().small, echo=True)
+    p.add_argument("--only", default="", help="kernels whose name starts with this (e.g. moe.)")
+    args = p.parse_args()
+    lines, ok = run_all(args.small, echo=True, only=args.only)
     print(lines[-1])
     return 0 if ok else 1
 

@@ -1,0 +1,152 @@
+"""The per-row kernels of the mixture-of-experts block: the routing (softmax, top-k with ties to
+the lowest id, renormalised weights) and the weighted sum of a row's experts with the gated shared
+expert, one launch each. One program per row (and column block): a row's arithmetic is the same
+code whatever else the pass holds. References: ops.moe.route and ops.moe.combine; the order of
+every step is docs/exactness.md's ('Experts').
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..moe import Route
+
+COMBINE_BLOCK = 1024
+
+
+def _precise() -> bool:
+    """libdevice's exp on the device (CUDA's expf, which torch's kernels call; its range reduction
+    uses explicit fmas, kept with fusion off); Triton's interpreter has none (numpy's stands in)."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+@triton.jit
+def _exp(x, PRECISE: tl.constexpr):
+    if PRECISE:
+        y = libdevice.exp(x)  # not tl.exp's bare ex2.approx: the router's ranks rest on it
+    else:
+        y = tl.exp(x)
+    return y
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr,
+    ids_ptr,
+    w_ptr,
+    E,
+    stride_l,
+    TOP_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    o_e = tl.arange(0, BLOCK_E)
+    live = o_e < E
+    x = tl.load(logits_ptr + r * stride_l + o_e, mask=live, other=float("-inf")).to(tl.float32)
+    ex = _exp(x - tl.max(x, 0), PRECISE)
+    probs = tl.div_rn(ex, tl.sum(ex, 0))
+    left = tl.where(live, probs, -1.0)  # probabilities are >= 0: the padding is never chosen
+    top = tl.zeros((BLOCK_E,), tl.float32)
+    chosen = o_e < 0
+    total = tl.sum(top, 0)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(left, 0)
+        pick = tl.min(tl.where(left == best, o_e, BLOCK_E), 0)  # a tie goes to the lowest id
+        if j == 0:
+            total = best
+        else:
+            total = total + best  # summed in rank order
+        top = tl.where(o_e == pick, best, top)
+        chosen = chosen | (o_e == pick)
+        left = tl.where(o_e == pick, -1.0, left)
+    place = tl.cumsum(chosen.to(tl.int32), 0) - 1  # the chosen experts written in ascending id
+    tl.store(ids_ptr + r * TOP_K + place, o_e.to(tl.int64), mask=chosen)
+    tl.store(w_ptr + r * TOP_K + place, tl.div_rn(top, total), mask=chosen)
+
+
+def route(logits: torch.Tensor, top_k: int) -> Route:
+    """ops.moe.route on the GPU in one launch: ids [M, k] ascending (int64), weights [M, k] fp32."""
+    m, e = logits.shape
+    ids = torch.empty((m, top_k), dtype=torch.long, device=logits.device)
+    weights = torch.empty((m, top_k), dtype=torch.float32, device=logits.device)
+    if m:
+        block = triton.next_power_of_2(e)
+        _route_kernel[(m,)](
+            logits,
+            ids,
+            weights,
+            e,
+            logits.stride(0),
+            TOP_K=top_k,
+            BLOCK_E=block,
+            PRECISE=_precise(),
+            num_warps=4 if block >= 512 else 1,
+        )
+    return Route(ids, weights)
+
+
+@triton.jit
+def _combine_kernel(
+    routed_ptr,
+    w_ptr,
+    shared_ptr,
+    logit_ptr,
+    out_ptr,
+    H,
+    stride_shared,
+    stride_logit,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PRECISE: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = o < H
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for j in tl.static_range(TOP_K):
+        w = tl.load(w_ptr + r * TOP_K + j)
+        y = tl.load(routed_ptr + (r * TOP_K + j) * H + o, mask=mask, other=0.0).to(tl.float32)
+        if j == 0:
+            acc = w * y
+        else:
+            acc = acc + w * y  # ascending expert id (fused multiply-adds are off)
+    g = tl.load(logit_ptr + r * stride_logit).to(tl.float32)
+    gate = tl.div_rn(1.0, 1.0 + _exp(-g, PRECISE))
+    s = tl.load(shared_ptr + r * stride_shared + o, mask=mask, other=0.0).to(tl.float32)
+    acc = acc + gate * s  # the shared expert last
+    tl.store(out_ptr + r * H + o, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine(
+    routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
+) -> torch.Tensor:
+    """ops.moe.combine on the GPU in one launch: routed [M, k, H] in ascending id, weights [M, k]
+    fp32, shared [M, H], shared_logit [M, 1] (a column of a wider product is fine)."""
+    m, k, h = routed.shape
+    routed, weights = routed.contiguous(), weights.contiguous()
+    if shared.stride(1) != 1:
+        shared = shared.contiguous()
+    out = torch.empty((m, h), dtype=routed.dtype, device=routed.device)
+    if m:
+        _combine_kernel[(m, triton.cdiv(h, COMBINE_BLOCK))](
+            routed,
+            weights,
+            shared,
+            shared_logit,
+            out,
+            h,
+            shared.stride(0),
+            shared_logit.stride(0),
+            TOP_K=k,
+            BLOCK=COMBINE_BLOCK,
+            PRECISE=_precise(),
+            num_warps=4,
+            enable_fp_fusion=False,  # mul.rn then add.rn (no fma, no flush to zero), as the reference
+        )
+    return out

@@ -1,0 +1,94 @@
+"""Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): the mixture-of-experts kernels on
+tiny shapes on the CPU (fp16: the interpreter has no bf16) against their torch references, and
+their planted faults caught."""
+
+import torch
+
+from tensorfold.ops import moe as ref_moe
+from tensorfold.ops.quant import quantize
+from tensorfold.ops.triton import moe, moe_rows, registry_moe
+
+
+def route() -> None:
+    """The routing kernel: ids exactly the reference's (ties to the lowest id), weights close."""
+    for e, k in ((8, 2), (64, 8), (256, 8)):
+        x = torch.randn(6, e).half()
+        x[0] = 0.5  # every expert tied
+        x[1, 3:13] = 9.0  # ten tied at the top, k < 10
+        x[2, ::2] = 9.0
+        got, ref = moe_rows.route(x, k), ref_moe.route(x, k)
+        assert torch.equal(got.ids, ref.ids), (e, got.ids, ref.ids)
+        assert (got.weights - ref.weights).abs().max() < 1e-6
+        assert torch.equal(moe_rows.route(x[1:2], k).ids[0], got.ids[1])
+        planted = registry_moe._route_highest(x, k)
+        assert not torch.equal(planted.ids, ref.ids), "the highest-id control went unseen"
+        wide = torch.cat([x, torch.randn(6, 1).half()], 1)  # the router joined with the shared gate
+        assert torch.equal(moe_rows.route(wide[:, :e], k).ids, ref.ids)
+
+
+def tiles() -> None:
+    """The one-launch tile table: tiles_torch's table (order, and every non-empty tile)."""
+    for m, e, k, block in ((1, 8, 2, 16), (40, 6, 2, 16), (33, 16, 4, 16), (20, 4, 3, 4)):
+        ids = torch.sort(torch.rand(m, e).argsort(-1)[:, :k], -1).values
+        ids[: m // 2, 0] = 0
+        got, ref = moe.tiles_kernel(ids, e, block), moe.tiles_torch(ids, e, block)
+        used = ref.hi > ref.lo
+        assert torch.equal(got.order, ref.order) and torch.equal(got.hi > got.lo, used)
+        for f in ("expert", "lo", "hi"):
+            assert torch.equal(getattr(got, f)[used], getattr(ref, f)[used]), (m, f)
+        if m > 1:
+            planted = registry_moe._tiles_descending(ids, e, block)
+            assert not torch.equal(planted.order, ref.order)
+
+
+def grouped() -> None:
+    """Gate and up in one launch writing silu · up, down writing each (row, choice): the bits of
+    the earlier unfused form (a gathered copy, three products, silu_mul, a scatter); gate and up
+    at different bits take the two-launch path."""
+
+    def stack(e, n, k, bits):
+        w = torch.randn(e, n, k) * k**-0.5
+        if bits is None:
+            return ref_moe.ExpertStack(w.half())
+        packed, s, b = quantize(w, bits, 32)
+        return ref_moe.ExpertStack(packed, s.half(), b.half(), bits, 32)
+
+    x = torch.randn(40, 128).half()
+    ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
+    ids[::3, 0] = 0
+    shapes = ((64, 128), (64, 128), (128, 64))
+    for bits in ((None,) * 3, (4, 4, 8), (4, 3, 8)):
+        ex = ref_moe.Experts(*(stack(6, n, k, b) for (n, k), b in zip(shapes, bits)))
+        y = moe.expert_swiglu(x, ids, ex)
+        assert torch.equal(y, moe.expert_swiglu_unfused(x, ids, ex)), bits
+        assert torch.equal(moe.expert_swiglu(x[3:4], ids[3:4], ex)[0], y[3]), bits
+
+
+def combine() -> None:
+    """The weighted sum: the reference's bits where the shared gate's logit is 0 (no exp), close
+    elsewhere; the reversed order is seen."""
+    m, k, h = 5, 8, 40
+    routed, w = torch.randn(m, k, h).half(), torch.rand(m, k)
+    shared, logit = torch.randn(m, h).half(), torch.randn(m, 3).half()[:, 1:2]
+    zero = torch.zeros(m, 1).half()
+    registry_moe.plant_cancellation(routed, w, shared)
+    assert torch.equal(
+        moe_rows.combine(routed, w, shared, zero), ref_moe.combine(routed, w, shared, zero)
+    )
+    got, ref = moe_rows.combine(routed, w, shared, logit), ref_moe.combine(routed, w, shared, logit)
+    assert (got.float() - ref.float()).abs().max() < 2e-3
+    planted = registry_moe._combine_rank_order(routed, w, shared, zero)
+    assert not torch.equal(planted, ref_moe.combine(routed, w, shared, zero))
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    route()
+    tiles()
+    grouped()
+    combine()
+    print("moe kernels match their references")
+
+
+if __name__ == "__main__":
+    main()
