@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import ForwardBatch, Segment
 from ..cache import KVPool, ModelCaches
 from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.dispatch import lane_index
 
 
 class MTPDrafter:
@@ -51,21 +49,16 @@ class MTPDrafter:
 
     def run(self, req, start: int, tokens: list[int], hidden: torch.Tensor):
         """The head over positions start.. of one lane: (last row's logits, every row's output)."""
-        n, dev = len(tokens), self.target.device
-        seg = Segment(req.slot, start, 0, n, req.kv_rows[: start + n])
-        batch = ForwardBatch(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=dev),
-            positions=torch.arange(start, start + n, device=dev),
-            kv_write=req.kv_rows[start : start + n],
-            segments=(seg,),
-            logit_rows=torch.tensor([n - 1], dtype=torch.long, device=dev),
-            lanes=lane_index((seg,), dev, self.target.config.conv_kernel),
-        )
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
         with torch.inference_mode():
-            logits, out = self.head.forward(
-                self.target, batch.token_ids, hidden, batch, (self.kv.k[0], self.kv.v[0])
+            return self.head.forward(
+                self.target,
+                ids,
+                hidden,
+                start,
+                req.kv_rows[: start + len(tokens)],
+                (self.kv.k[0], self.kv.v[0]),
             )
-        return logits[0], out
 
 
 class MTPLane:
