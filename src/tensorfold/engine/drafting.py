@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
-from ..errors import InvalidRequest, SplitRefused
+from ..errors import InvalidRequest, NotStockDrafter, SplitRefused
 from ..models.mtp import check_mtp_head
 from .drafters import Drafter, NgramDrafter, PredictionDrafter, check_drafter_path, make_drafter
 from .request import Request, TokenEvent
@@ -239,8 +239,9 @@ def add_flags(p) -> None:
     p.add_argument(
         "--draft",
         default=None,
-        help="draft with: ngram (prompt lookup), mtp (the checkpoint's MTP head) or a drafter "
-        "folder; output is the same as without (default: off)",
+        help="draft with: ngram (prompt lookup), mtp (the checkpoint's MTP head), auto (mtp when "
+        "the checkpoint has a head, else off) or a drafter folder; output is the same as "
+        "without (default: off)",
     )
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
 
@@ -250,6 +251,22 @@ def refuse_split_draft() -> str:
         "drafting (--draft) is not served with a tensor split yet: the other ranks do not keep "
         "the lanes' spare state slots; serve with --tensor-parallel 1, or without --draft"
     )
+
+
+def resolve_auto(method: str | None, checkpoint, ranks: int = 1) -> tuple[str | None, str]:
+    """`--draft auto`: "mtp" when the checkpoint has a head it can serve, else no drafting; with
+    the line that says which (empty for any other method, returned as it is). A head bound to
+    another target is still refused (DraftForAnotherTarget): it is a broken file, not a missing
+    one."""
+    if method != "auto":
+        return method, ""
+    if ranks > 1:
+        return None, "--draft auto: no drafting with a tensor split"
+    try:
+        check_mtp_head(checkpoint)
+    except NotStockDrafter as exc:
+        return None, f"--draft auto: serving without drafting ({exc})"
+    return "mtp", f"--draft auto: drafting with the MTP head of {checkpoint}"
 
 
 def check(method: str | None, tokens: int, checkpoint=None, ranks: int = 1) -> DraftConfig:
