@@ -17,12 +17,21 @@ import torch
 from ..cache import KVPool, ModelCaches
 from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
+from ..runner.model_runner import SMALL_MODEL_BYTES
+
+
+def head_dtype(target: Qwen35Model) -> torch.dtype:
+    """float32 for a small model on the CPU, where a one-row bf16 product costs about three
+    float32 ones (measured on the demo head's shapes); else the target's dtype (the copies of
+    its weights and output table would be large)."""
+    small = target.weight_bytes < SMALL_MODEL_BYTES
+    return torch.float32 if target.device.type == "cpu" and small else target.dtype
 
 
 class MTPDrafter:
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
         if head is None:
-            head = load_mtp(target, target.path)
+            head = load_mtp(target, target.path, head_dtype(target))
         self.target, self.head = target, head
         kv, cfg = caches.kv, target.config
         self.kv = KVPool(
@@ -31,7 +40,7 @@ class MTPDrafter:
             kv.page_size,
             cfg.num_kv_heads,
             cfg.head_dim,
-            target.dtype,
+            head.fc.weight.dtype,
             target.device,
         )
         target.keep_hidden = True

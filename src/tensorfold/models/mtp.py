@@ -114,6 +114,9 @@ class MTPHead:
     post_norm: RMSNorm
     mlp: MLP
     norm: RMSNorm
+    lm_head: Linear | None = (
+        None  # the target's output table in the head's dtype (None: the target's)
+    )
 
     def forward(
         self,
@@ -131,7 +134,7 @@ class MTPHead:
         draft is only a guess (the target decides every token), so its bits need not be
         invariant, and on the CPU one row then costs one small product per weight, not a
         16-row tile per 256 output columns."""
-        dt = target.dtype
+        dt = self.fc.weight.dtype
         e = target.embed(token_ids).to(dt)
         x = torch.cat([_norm(self.norm_embedding, e), _norm(self.norm_hidden, hidden.to(dt))], -1)
         h = _product(x, self.fc)
@@ -140,7 +143,7 @@ class MTPHead:
         m = self.mlp
         x = _product(F.silu(_product(x, m.gate_proj)) * _product(x, m.up_proj), m.down_proj)
         x = _norm(self.norm, h + x)
-        head = target.lm_head
+        head = self.lm_head or target.lm_head
         last = x[-1:]
         logits = _product(last, head) if isinstance(head.weight, torch.Tensor) else head(last)
         return logits[0], x
@@ -175,8 +178,9 @@ def _product(x: torch.Tensor, linear: Linear) -> torch.Tensor:
     return F.linear(x, linear.weight)
 
 
-def load_mtp(target: Qwen35Model, path) -> MTPHead:
-    """The checkpoint's MTP head for `target`, checked by name and shape before any read."""
+def load_mtp(target: Qwen35Model, path, dtype: torch.dtype | None = None) -> MTPHead:
+    """The checkpoint's MTP head for `target`, checked by name and shape before any read; in
+    `dtype` (default the target's), with a copy of a dense output table when that differs."""
     from .checkpoint import Checkpoint
     from .loader import _Builder
 
@@ -188,7 +192,10 @@ def load_mtp(target: Qwen35Model, path) -> MTPHead:
         def update(self, n: int) -> None:
             pass
 
-    b = _Builder(cfg, mtp, target.dtype, target.device, _Quiet())
+    dtype = dtype or target.dtype
+    b = _Builder(cfg, mtp, dtype, target.device, _Quiet())
+    table = target.lm_head.weight
+    copy = dtype != target.dtype and isinstance(table, torch.Tensor)
     a = "layers.0."
     return MTPHead(
         b.linear("fc"),
@@ -199,4 +206,5 @@ def load_mtp(target: Qwen35Model, path) -> MTPHead:
         b.norm(a + "post_attention_layernorm.weight"),
         b.mlp(a + "mlp."),
         b.norm("norm.weight"),
+        Linear(table.to(dtype), dtype) if copy else None,
     )
