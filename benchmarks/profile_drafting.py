@@ -21,7 +21,7 @@ import torch
 from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold.demo.data import Sample, generate
-from tensorfold.engine import mtp
+from tensorfold.engine import drafting, mtp
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
@@ -119,7 +119,10 @@ def main() -> None:
     p.add_argument("--no-thinking", action="store_true")
     p.add_argument("--repeat", type=int, default=1, help="timed runs per mode (the best kept)")
     p.add_argument("--cprofile", default="", help="a mode to run under cProfile too")
+    p.add_argument("--no-gate", action="store_true", help="draft at every chance (no back-off)")
     args = p.parse_args()
+    if args.no_gate:
+        drafting.Gate.open = lambda self: True
     torch.manual_seed(0)
     model = load_model(args.checkpoint, dtype=torch.bfloat16, device="cpu")
     tok = Tokenizer(args.checkpoint)

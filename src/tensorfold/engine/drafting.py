@@ -9,9 +9,15 @@ it equals that choice, and the first choice it misses is the bonus token.
 
 The lane's Gated DeltaNet state cannot be cut back by arithmetic, so it is copied to a spare
 state slot before the pass. When every draft is accepted the state is right as it stands;
-otherwise the copy is put back and the committed rows are computed again at the head of the
-lane's next pass (the same kernels, so the same bytes). KV rows past the committed prefix are
-never read: a position's row is rewritten before any later row attends to it.
+otherwise the copy is put back and the committed rows after it are computed again at the head of
+the lane's next pass (the same kernels, so the same bytes). With a drafter configured the spare
+is a slot of the lanes' own pool, and the pass also feeds the lane's committed rows to it as a
+segment of their own (a fork): the copy put back after a miss is then the state after every row
+committed before the pass, so a lane misses its way at most one verify's tokens behind, where
+it would otherwise recompute every row since its last full acceptance in each pass (measured on
+the CPU: passes of up to 52 rows). KV rows past the committed prefix are never read: a
+position's row is rewritten before any later row attends to it (a fork writes its rows' K/V
+with the same bytes as the lane's own segment).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class LaneDraft:
     source: Drafter | None = None  # the drafter of the proposal in flight
     start: int = -1  # num_computed when the state was copied (-1: no verify in flight)
     spare: int = -1  # the spare state slot holding the copy
+    forked: int = 0  # committed rows the pass feeds the copy too (its state then follows them)
     proposed: int = 0
     accepted: int = 0
     prediction_accepted: int = 0
@@ -95,6 +102,20 @@ class DraftStats:
         self.lengths[committed] = self.lengths.get(committed, 0) + 1
 
 
+@dataclass(frozen=True)
+class Fork:
+    """A verify pass's extra segment: a lane's committed rows fed to its spare slot, so the
+    spare ends the pass holding the state after them (the runner reads it as a request)."""
+
+    slot: int
+    num_computed: int
+    feed_ids: list[int]
+    kv_rows: object  # the lane's KV rows (the same positions, written with the same bytes)
+
+    def logit_rows(self, n: int) -> range:
+        return range(0)
+
+
 class Drafting:
     """The engine's drafting: proposes before a pass, verifies after it, settles state."""
 
@@ -105,7 +126,9 @@ class Drafting:
         nothing drafts, a request's `prediction` included; its tokens are the same either way."""
         self.config, self.states, self.lanes = config, caches.states, lanes
         self.allowed = allowed
-        self.spares: StatePool | None = None  # one spare slot per lane, made on first use
+        # the engine's pool has a spare slot per lane when a drafter is configured: forks
+        self.fork = self.states.num_slots >= 2 * lanes
+        self.spares: StatePool | None = self.states if self.fork else None  # else made on use
         self.default = make_drafter(config.method, target, caches) if config.method else None
         self.stats = DraftStats()
 
@@ -137,10 +160,11 @@ class Drafting:
                     d.source = drafter
                     break
 
-    def before_pass(self, work) -> None:
+    def before_pass(self, work) -> list[tuple[Fork, int]]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
-        spare slot (one copy per state tensor for all lanes)."""
-        src, dst = [], []
+        spare slot (one copy per state tensor for all lanes); returns the forks to feed with
+        the pass, as (fork, rows)."""
+        src, dst, forks = [], [], []
         for w in work:
             req, d = w.request, w.request.draft
             if not req.drafting:
@@ -155,9 +179,12 @@ class Drafting:
                 d.spare = self.spares.allocate()
             src.append(req.slot)
             dst.append(d.spare)
-            d.start = req.num_computed
+            d.start, d.forked = req.num_computed, pending if self.fork else 0
+            if d.forked:
+                forks.append((Fork(d.spare, d.start, req.all_ids, req.kv_rows), pending))
         if src:
             self.states.copy_slots(src, dst, into=self.spares)
+        return forks
 
     def verify(self, engine, req: Request, logits) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain
@@ -186,13 +213,14 @@ class Drafting:
 
     def settle(self, req: Request) -> None:
         """After a verify: keep the state if every fed row's input was committed, else put the
-        copy back so the lane's next pass computes the committed rows again."""
+        copy back (with a fork: the state after the rows committed before the pass) so the
+        lane's next pass computes the committed rows after it again."""
         d = req.draft
         if d is None:
             return
         if d.start >= 0 and req.num_computed != req.num_tokens - 1:
             self.spares.copy_slot(d.spare, req.slot, into=self.states)
-            req.num_computed = d.start
+            req.num_computed = d.start + d.forked
         d.start, d.proposal = -1, []
 
     @property
@@ -231,6 +259,8 @@ class Drafting:
         """Memory kept for drafting: one spare state slot per lane (once any lane drafted) and a
         drafter's own cache (the MTP head's KV rows)."""
         own = getattr(self.default, "nbytes", 0)
+        if self.fork:
+            return own + self.lanes * self.states.slot_nbytes
         return own + (self.spares.nbytes if self.spares is not None else 0)
 
 
