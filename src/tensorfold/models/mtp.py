@@ -12,7 +12,7 @@ the head's own output (after its norm) back in place of h.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,6 @@ from ..layers.attention import GatedAttention
 from ..layers.linear import Linear
 from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
-from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, rope_tables
 from .qwen3_5 import Qwen35Model
 from .weights import WeightMap
@@ -114,9 +113,9 @@ class MTPHead:
     post_norm: RMSNorm
     mlp: MLP
     norm: RMSNorm
-    lm_head: Linear | None = (
-        None  # the target's output table in the head's dtype (None: the target's)
-    )
+    # the target's output table in the head's dtype (None: the target's own)
+    lm_head: Linear | None = None
+    scales: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def forward(
         self,
@@ -136,13 +135,15 @@ class MTPHead:
         16-row tile per 256 output columns."""
         dt = self.fc.weight.dtype
         e = target.embed(token_ids).to(dt)
-        x = torch.cat([_norm(self.norm_embedding, e), _norm(self.norm_hidden, hidden.to(dt))], -1)
+        x = torch.cat(
+            [self._norm(self.norm_embedding, e), self._norm(self.norm_hidden, hidden.to(dt))], -1
+        )
         h = _product(x, self.fc)
-        h = h + self._attend(target.config, _norm(self.input_norm, h), start, kv_rows, kv)
-        x = _norm(self.post_norm, h)
+        h = h + self._attend(target.config, self._norm(self.input_norm, h), start, kv_rows, kv)
+        x = self._norm(self.post_norm, h)
         m = self.mlp
         x = _product(F.silu(_product(x, m.gate_proj)) * _product(x, m.up_proj), m.down_proj)
-        x = _norm(self.norm, h + x)
+        x = self._norm(self.norm, h + x)
         head = self.lm_head or target.lm_head
         last = x[-1:]
         logits = _product(last, head) if isinstance(head.weight, torch.Tensor) else head(last)
@@ -156,9 +157,9 @@ class MTPHead:
         v = _product(x, a.v_proj).view(n, a.num_kv_heads, d)
         positions = torch.arange(start, start + n, device=x.device)
         rope = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        q = apply_rope(_norm(a.q_norm, qg[..., :d]), *rope)
+        q = apply_rope(self._norm(a.q_norm, qg[..., :d]), *rope)
         k_cache, v_cache = kv
-        k_cache[kv_rows[start:]] = apply_rope(_norm(a.k_norm, k), *rope).to(k_cache.dtype)
+        k_cache[kv_rows[start:]] = apply_rope(self._norm(a.k_norm, k), *rope).to(k_cache.dtype)
         v_cache[kv_rows[start:]] = v.to(v_cache.dtype)
         keys = k_cache[kv_rows].float().transpose(0, 1)  # [kv heads, L, D]
         values = v_cache[kv_rows].float().transpose(0, 1)
@@ -169,9 +170,13 @@ class MTPHead:
         out = out.transpose(0, 1).to(x.dtype) * torch.sigmoid(qg[..., d:])
         return _product(out.reshape(n, a.num_heads * d), a.o_proj)
 
-
-def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    return rms_norm(x, norm.weight, norm.eps, norm.offset)
+    def _norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """One fused op over the last dim, the offset added to the weight once (a draft step
+        runs seven norms)."""
+        scale = self.scales.get(id(norm))
+        if scale is None:
+            scale = self.scales[id(norm)] = (norm.offset + norm.weight.float()).to(x.dtype)
+        return F.rms_norm(x, scale.shape, scale, norm.eps)
 
 
 def _product(x: torch.Tensor, linear: Linear) -> torch.Tensor:
