@@ -205,3 +205,27 @@ def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
         resolve_auto("auto", path)
     assert resolve_auto("auto", path, ranks=2)[0] is None  # no drafting with a split at all
     assert resolve_auto("ngram", path) == ("ngram", "")
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["head", "no-head"])
+def test_serve_draft_auto_says_which(hf_mtp, hf_tiny_b, head):
+    """`serve --draft auto` (what `make serve` passes for the demo) logs whether it drafts,
+    before loading a weight."""
+    import subprocess
+    import sys
+
+    code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
+    path = hf_mtp if head else hf_tiny_b
+    cmd = [sys.executable, "-c", code, "serve", str(path), "--port", "0", "--draft", "auto"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        said = ""
+        for line in proc.stderr:
+            if "--draft auto" in line or "loading" in line:
+                said = line
+                break
+    finally:
+        proc.kill()
+        proc.wait(30)
+    want = "drafting with the MTP head" if head else "serving without drafting"
+    assert want in said
