@@ -288,9 +288,10 @@ def _widest_lane_rows(eng) -> int:
 
 
 def test_a_fork_keeps_a_missing_lane_one_verify_behind(hf_tiny_b, plain):
-    """With a fork, the copy put back after a miss holds every row committed before the pass,
-    so a lane that keeps missing feeds at most k+1 committed rows and k drafts a pass; without
-    one, it recomputes every row since its last full acceptance."""
+    """With forks (when more than one committed row waits), the copy put back after a miss
+    holds the rows committed before the pass, so a lane that keeps missing feeds at most k+1
+    committed rows and k drafts a pass; without, it recomputes every row since its last full
+    acceptance."""
     k, drafter = 4, Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
     widest = {}
     for fork in (True, False):
