@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The bundled demo drafts with its MTP head when its folder has one (model-mtp.safetensors), else
+# serves plain and says so; with ARGS the server does as they say.
+DRAFT ?= $(if $(strip $(ARGS)),,--draft auto)
+
 serve: $(STAMP)
-	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(ARGS)
+	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(DRAFT) $(ARGS)
 
 test: $(STAMP) browser lint
 	$(PY) -m pytest -q $(ARGS)

@@ -252,7 +252,9 @@ def test_refusals_by_name(tmp_path):
 
 def test_spare_state_memory_reported(hf_tiny_b, plain):
     _, eng = _run(hf_tiny_b, _prompts()[:1], GREEDY, 1, Script(_replies(plain["greedy"])))
-    assert eng.drafting.spare_bytes == eng.caches.states.nbytes  # one spare per lane
+    lanes = eng.config.parallel * eng.caches.states.slot_nbytes
+    assert eng.drafting.spare_bytes == lanes == eng.memory().state_pool_bytes  # a spare per lane
+    assert eng.caches.states.nbytes == 2 * lanes  # the spares are slots of the lanes' pool
 
 
 def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
@@ -266,6 +268,51 @@ def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
             d.start, d.proposal = -1, []
 
     monkeypatch.setattr(drafting.Drafting, "settle", settle)
+    drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
+
+
+def _widest_lane_rows(eng) -> int:
+    """Runs the engine to the end; the most rows any one request fed a pass past its prompt."""
+    widest, execute = [0], eng.runner.execute
+
+    def spy(work):
+        lanes = [n for r, n in work if not isinstance(r, drafting.Fork) and not r.in_prompt]
+        widest[0] = max([widest[0], *lanes])
+        return execute(work)
+
+    eng.runner.execute = spy
+    eng.run_until_done()
+    return widest[0]
+
+
+def test_a_fork_keeps_a_missing_lane_one_verify_behind(hf_tiny_b, plain):
+    """With forks (when more than one committed row waits), the copy put back after a miss
+    holds the rows committed before the pass, so a lane that keeps missing feeds at most k+1
+    committed rows and k drafts a pass; without, it recomputes every row since its last full
+    acceptance."""
+    k, drafter = 4, Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    widest = {}
+    for fork in (True, False):
+        eng = make_engine(hf_tiny_b, parallel=1, draft="ngram", draft_tokens=k)
+        eng.drafting.default = drafter
+        if not fork:  # the pool's spare slots unused: a separate spare pool, no fork
+            eng.drafting.fork, eng.drafting.spares = False, None
+        req = eng.add_request(_prompts()[1], GREEDY)
+        widest[fork] = _widest_lane_rows(eng)
+        assert req.output_ids == plain["greedy"][1][0]
+    assert widest[True] <= 2 * k + 1 < widest[False]
+
+
+def test_a_fork_one_row_short_is_caught(hf_tiny_b, plain, monkeypatch):
+    """Planted: the fork is fed one committed row fewer than the put-back assumes."""
+    before = drafting.Drafting.before_pass
+
+    def short(self, work):
+        return [(f, n - 1) for f, n in before(self, work) if n > 1]
+
+    monkeypatch.setattr(drafting.Drafting, "before_pass", short)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
     got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]

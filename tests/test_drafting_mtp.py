@@ -174,3 +174,58 @@ def test_llm_refuses_a_missing_head_before_loading(hf_tiny_b, monkeypatch):
     with pytest.raises(NotStockDrafter):
         LLM(hf_tiny_b, device="cpu", draft="mtp")
     assert reads == []
+
+
+def test_draft_auto_drafts_with_a_head_and_runs_plain_without(hf_mtp, hf_tiny_b, capsys):
+    """`--draft auto` (what `make serve` passes for the demo): the head when there is one, else
+    plain decoding, saying which; the reply is the plain one either way."""
+    import json
+
+    from tensorfold.cli import main
+
+    argv = ["run", "--tokens", "[5, 9, 11, 40]", "--max-tokens", "12", "--json"]
+    for path, drafts in ((hf_mtp, True), (hf_tiny_b, False)):
+        assert main([argv[0], str(path), *argv[1:]]) == 0
+        plain = json.loads(capsys.readouterr().out)
+        assert main([argv[0], str(path), *argv[1:], "--draft", "auto"]) == 0
+        out = capsys.readouterr()
+        drafted = json.loads(out.out)
+        assert drafted["token_ids"] == plain["token_ids"]
+        assert ("draft" in drafted) == drafts
+        said = "drafting with the MTP head" if drafts else "serving without drafting"
+        assert said in out.err
+
+
+def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
+    from tensorfold.engine.drafting import resolve_auto
+
+    cfg = ModelConfig.from_dir(hf_tiny_b)
+    path = with_head(hf_tiny_b, tmp_path / "other", WRONG["fc_width"](cfg))
+    with pytest.raises(DraftForAnotherTarget):
+        resolve_auto("auto", path)
+    assert resolve_auto("auto", path, ranks=2)[0] is None  # no drafting with a split at all
+    assert resolve_auto("ngram", path) == ("ngram", "")
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["head", "no-head"])
+def test_serve_draft_auto_says_which(hf_mtp, hf_tiny_b, head):
+    """`serve --draft auto` (what `make serve` passes for the demo) logs whether it drafts,
+    before loading a weight."""
+    import subprocess
+    import sys
+
+    code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
+    path = hf_mtp if head else hf_tiny_b
+    cmd = [sys.executable, "-c", code, "serve", str(path), "--port", "0", "--draft", "auto"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        said = ""
+        for line in proc.stderr:
+            if "--draft auto" in line or "loading" in line:
+                said = line
+                break
+    finally:
+        proc.kill()
+        proc.wait(30)
+    want = "drafting with the MTP head" if head else "serving without drafting"
+    assert want in said

@@ -97,3 +97,23 @@ def test_drafting_keeps_the_request_rules(server, rules):
     plain = _chat(server, draft=False, **rules)
     drafted = _chat(server, **rules)
     assert drafted["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+
+
+def test_bench_decode_reports_acceptance_length(server, capsys, tmp_path, monkeypatch):
+    """`tensorfold bench decode` against a drafting server: each request's acceptance length
+    is the server's committed tokens over verify passes across that request (/metrics)."""
+    import json
+
+    from tensorfold.cli import main
+    from tensorfold.receipts import bench
+
+    readings, read = [], bench.draft_totals
+    monkeypatch.setattr(bench, "draft_totals", lambda e: readings.append(read(e)) or readings[-1])
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", server.url, "demo", "--tokens", "48", "--reps", "1"]
+    assert main([*argv, "--prompts", "code", "--output", str(out)]) == 0
+    (record,) = json.loads(out.read_text())["records"]
+    (before, after) = readings
+    assert after[1] > before[1]  # the request had verify passes
+    assert record["accept_len"] == (after[0] - before[0]) / (after[1] - before[1]) > 1.0
+    assert "accept len" in capsys.readouterr().out

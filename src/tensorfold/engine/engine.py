@@ -67,9 +67,11 @@ class Engine:
             model.dtype,
             model.device,
         )
+        # a drafter configured: a spare slot per lane in the same pool (verify passes fork)
+        spares = config.parallel if config.draft and model.group is None else 0
         states = StatePool(
             len(cfg.linear_layers),
-            config.parallel,
+            config.parallel + spares,
             cfg.conv_kernel,
             widths.conv_dim,
             widths.v_heads,
@@ -185,12 +187,12 @@ class Engine:
         work = self.scheduler.schedule()
         if not work:
             return events
-        self.drafting.before_pass(work)
+        forks = self.drafting.before_pass(work)
         spans, row = [], 0
         for w in work:
             spans.append((w.request, w.request.num_computed, row, w.rows))
             row += w.rows
-        logits = self.runner.execute([(w.request, w.rows) for w in work])
+        logits = self.runner.execute([(w.request, w.rows) for w in work] + forks)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
         self._passes += 1
         ready = []
@@ -425,8 +427,10 @@ class Engine:
 
     def memory(self) -> MemoryReport:
         ranks = tuple(self.runner.ranks_memory())  # a split: every rank's bytes
+        d = self.drafting
+        in_pool = d.lanes * self.caches.states.slot_nbytes if d.fork else 0
         return memory_report(
-            self.model, self.caches, self.prefix_cache, self.drafting.spare_bytes, ranks
+            self.model, self.caches, self.prefix_cache, d.spare_bytes, ranks, in_pool
         )
 
     def close(self) -> None:

@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import ForwardBatch, Segment
 from ..cache import KVPool, ModelCaches
 from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.dispatch import lane_index
+from ..runner.model_runner import SMALL_MODEL_BYTES
+
+
+def head_dtype(target: Qwen35Model) -> torch.dtype:
+    """float32 for a small model on the CPU, where a one-row bf16 product costs about three
+    float32 ones (measured on the demo head's shapes); else the target's dtype (the copies of
+    its weights and output table would be large)."""
+    small = target.weight_bytes < SMALL_MODEL_BYTES
+    return torch.float32 if target.device.type == "cpu" and small else target.dtype
 
 
 class MTPDrafter:
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
         if head is None:
-            head = load_mtp(target, target.path)
+            head = load_mtp(target, target.path, head_dtype(target))
         self.target, self.head = target, head
         kv, cfg = caches.kv, target.config
         self.kv = KVPool(
@@ -33,7 +40,7 @@ class MTPDrafter:
             kv.page_size,
             cfg.num_kv_heads,
             cfg.head_dim,
-            target.dtype,
+            head.fc.weight.dtype,
             target.device,
         )
         target.keep_hidden = True
@@ -51,21 +58,16 @@ class MTPDrafter:
 
     def run(self, req, start: int, tokens: list[int], hidden: torch.Tensor):
         """The head over positions start.. of one lane: (last row's logits, every row's output)."""
-        n, dev = len(tokens), self.target.device
-        seg = Segment(req.slot, start, 0, n, req.kv_rows[: start + n])
-        batch = ForwardBatch(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=dev),
-            positions=torch.arange(start, start + n, device=dev),
-            kv_write=req.kv_rows[start : start + n],
-            segments=(seg,),
-            logit_rows=torch.tensor([n - 1], dtype=torch.long, device=dev),
-            lanes=lane_index((seg,), dev, self.target.config.conv_kernel),
-        )
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
         with torch.inference_mode():
-            logits, out = self.head.forward(
-                self.target, batch.token_ids, hidden, batch, (self.kv.k[0], self.kv.v[0])
+            return self.head.forward(
+                self.target,
+                ids,
+                hidden,
+                start,
+                req.kv_rows[: start + len(tokens)],
+                (self.kv.k[0], self.kv.v[0]),
             )
-        return logits[0], out
 
 
 class MTPLane:

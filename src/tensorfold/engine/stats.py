@@ -71,14 +71,17 @@ def memory_report(
     cache: PrefixCache,
     draft_bytes: int = 0,
     ranks: tuple = (),
+    spares_in_pool: int = 0,
 ) -> MemoryReport:
+    """`spares_in_pool`: bytes of the state pool that are drafting's spare slots (counted in
+    draft_bytes, not as the lanes' state)."""
     device = model.device
     on_cuda = device.type == "cuda"
     return MemoryReport(
         device=str(device),
         weights_bytes=model.weight_bytes,
         kv_pool_bytes=caches.kv.nbytes,
-        state_pool_bytes=caches.states.nbytes,
+        state_pool_bytes=caches.states.nbytes - spares_in_pool,
         draft_state_bytes=draft_bytes,
         prompt_cache_bytes=cache.nbytes,
         prompt_cache_budget_bytes=cache.budget_bytes,

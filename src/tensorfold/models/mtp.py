@@ -12,18 +12,17 @@ the head's own output (after its norm) back in place of h.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from ..batch import ForwardBatch
 from ..errors import CheckpointError, DraftForAnotherTarget, NotStockDrafter
 from ..layers.attention import GatedAttention
 from ..layers.linear import Linear
 from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
-from ..ops import dispatch as op
-from ..ops.rope import rope_tables
+from ..ops.rope import apply_rope, rope_tables
 from .qwen3_5 import Qwen35Model
 from .weights import WeightMap
 
@@ -114,34 +113,79 @@ class MTPHead:
     post_norm: RMSNorm
     mlp: MLP
     norm: RMSNorm
+    # the target's output table in the head's dtype (None: the target's own)
+    lm_head: Linear | None = None
+    scales: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def forward(
         self,
         target: Qwen35Model,
         token_ids: torch.Tensor,
         hidden: torch.Tensor,
-        batch: ForwardBatch,
+        start: int,
+        kv_rows: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of batch.logit_rows, the head's output hidden state of every row)."""
-        cfg = target.config
-        rows = op.pad_rows(batch.positions).shape[0]
-        e = target.embed(op.pad_rows(token_ids)).to(target.dtype)
-        h = torch.zeros(rows, hidden.shape[1], dtype=target.dtype, device=hidden.device)
-        h[: hidden.shape[0]] = hidden.to(target.dtype)
-        x = self.fc(torch.cat([self.norm_embedding(e), self.norm_hidden(h)], dim=-1))
-        rope = rope_tables(
-            op.pad_rows(batch.positions), cfg.rotary_dim, cfg.rope_theta, target.dtype
+        """One lane's rows at positions start.. (KV rows `kv_rows` for positions 0..start+n-1):
+        (the last row's logits, the head's output of every row).
+
+        Plain torch ops over the rows as they are, none of the target's fixed row tiles: a
+        draft is only a guess (the target decides every token), so its bits need not be
+        invariant, and on the CPU one row then costs one small product per weight, not a
+        16-row tile per 256 output columns."""
+        dt = self.fc.weight.dtype
+        e = target.embed(token_ids).to(dt)
+        x = torch.cat(
+            [self._norm(self.norm_embedding, e), self._norm(self.norm_hidden, hidden.to(dt))], -1
         )
-        h = x
-        x = self.input_norm(h)
-        h, x = self.post_norm(self.attention(x, batch, rope, *kv), residual=h)
-        h, x = self.norm(self.mlp(x), residual=h)
-        return target.lm_head(x[batch.logit_rows]), x[: hidden.shape[0]]
+        h = _product(x, self.fc)
+        h = h + self._attend(target.config, self._norm(self.input_norm, h), start, kv_rows, kv)
+        x = self._norm(self.post_norm, h)
+        m = self.mlp
+        x = _product(F.silu(_product(x, m.gate_proj)) * _product(x, m.up_proj), m.down_proj)
+        x = self._norm(self.norm, h + x)
+        head = self.lm_head or target.lm_head
+        last = x[-1:]
+        logits = _product(last, head) if isinstance(head.weight, torch.Tensor) else head(last)
+        return logits[0], x
+
+    def _attend(self, cfg, x, start: int, kv_rows, kv) -> torch.Tensor:
+        """Gated causal attention of the rows over the lane's head KV rows (written first)."""
+        a, n, d = self.attention, x.shape[0], cfg.head_dim
+        qg = _product(x, a.q_proj).view(n, a.num_heads, 2 * d)
+        k = _product(x, a.k_proj).view(n, a.num_kv_heads, d)
+        v = _product(x, a.v_proj).view(n, a.num_kv_heads, d)
+        positions = torch.arange(start, start + n, device=x.device)
+        rope = rope_tables(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        q = apply_rope(self._norm(a.q_norm, qg[..., :d]), *rope)
+        k_cache, v_cache = kv
+        k_cache[kv_rows[start:]] = apply_rope(self._norm(a.k_norm, k), *rope).to(k_cache.dtype)
+        v_cache[kv_rows[start:]] = v.to(v_cache.dtype)
+        keys = k_cache[kv_rows].float().transpose(0, 1)  # [kv heads, L, D]
+        values = v_cache[kv_rows].float().transpose(0, 1)
+        seen = torch.arange(len(kv_rows), device=x.device)[None, :] <= positions[:, None]
+        out = F.scaled_dot_product_attention(
+            q.float().transpose(0, 1), keys, values, attn_mask=seen, scale=a.scale, enable_gqa=True
+        )  # [heads, n, D]
+        out = out.transpose(0, 1).to(x.dtype) * torch.sigmoid(qg[..., d:])
+        return _product(out.reshape(n, a.num_heads * d), a.o_proj)
+
+    def _norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """One fused op over the last dim, the offset added to the weight once (a draft step
+        runs seven norms)."""
+        scale = self.scales.get(id(norm))
+        if scale is None:
+            scale = self.scales[id(norm)] = (norm.offset + norm.weight.float()).to(x.dtype)
+        return F.rms_norm(x, scale.shape, scale, norm.eps)
 
 
-def load_mtp(target: Qwen35Model, path) -> MTPHead:
-    """The checkpoint's MTP head for `target`, checked by name and shape before any read."""
+def _product(x: torch.Tensor, linear: Linear) -> torch.Tensor:
+    return F.linear(x, linear.weight)
+
+
+def load_mtp(target: Qwen35Model, path, dtype: torch.dtype | None = None) -> MTPHead:
+    """The checkpoint's MTP head for `target`, checked by name and shape before any read; in
+    `dtype` (default the target's), with a copy of a dense output table when that differs."""
     from .checkpoint import Checkpoint
     from .loader import _Builder
 
@@ -153,7 +197,10 @@ def load_mtp(target: Qwen35Model, path) -> MTPHead:
         def update(self, n: int) -> None:
             pass
 
-    b = _Builder(cfg, mtp, target.dtype, target.device, _Quiet())
+    dtype = dtype or target.dtype
+    b = _Builder(cfg, mtp, dtype, target.device, _Quiet())
+    table = target.lm_head.weight
+    copy = dtype != target.dtype and isinstance(table, torch.Tensor)
     a = "layers.0."
     return MTPHead(
         b.linear("fc"),
@@ -164,4 +211,5 @@ def load_mtp(target: Qwen35Model, path) -> MTPHead:
         b.norm(a + "post_attention_layernorm.weight"),
         b.mlp(a + "mlp."),
         b.norm("norm.weight"),
+        Linear(table.to(dtype), dtype) if copy else None,
     )

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..engine.drafting import check as check_draft
+from ..engine.drafting import resolve_auto
 from ..engine.engine import Engine, EngineConfig
 from ..engine.request import SamplingParams, Watch
 from ..runner.launch import load_split
@@ -64,6 +65,9 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 def run_command(args) -> int:
     path = default_checkpoint(args.checkpoint)
+    args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel)
+    if note:
+        print(note, file=sys.stderr)
     check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)  # before any read
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
