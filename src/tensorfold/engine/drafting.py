@@ -19,7 +19,9 @@ its last full acceptance in each pass (measured on the CPU: passes of up to 52 r
 row waiting, a fork would save one row at the price of one more segment (CPU: ~0.08 ms a row,
 ~0.6 ms a segment). KV rows past the committed prefix are never read: a
 position's row is rewritten before any later row attends to it (a fork writes its rows' K/V
-with the same bytes as the lane's own segment).
+with the same bytes as the lane's own segment). Passes aligned for CUDA graphs (1 + K rows a
+lane, fewer drafts by the rows recomputed) make no fork: their rows are bounded by the alignment,
+and a pass with a fork's segment would run eager.
 """
 
 from __future__ import annotations
@@ -186,7 +188,9 @@ class Drafting:
             src.append(req.slot)
             dst.append(d.spare)
             d.start = req.num_computed
-            d.forked = pending if self.fork and pending > 1 else 0
+            # aligned passes (CUDA graphs) stay 1 + K rows a lane: a fork's segment would make
+            # the pass eager, which costs far more on a GPU than the rows it saves
+            d.forked = pending if self.fork and not self.align and pending > 1 else 0
             if d.forked:
                 forks.append((Fork(d.spare, d.start, req.all_ids, req.kv_rows), pending))
         if src:
