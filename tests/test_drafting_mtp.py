@@ -207,6 +207,14 @@ def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
     assert resolve_auto("ngram", path) == ("ngram", "")
 
 
+def test_draft_auto_does_not_draft_on_a_gpu(hf_mtp):
+    from tensorfold.engine.drafting import resolve_auto
+
+    assert resolve_auto("auto", hf_mtp, device="cpu")[0] == "mtp"
+    method, note = resolve_auto("auto", hf_mtp, device="cuda")
+    assert method is None and "--draft mtp" in note
+
+
 @pytest.mark.parametrize("head", [True, False], ids=["head", "no-head"])
 def test_serve_draft_auto_says_which(hf_mtp, hf_tiny_b, head):
     """`serve --draft auto` (what `make serve` passes for the demo) logs whether it drafts,

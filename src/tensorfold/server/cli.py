@@ -125,13 +125,13 @@ def _build(args: argparse.Namespace):
         api_key = resolve_api_key(args.api_key, args.api_key_file)
         limits = from_args(args, args.context, args.max_queue)
         path = default_checkpoint(args.checkpoint).resolve()
-        args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel)
+        device = resolve_device(args.device)
+        args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel, device.type)
         check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
     if note:
         log.info("%s", note)
-    device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     # a GPU reads long prompts fastest in large passes (as vLLM's 2,048-token default); the CPU's
     # passes stay short so decoding lanes are not held up behind a prompt

@@ -65,11 +65,11 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 
 def run_command(args) -> int:
     path = default_checkpoint(args.checkpoint)
-    args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel)
+    device = resolve_device(args.device)
+    args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel, device.type)
     if note:
         print(note, file=sys.stderr)
     check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)  # before any read
-    device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     model, device = load_split(path, dtype, device, args.tensor_parallel)
     if model is None:  # a following rank of a split: rank 0 printed the result
