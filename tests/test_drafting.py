@@ -234,6 +234,17 @@ def test_gate_backs_off_and_reopens():
     assert gate.open() and gate.open()
 
 
+def test_gate_stays_shut_on_rare_small_wins():
+    """A drafter that keeps one token now and then, under WORTH on average, is held back."""
+    gate = drafting.Gate()
+    for accepted in [0, 0, 0, 0]:
+        gate.record(accepted)
+    gate.record(1)  # a win, but the average stays under WORTH
+    assert gate.rate < drafting.WORTH and not gate.open()
+    gate.record(3)
+    assert gate.rate >= drafting.WORTH and gate.open() and gate.open()
+
+
 def test_ngram_proposes_what_followed():
     d = NgramDrafter().for_request()
     assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], [], 3) == [4, 5, 9]

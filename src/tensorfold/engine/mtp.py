@@ -3,8 +3,9 @@ its target. It only guesses; the verify pass decides every token.
 
 The head keeps its own KV cache, one attention layer over the same pages and rows as the
 target's (a lane's row r of the target is row r of the head), so it needs no allocation of its
-own per lane. After each pass the head reads the target's post-final-norm state of every row
-whose input and next token are committed (position p: h[p] with t[p+1]), writing its KV row p;
+own per lane. After each pass the lane keeps the target's post-final-norm state of every row
+whose input and next token are committed (position p: h[p] with t[p+1]); when it next proposes,
+the head reads them in one call, writing its KV rows (a lane whose gate is closed pays nothing);
 its last row's logits give the first draft, and each further draft feeds the head's own output
 back in at the next position (those speculative KV rows are rewritten once the target's state
 for the position exists).
@@ -71,28 +72,47 @@ class MTPDrafter:
 
 
 class MTPLane:
-    """One request's head state: how far its KV rows are written, and the last row's output."""
+    """One request's head state: how far its KV rows are written, the target states observed but
+    not yet run through the head, and the last row's output."""
+
+    MOST_PENDING = 64  # rows held before the head runs them anyway (bounds a lane's memory)
 
     def __init__(self, drafter: MTPDrafter, req) -> None:
         self.drafter, self.req = drafter, req
         self.done = 0  # positions whose head KV row holds the target's state
+        self.upto = 0  # positions observed: done.. are held in `pending`
+        self.pending: list[torch.Tensor] = []
         self.logits: torch.Tensor | None = None  # predicts the token at position done + 1
         self.out: torch.Tensor | None = None  # the head's output at position done - 1
 
     def observe(self, start: int, hidden: torch.Tensor) -> None:
-        """hidden: the target's states of positions start.. from the pass just run."""
+        """hidden: the target's states of positions start.. from the pass just run. They are held
+        and run through the head when a proposal needs them: while the lane's gate is closed
+        the head costs nothing."""
         req = self.req
-        if start > self.done:  # resumed from the prompt cache: the head's rows there are not ours
-            self.done = start
+        if start > self.upto:  # resumed from the prompt cache: the head's rows there are not ours
+            self.done = self.upto = start
+            self.pending.clear()
         last = min(start + hidden.shape[0] - 1, req.num_tokens - 2)  # its next token committed
-        if last < self.done:
+        if last < self.upto:
             return
-        ids = req.all_ids[self.done + 1 : last + 2]
-        rows = hidden[self.done - start : last - start + 1]
-        self.logits, out = self.drafter.run(req, self.done, ids, rows)
-        self.out, self.done = out[-1:], last + 1
+        self.pending.append(hidden[self.upto - start : last - start + 1].clone())
+        self.upto = last + 1
+        if self.upto - self.done >= self.MOST_PENDING:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """The head over the held rows, in one call: its KV rows written up to `upto`."""
+        if not self.pending:
+            return
+        ids = self.req.all_ids[self.done + 1 : self.upto + 1]
+        rows = torch.cat(self.pending)
+        self.logits, out = self.drafter.run(self.req, self.done, ids, rows)
+        self.out, self.done = out[-1:], self.upto
+        self.pending.clear()
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        self._catch_up()
         if self.logits is None or self.done != len(tokens) - 1:
             return []
         drafts = [int(torch.argmax(self.logits))]
