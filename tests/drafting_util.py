@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from tensorfold.config import ModelConfig
+from tensorfold.engine.request import SamplingParams
 from tensorfold.models.dflash import read_config, tensor_shapes
 from tensorfold.models.mtp import mtp_shapes
 
@@ -115,3 +116,25 @@ def write_drafter(out, target: ModelConfig, shapes_from=None, seed=0, **over):
     }
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+DRAFT_MODES = {
+    "greedy": dict(max_tokens=20, temperature=0.0, ignore_eos=True),
+    "sampled": dict(max_tokens=20, temperature=0.8, top_k=40, seed=9, ignore_eos=True),
+}
+
+
+def drafted_run(path, params: dict, parallel: int, draft, first_seed: int = 60):
+    """Four prompts admitted a step apart (prompt cache on): ([(output ids, fingerprints)], engine)."""
+    from engine_util import finish_prints, make_engine, sample_prompt
+
+    eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
+    prompts = [sample_prompt(first_seed + i, n, 300) for i, n in enumerate((15, 31, 8, 44))]
+    prints, reqs = {}, []
+    for ids in prompts:
+        reqs.append(
+            eng.add_request(ids, SamplingParams(**params), watch=finish_prints(eng, prints))
+        )
+        eng.step()
+    eng.run_until_done()
+    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng

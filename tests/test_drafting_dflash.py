@@ -5,12 +5,11 @@ reference implementation (the `dflash` package) when that is installed."""
 
 import pytest
 import torch
-from drafting_util import write_drafter
-from engine_util import finish_prints, make_engine, sample_prompt
+from drafting_util import DRAFT_MODES, drafted_run, write_drafter
+from engine_util import make_engine
 
 from tensorfold.config import ModelConfig
 from tensorfold.engine.drafting import check
-from tensorfold.engine.request import SamplingParams
 from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
 from tensorfold.models.checkpoint import Checkpoint
 from tensorfold.models.dflash import read_config
@@ -21,29 +20,11 @@ def drafter(hf_tiny_b, tmp_path_factory):
     return write_drafter(tmp_path_factory.mktemp("dflash") / "d", ModelConfig.from_dir(hf_tiny_b))
 
 
-def _run(path, params, parallel, draft):
-    params = SamplingParams(**params)
-    eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
-    prompts = [sample_prompt(60 + i, n, 300) for i, n in enumerate((15, 31, 8, 44))]
-    prints, reqs = {}, []
-    for ids in prompts:
-        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
-        eng.step()
-    eng.run_until_done()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
-
-
-MODES = {
-    "greedy": dict(max_tokens=20, temperature=0.0, ignore_eos=True),
-    "sampled": dict(max_tokens=20, temperature=0.8, top_k=40, seed=9, ignore_eos=True),
-}
-
-
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(DRAFT_MODES))
 @pytest.mark.parametrize("parallel", [1, 4])
 def test_dflash_drafted_equals_plain(hf_tiny_b, drafter, mode, parallel):
-    want, _ = _run(hf_tiny_b, MODES[mode], 1, None)
-    got, eng = _run(hf_tiny_b, MODES[mode], parallel, str(drafter))
+    want, _ = drafted_run(hf_tiny_b, DRAFT_MODES[mode], 1, None)
+    got, eng = drafted_run(hf_tiny_b, DRAFT_MODES[mode], parallel, str(drafter))
     assert got == want
     assert eng.drafting.stats.proposed > 0
     assert eng.memory().draft_state_bytes >= eng.drafting.default.kv.nbytes > 0

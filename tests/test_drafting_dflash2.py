@@ -7,13 +7,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from drafting_util import dflash2_over, write_drafter
-from engine_util import finish_prints, make_engine, sample_prompt
+from drafting_util import DRAFT_MODES, dflash2_over, drafted_run, write_drafter
+from engine_util import make_engine, sample_prompt
 from safetensors.torch import load_file, save_file
 
 from tensorfold.config import ModelConfig
 from tensorfold.engine.drafting import check
-from tensorfold.engine.request import SamplingParams
 from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
 from tensorfold.models.checkpoint import Checkpoint
 from tensorfold.models.dflash import read_config
@@ -39,29 +38,11 @@ def drafter(hf_tiny_b, tmp_path_factory):
     return _loud_selector(write_drafter(out, target, **dflash2_over(output_multiplier=0.7)))
 
 
-def _run(path, params, parallel, draft):
-    params = SamplingParams(**params)
-    eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
-    prompts = [sample_prompt(70 + i, n, 300) for i, n in enumerate((15, 31, 8, 44))]
-    prints, reqs = {}, []
-    for ids in prompts:
-        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
-        eng.step()
-    eng.run_until_done()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
-
-
-MODES = {
-    "greedy": dict(max_tokens=20, temperature=0.0, ignore_eos=True),
-    "sampled": dict(max_tokens=20, temperature=0.8, top_k=40, seed=9, ignore_eos=True),
-}
-
-
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(DRAFT_MODES))
 @pytest.mark.parametrize("parallel", [1, 4])
 def test_dflash2_drafted_equals_plain(hf_tiny_b, drafter, mode, parallel):
-    want, _ = _run(hf_tiny_b, MODES[mode], 1, None)
-    got, eng = _run(hf_tiny_b, MODES[mode], parallel, str(drafter))
+    want, _ = drafted_run(hf_tiny_b, DRAFT_MODES[mode], 1, None, first_seed=70)
+    got, eng = drafted_run(hf_tiny_b, DRAFT_MODES[mode], parallel, str(drafter), first_seed=70)
     assert got == want
     assert eng.drafting.default.model.selector is not None  # served as DFlash2, not as v1
     assert eng.drafting.stats.proposed > 0
