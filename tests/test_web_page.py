@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import httpx
@@ -269,17 +270,37 @@ def test_a_server_with_a_key_asks_for_it_once(browser):
         keyed.stop()
 
 
+def held_after(engine, steps: int) -> threading.Event:
+    """Holds the engine's loop after `steps` passes until the returned event is set, so a reply
+    cannot run to its end before the page acts, however slow the machine."""
+    release, real, done = threading.Event(), engine.step, [0]
+
+    def step():
+        done[0] += 1
+        if done[0] > steps:
+            release.wait(60)
+        return real()
+
+    engine.step = step  # the instance's attribute: the serving loop calls engine.step()
+    return release
+
+
 def test_stop_ends_a_reply_and_frees_its_lane(browser, live):
     from playwright.sync_api import expect
 
-    page = open_page(browser, live)
-    page.uncheck("#thinking")
-    page.fill("#max-tokens", "480")  # the tiny random model runs on to the limit
-    page.fill("#prompt", "Say something long.")
-    page.click("#send")
-    expect(page.locator("#stop")).to_be_visible()
-    expect(reply(page, 0).locator(".answer")).not_to_be_empty()
-    page.click("#stop")
+    release = held_after(live.engine, 8)  # the prompt's passes and a few tokens, then held
+    try:
+        page = open_page(browser, live)
+        page.uncheck("#thinking")
+        page.fill("#max-tokens", "480")  # the tiny random model runs on to the limit
+        page.fill("#prompt", "Say something long.")
+        page.click("#send")
+        expect(page.locator("#stop")).to_be_visible()
+        expect(reply(page, 0).locator(".answer")).not_to_be_empty()
+        page.click("#stop")
+    finally:
+        release.set()
+        del live.engine.step  # the class's method again
     expect(reply(page, 0).locator(".error")).to_have_text("(stopped)")
     expect(page.locator("#send")).to_be_visible()
     tokens = reply(page, 0).locator('[data-stat="tokens"]').text_content()
