@@ -45,11 +45,6 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     return time.perf_counter() - start, outs
 
 
-def acceptance(llm: LLM) -> float:
-    stats = llm.engine.drafting.stats
-    return sum(n * c for n, c in stats.lengths.items()) / max(1, stats.verifies)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEMO)
@@ -82,7 +77,7 @@ def main() -> None:
             if draft is None:
                 plain_rate, plain_out = rate, outs
             same = "yes" if outs == plain_out else "NO"
-            accept = f"{acceptance(llm):.2f}" if draft else "1"
+            accept = f"{llm.engine.drafting.stats.acceptance_length:.2f}" if draft else "1"
             print(
                 f"| {name} | {label} | {n} | {rate:,.1f} | {rate / plain_rate:.2f}x | "
                 f"{accept} | {same} |",

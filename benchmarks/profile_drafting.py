@@ -105,7 +105,7 @@ def run(model, tok, prompts, args, method, replies=None, clock=None):
     for owner, name, fn in restore:
         setattr(owner, name, fn)
     s = eng.drafting.stats
-    accept = sum(n * c for n, c in s.lengths.items()) / max(1, s.verifies)
+    accept = s.acceptance_length
     return [r.output_ids for r in reqs], seconds, accept, eng
 
 

@@ -218,7 +218,7 @@ def main() -> None:
         "file": str(out),
         "final_loss": sum(losses[-50:]) / len(losses[-50:]),
         "drafted_equals_plain": drafted == plain,
-        "acceptance_length": sum(n * c for n, c in stats.lengths.items()) / max(1, stats.verifies),
+        "acceptance_length": stats.acceptance_length,
         "accepted_per_proposed": stats.accepted / max(1, stats.proposed),
         "seconds": round(time.perf_counter() - start, 1),
         "config": {k: str(v) for k, v in vars(args).items()},

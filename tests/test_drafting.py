@@ -234,6 +234,13 @@ def test_gate_backs_off_and_reopens():
     assert gate.open() and gate.open()
 
 
+def test_acceptance_length_is_tokens_committed_per_verify():
+    stats = drafting.DraftStats()
+    stats.record(4, 3, 4)
+    stats.record(4, 0, 1)
+    assert stats.acceptance_length == 2.5 and drafting.DraftStats().acceptance_length == 0
+
+
 def test_gate_stays_shut_on_rare_small_wins():
     """A drafter that keeps one token now and then, under WORTH on average, is held back."""
     gate = drafting.Gate()

@@ -1,5 +1,6 @@
 """Drafted = plain on the GPU (skipped without CUDA): a random 9B-shape checkpoint (4-bit, mixed)
-with a random MTP head, 1/4/16 lanes, greedy and seeded, scripted drafts and the head's own. The
+with a random MTP head, 1/4/16 lanes, greedy and seeded: scripted drafts, the head's own, a random
+DFlash (v1) and a random DFlash2 drafter bound to it. The
 plain runs are eager (no CUDA graphs); the drafted runs replay decode and verify passes from
 graphs (runner/cuda_graph.py), so graph = eager is checked for verify passes too."""
 
@@ -10,7 +11,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from drafting_util import Script, add_mtp_head, write_drafter  # noqa: E402
+from drafting_util import Script, add_mtp_head, dflash2_over, write_drafter  # noqa: E402
 from engine_util import finish_prints, sample_prompt  # noqa: E402
 
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -40,6 +41,15 @@ def dflash_9b(nine_b, tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def dflash2_9b(nine_b, tmp_path_factory):
+    """Block 8, every layer sliding and non-causal, z-lab's convolution and top-k; a small
+    selector rank keeps the two codebooks (vocab rows) light."""
+    taps = list(range(1, 30, 4))
+    over = dflash2_over(target_layer_ids=taps, block_size=8, selector_rank=32, selector_top_k=16)
+    return write_drafter(tmp_path_factory.mktemp("dflash2") / "d", nine_b.config, **over)
+
+
 def _run(model, prompts, params, parallel, draft=None, drafter=None, graphs=True):
     config = EngineConfig(
         parallel=parallel,
@@ -62,7 +72,7 @@ def _run(model, prompts, params, parallel, draft=None, drafter=None, graphs=True
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("parallel", [1, 4, 16])
-def test_drafted_equals_plain_9b(nine_b, dflash_9b, parallel, params):
+def test_drafted_equals_plain_9b(nine_b, dflash_9b, dflash2_9b, parallel, params):
     prompts = [sample_prompt(300 + i, 20 + 29 * i, VOCAB) for i in range(parallel)]
     want = [_run(nine_b, [p], params, 1, graphs=False)[0][0] for p in prompts]
     replies = {tuple(p): ids for p, (ids, _) in zip(prompts, want)}
@@ -72,10 +82,12 @@ def test_drafted_equals_plain_9b(nine_b, dflash_9b, parallel, params):
         assert eng.drafting.stats.proposed > 0
         if eng.drafting.stats.accepted == eng.drafting.stats.proposed:  # every pass 1 + K rows
             assert _verify_replays(eng) > 0
-    for draft in ("mtp", str(dflash_9b)):
+    for draft in ("mtp", str(dflash_9b), str(dflash2_9b)):
         got, eng = _run(nine_b, prompts, params, parallel, draft)
         assert got == want
         assert eng.drafting.stats.proposed > 0
+        if draft == str(dflash2_9b):
+            assert eng.drafting.default.model.selector is not None  # served as DFlash2
 
 
 def _verify_replays(eng) -> int:

@@ -108,6 +108,11 @@ class DraftStats:
     verifies: int = 0
     lengths: dict[int, int] = field(default_factory=dict)  # tokens committed -> verify passes
 
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per verify pass (accepted drafts and the bonus token)."""
+        return sum(n * c for n, c in self.lengths.items()) / max(1, self.verifies)
+
     def record(self, proposed: int, accepted: int, committed: int) -> None:
         self.proposed += proposed
         self.accepted += accepted
