@@ -119,22 +119,22 @@ def write_drafter(out, target: ModelConfig, shapes_from=None, seed=0, **over):
 
 
 DRAFT_MODES = {
-    "greedy": dict(max_tokens=20, temperature=0.0, ignore_eos=True),
-    "sampled": dict(max_tokens=20, temperature=0.8, top_k=40, seed=9, ignore_eos=True),
+    "greedy": SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+    "sampled": SamplingParams(max_tokens=20, temperature=0.8, top_k=40, seed=9, ignore_eos=True),
 }
 
 
-def drafted_run(path, params: dict, parallel: int, draft, first_seed: int = 60):
-    """Four prompts admitted a step apart (prompt cache on): ([(output ids, fingerprints)], engine)."""
+def drafted_run(
+    path, params: SamplingParams, parallel: int, draft, first_seed=60, lengths=(15, 31, 8, 44)
+):
+    """Prompts admitted a step apart (prompt cache on): ([(output ids, fingerprints)], engine)."""
     from engine_util import finish_prints, make_engine, sample_prompt
 
     eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
-    prompts = [sample_prompt(first_seed + i, n, 300) for i, n in enumerate((15, 31, 8, 44))]
+    prompts = [sample_prompt(first_seed + i, n, 300) for i, n in enumerate(lengths)]
     prints, reqs = {}, []
     for ids in prompts:
-        reqs.append(
-            eng.add_request(ids, SamplingParams(**params), watch=finish_prints(eng, prints))
-        )
+        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
         eng.step()
     eng.run_until_done()
     return [(r.output_ids, prints[r.request_id]) for r in reqs], eng

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 import torch
-from engine_util import finish_prints, make_engine, sample_prompt
+from drafting_util import drafted_run
+from engine_util import make_engine
 from fixtures.checkpoints import _add_tensors
 
 from tensorfold.config import ModelConfig
@@ -38,22 +39,11 @@ def hf_mtp(hf_tiny_b, tmp_path_factory):
     return with_head(hf_tiny_b, tmp_path_factory.mktemp("mtp") / "hf_mtp")
 
 
-def _run(path, params, parallel, draft):
-    eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
-    prompts = [sample_prompt(40 + i, n, 300) for i, n in enumerate((12, 33, 7, 50))]
-    prints, reqs = {}, []
-    for ids in prompts:
-        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
-        eng.step()
-    eng.run_until_done()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
-
-
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("parallel", [1, 4])
 def test_mtp_drafted_equals_plain(hf_mtp, params, parallel):
-    want, _ = _run(hf_mtp, params, 1, None)
-    got, eng = _run(hf_mtp, params, parallel, "mtp")
+    want, _ = drafted_run(hf_mtp, params, 1, None, first_seed=40, lengths=(12, 33, 7, 50))
+    got, eng = drafted_run(hf_mtp, params, parallel, "mtp", first_seed=40, lengths=(12, 33, 7, 50))
     assert got == want
     assert eng.drafting.stats.proposed > 0  # the head drafted
     assert eng.memory().draft_state_bytes >= eng.drafting.default.kv.nbytes > 0
