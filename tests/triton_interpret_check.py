@@ -132,15 +132,10 @@ def fused_kernels() -> None:
 def experts() -> None:
     """Grouped expert products: a row's bits equal its expert's plain product alone (split form
     included: K = 2048 is two segments) and the row alone in the pass; near the torch reference."""
+    from triton_interpret_moe import expert_stack  # this folder's script
+
     from tensorfold.ops import moe as ref_moe
     from tensorfold.ops.triton import fused, moe
-
-    def stack(e, n, k, bits):
-        w = torch.randn(e, n, k) * k**-0.5
-        if bits is None:
-            return ref_moe.ExpertStack(w.half())
-        packed, s, b = quantize(w, bits, 32)
-        return ref_moe.ExpertStack(packed, s.half(), b.half(), bits, 32)
 
     x = torch.randn(40, 128).half()
     ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
@@ -148,7 +143,7 @@ def experts() -> None:
     for bits in (None, (4, 3, 8)):
         ex = ref_moe.Experts(
             *(
-                stack(6, n, k, b)
+                expert_stack(6, n, k, b)
                 for (n, k), b in zip(((64, 128), (64, 128), (128, 64)), bits or (None,) * 3)
             )
         )
@@ -173,7 +168,7 @@ def experts() -> None:
         assert rel(y, ref) < 2e-3, bits
     wide, ids2 = torch.randn(5, 2048).half(), torch.tensor([[1], [0], [1], [1], [0]])
     for bits in (None, 4):
-        st = stack(2, 16, 2048, bits)
+        st = expert_stack(2, 16, 2048, bits)
         tiles = moe.expert_tiles(ids2, 2, 16)
         y = moe.grouped_matmul(wide[tiles.order], st, tiles)[torch.argsort(tiles.order)]
         for r in range(5):  # one row: linear.py's split form, two segments

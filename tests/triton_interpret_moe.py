@@ -9,6 +9,15 @@ from tensorfold.ops.quant import quantize
 from tensorfold.ops.triton import moe, moe_rows, registry_moe
 
 
+def expert_stack(e: int, n: int, k: int, bits: int | None) -> ref_moe.ExpertStack:
+    """e random experts of [n, k]: fp16, or packed at `bits` in groups of 32."""
+    w = torch.randn(e, n, k) * k**-0.5
+    if bits is None:
+        return ref_moe.ExpertStack(w.half())
+    packed, s, b = quantize(w, bits, 32)
+    return ref_moe.ExpertStack(packed, s.half(), b.half(), bits, 32)
+
+
 def route() -> None:
     """The routing kernel: ids exactly the reference's (ties to the lowest id), weights close."""
     for e, k in ((8, 2), (64, 8), (256, 8)):
@@ -46,19 +55,12 @@ def grouped() -> None:
     the earlier unfused form (a gathered copy, three products, silu_mul, a scatter); gate and up
     at different bits take the two-launch path."""
 
-    def stack(e, n, k, bits):
-        w = torch.randn(e, n, k) * k**-0.5
-        if bits is None:
-            return ref_moe.ExpertStack(w.half())
-        packed, s, b = quantize(w, bits, 32)
-        return ref_moe.ExpertStack(packed, s.half(), b.half(), bits, 32)
-
     x = torch.randn(40, 128).half()
     ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
     ids[::3, 0] = 0
     shapes = ((64, 128), (64, 128), (128, 64))
     for bits in ((None,) * 3, (4, 4, 8), (4, 3, 8)):
-        ex = ref_moe.Experts(*(stack(6, n, k, b) for (n, k), b in zip(shapes, bits)))
+        ex = ref_moe.Experts(*(expert_stack(6, n, k, b) for (n, k), b in zip(shapes, bits)))
         y = moe.expert_swiglu(x, ids, ex)
         assert torch.equal(y, moe.expert_swiglu_unfused(x, ids, ex)), bits
         assert torch.equal(moe.expert_swiglu(x[3:4], ids[3:4], ex)[0], y[3]), bits
