@@ -140,6 +140,7 @@ def chain_loss(target, head, ids: torch.Tensor, reply: torch.Tensor, depth: int)
         nxt = (at + j).clamp_max(ids.shape[1] - 1)
         xs.append(head.inputs(e[:, nxt], outs[-1]))
         pos, mask = chain_mask(j, rows, ids.device)
+        # steps 1..j again: step j attends to their keys, which the layer does not hand back
         out = head(torch.cat(xs, 1), pos[None].expand(ids.shape[0], -1), mask)[:, -rows:]
         outs.append(out)
         want = (at + j + 1).clamp_max(ids.shape[1] - 1)
