@@ -98,8 +98,32 @@ def test_verify_graph_inputs_match_the_eager_batch(hf_tiny_b, k):
     eng.run_until_done()
     assert [r.output_ids for r in reqs] == [r.output_ids for r in replies]
     verify = [pending for rows, pending in seen if rows == 1 + k]
-    assert runner.graph_rows == {1, 1 + k} and len(verify) >= 3
+    assert runner.graph_rows == set(range(1, 2 + k)) and len(verify) >= 3
     assert any(p > 1 for pending in verify for p in pending)  # rows recomputed in a graph pass
+
+
+def test_aligned_short_proposals_are_padded_to_a_graph_pass(hf_tiny_b):
+    """Aligned (a GPU with graphs), a prediction shorter than K is padded with its last token:
+    the verify pass keeps 1 + K rows, the output stays plain's, and the usage counts only the
+    prediction's own tokens."""
+    k, prompt = 4, sample_prompt(7, 12, 300)
+    plain = make_engine(hf_tiny_b, context=256)
+    want = plain.add_request(prompt, GREEDY)
+    plain.run_until_done()
+    eng = make_engine(hf_tiny_b, context=256, draft_tokens=k)
+    eng.drafting.align = True
+    passes, execute = [], eng.runner.execute
+    eng.runner.execute = lambda work: passes.append([n for _, n in work]) or execute(work)
+    req = eng.add_request(prompt, GREEDY, prediction=want.output_ids[:6])
+    real, verify = [], eng.drafting.verify
+    eng.drafting.verify = lambda e, r, lg: real.append(r.draft.real) or verify(e, r, lg)
+    eng.run_until_done()
+    assert req.output_ids == want.output_ids
+    replies = [rows for (rows,) in passes[1:]]  # after the prompt's pass
+    assert replies.count(1 + k) == len(real) and min(real) < k  # some padded
+    assert set(replies) <= eng.runner.graph_rows  # recomputing passes are graphs' shapes too
+    d = req.draft
+    assert d.prediction_accepted == 4 and d.prediction_accepted + d.prediction_rejected == sum(real)
 
 
 def test_graph_passes_are_lanes_of_equal_rows_with_their_last_logits(hf_tiny_b):
@@ -128,7 +152,7 @@ def test_verify_lane_wants_its_last_committed_row_and_every_draft(hf_tiny_b):
     eng.step()
     req.draft.proposal = [5, 6, 7]
     assert graph_rows([(req, 4)], eng.runner.graph_rows) == 4
-    assert graph_rows([(req, 3)], eng.runner.graph_rows) is None  # 3 rows: not 1 + K
+    assert graph_rows([(req, 5)], eng.runner.graph_rows) is None  # 5 rows: more than 1 + K
     req.num_computed -= 1  # a committed row to recompute: 2 + 3 rows, the last 4 wanted
     assert req.logit_rows(5) == range(1, 5)
     assert graph_rows([(req, 5)], frozenset({5})) == 5

@@ -227,3 +227,34 @@ def test_serve_draft_auto_says_which(hf_mtp, hf_tiny_b, head):
         proc.wait(30)
     want = "drafting with the MTP head" if head else "serving without drafting"
     assert want in said
+
+
+def test_head_through_the_layers_kernels_matches_the_plain_head(hf_mtp):
+    """MTPHead.forward_pass (the layers' own ops over a pass's batch: what the GPU records as
+    CUDA graphs) against the plain-torch head, over the same rows after a first call (its KV
+    rows attended to): the same logits and outputs to float32 rounding."""
+    from tensorfold.batch import ForwardBatch, Segment
+    from tensorfold.ops.dispatch import lane_index
+
+    eng = make_engine(hf_mtp, parallel=1, draft="mtp")
+    target, drafter = eng.model, eng.drafting.default
+    n, h = 11, target.config.hidden_size
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, target.config.vocab_size, (n,), generator=g)
+    hidden = torch.randn(n, h, generator=g)
+    rows = torch.arange(100, 100 + n)
+    lane = type("Lane", (), {"slot": 0, "kv_rows": rows})()
+    drafter.run(lane, 0, tokens[:6].tolist(), hidden[:6])  # the KV rows of positions 0..5
+    want_logits, want = drafter.run(lane, 6, tokens[6:].tolist(), hidden[6:])
+
+    seg = Segment(0, 6, 0, n - 6, rows)
+    batch = ForwardBatch(
+        tokens[6:], torch.arange(6, n), rows[6:], (seg,), torch.tensor([n - 7]),
+        lane_index((seg,), "cpu", target.config.conv_kernel),
+    )  # fmt: skip
+    kv = (drafter.kv.k[0], drafter.kv.v[0])
+    with torch.inference_mode():
+        logits, out = drafter.head.forward_pass(target, tokens[6:], hidden[6:], batch, kv)
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
+    assert int(logits.argmax()) == int(want_logits.argmax())

@@ -93,3 +93,52 @@ def test_drafted_equals_plain_9b(nine_b, dflash_9b, dflash2_9b, parallel, params
 def _verify_replays(eng) -> int:
     """Verify passes (1 + K rows per lane) run from CUDA graphs."""
     return sum(n for (_, rows), n in eng.runner.replays.items() if rows > 1)
+
+
+def test_mtp_head_graphs_replay_their_eager_run_and_draft_the_demo():
+    """The head's catch-up and chain graphs (runner/mtp_graph.py) give the drafts of their first,
+    eager run for every catch-up size, whichever lane ran before; the demo drafted with its
+    trained head through them equals plain and keeps its acceptance length."""
+    import dataclasses
+    from pathlib import Path
+
+    from tensorfold.demo.data import generate
+    from tensorfold.models.loader import load_model
+    from tensorfold.tokenizer import Tokenizer
+
+    demo = Path(__file__).resolve().parents[1] / "src" / "tensorfold" / "demo" / "bf16"
+    model = load_model(demo, dtype=torch.bfloat16, device="cuda")
+    eng = Engine(model, None, EngineConfig(parallel=2, context=512, draft="mtp", draft_tokens=4))
+    graphs = eng.drafting.default.graphs
+    assert graphs is not None and graphs.most == 4
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lanes = [
+        type("Lane", (), {"request_id": str(i), "slot": i, "capacity": 512,
+                          "kv_rows": torch.arange(512, device="cuda") + 512 * i})()
+        for i in range(2)
+    ]  # fmt: skip
+    for n in range(1, 6):
+        ids = torch.randint(0, model.config.vocab_size, (n,), generator=g, device="cuda").tolist()
+        rows = torch.randn(n, model.config.hidden_size, generator=g, device="cuda")
+        runs = []
+        for trial in range(4):  # eager, recorded, replayed, replayed after the other lane
+            graphs.catch_up(lanes[trial == 3], 40, ids, rows.to(torch.bfloat16))
+            runs.append(graphs.chain(lanes[trial == 3], 40 + n, 4))
+            if trial == 2:
+                graphs.catch_up(lanes[1], 7, ids[:1], rows[:1].to(torch.bfloat16))
+                graphs.chain(lanes[1], 8, 4)
+        assert runs[1:] == runs[:1] * 3, n
+        assert graphs.catch_ups[n][1].graph is not None
+    assert graphs.chains[4][1].graph is not None
+
+    tok = Tokenizer(demo)
+    tasks = [dataclasses.replace(s, thinking=True) for s in generate(7, 4)]  # as the head learnt
+    prompts = [tok.encode(s.prompt_text()) for s in tasks]
+    params = SamplingParams(max_tokens=96, temperature=0.0)
+    plain = Engine(model, None, EngineConfig(parallel=2, context=512, cuda_graphs=False))
+    want = [plain.add_request(p, params) for p in prompts]
+    plain.run_until_done()
+    got = [eng.add_request(p, params) for p in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert eng.drafting.stats.acceptance_length >= 3  # the trained head: 4.17 at K=4 in training

@@ -93,6 +93,7 @@ class LaneDraft:
     start: int = -1  # num_computed when the state was copied (-1: no verify in flight)
     spare: int = -1  # the spare state slot holding the copy
     forked: int = 0  # committed rows the pass feeds the copy too (its state then follows them)
+    real: int = 0  # the drafter's own tokens of the proposal (after them: its last repeated)
     proposed: int = 0
     accepted: int = 0
     prediction_accepted: int = 0
@@ -166,8 +167,9 @@ class Drafting:
 
     def propose(self, running: list[Request]) -> None:
         """Each generating lane with nothing in flight proposes up to k tokens it may commit;
-        aligned, fewer by the committed rows it recomputes after a rejection, so that its pass
-        stays 1 + k rows (runner/cuda_graph.py)."""
+        aligned, fewer by the committed rows it recomputes after a rejection, and a shorter
+        proposal padded with its last token, so that its pass stays 1 + k rows
+        (runner/cuda_graph.py): a padded token is a guess like any draft."""
         for req in running:
             d = req.draft
             if d is None or req.in_prompt or d.proposal:
@@ -181,6 +183,9 @@ class Drafting:
                 if d.proposal:
                     d.source = drafter
                     break
+            d.real = len(d.proposal)
+            if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
+                d.proposal += d.proposal[-1:] * (room - d.real)
 
     def before_pass(self, work) -> list[tuple[Fork, int]]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
@@ -227,9 +232,10 @@ class Drafting:
             if event.finished or j == k or not accepts(proposal[j], token):
                 break
         d.proposed, d.accepted = d.proposed + k, d.accepted + accepted
-        if isinstance(d.source, PredictionDrafter):
-            d.prediction_accepted += accepted
-            d.prediction_rejected += k - accepted
+        if isinstance(d.source, PredictionDrafter):  # the prediction's own tokens only
+            real = min(k, d.real)
+            d.prediction_accepted += min(accepted, real)
+            d.prediction_rejected += real - min(accepted, real)
         d.gate.record(accepted)
         self.stats.record(k, accepted, len(events))
         if not events[-1].finished:
@@ -247,6 +253,13 @@ class Drafting:
             self.spares.copy_slot(d.spare, req.slot, into=self.states)
             req.num_computed = d.start + d.forked
         d.start, d.proposal = -1, []
+
+    def use_graphs(self, context: int) -> None:
+        """The runner replays passes from CUDA graphs: verify passes are aligned to them, and a
+        drafter with steps of its own (the MTP head) records those too."""
+        self.align = True
+        if hasattr(self.default, "use_graphs"):
+            self.default.use_graphs(context, self.config.tokens)
 
     @property
     def wants_hidden(self) -> bool:

@@ -94,9 +94,10 @@ class Engine:
             model,
             allowed=model.group is None,
         )
-        if model.group is None:  # verify passes of 1 + K rows per lane replay graphs too
-            self.runner.graph_rows = frozenset({1, 1 + config.draft_tokens})
-            self.drafting.align = self.runner.use_graphs
+        if model.group is None:  # verify passes (1 + K rows a lane) and recomputing ones too
+            self.runner.graph_rows = frozenset(range(1, 2 + config.draft_tokens))
+            if self.runner.use_graphs:
+                self.drafting.use_graphs(config.context)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self._inbox: deque[Request] = deque()

@@ -19,6 +19,7 @@ from ..cache import KVPool, ModelCaches
 from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
+from ..runner.mtp_graph import MTPGraphs
 
 
 def head_dtype(target: Qwen35Model) -> torch.dtype:
@@ -45,6 +46,12 @@ class MTPDrafter:
             target.device,
         )
         target.keep_hidden = True
+        self.graphs: MTPGraphs | None = None  # the head's steps as CUDA graphs (use_graphs)
+
+    def use_graphs(self, context: int, most: int) -> None:
+        """Drafts of up to `most` tokens replay the head's steps from CUDA graphs (the engine
+        asks when its passes replay graphs: eager head steps would cost more than the pass)."""
+        self.graphs = MTPGraphs(self.head, self.target, self.kv, context, most)
 
     def features(self, target: Qwen35Model) -> torch.Tensor:
         """What it reads of each pass: the post-final-norm states of every row."""
@@ -112,9 +119,15 @@ class MTPLane:
         self.pending.clear()
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        graphs = self.drafter.graphs
+        if graphs is not None and self._graph_catch_up(graphs, len(tokens)):
+            return graphs.chain(self.req, len(tokens) - 1, k)
         self._catch_up()
         if self.logits is None or self.done != len(tokens) - 1:
             return []
+        if graphs is not None:
+            graphs.set_start(torch.argmax(self.logits), self.out)
+            return graphs.chain(self.req, len(tokens) - 1, k)
         drafts = [int(torch.argmax(self.logits))]
         out, pos = self.out, len(tokens) - 1
         for _ in range(k - 1):
@@ -122,3 +135,15 @@ class MTPLane:
             drafts.append(int(torch.argmax(logits)))
             pos += 1
         return drafts
+
+    def _graph_catch_up(self, graphs, num_tokens: int) -> bool:
+        """The held rows through a catch-up graph when they fit one and end at the last
+        committed token; the first draft and output then wait in the graphs' buffers."""
+        n = self.upto - self.done
+        if not 0 < n <= graphs.most + 1 or self.upto != num_tokens - 1:
+            return False
+        ids = self.req.all_ids[self.done + 1 : self.upto + 1]
+        graphs.catch_up(self.req, self.done, ids, torch.cat(self.pending))
+        self.done, self.logits, self.out = self.upto, None, None
+        self.pending.clear()
+        return True

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..batch import ForwardBatch
 from ..errors import CheckpointError, DraftForAnotherTarget, NotStockDrafter
 from ..layers.attention import GatedAttention
 from ..layers.linear import Linear
@@ -148,6 +149,20 @@ class MTPHead:
         last = x[-1:]
         logits = _product(last, head) if isinstance(head.weight, torch.Tensor) else head(last)
         return logits[0], x
+
+    def forward_pass(
+        self, target: Qwen35Model, token_ids, hidden, batch: ForwardBatch, kv
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` through the layers' own kernels over a pass of one lane's rows (`batch`):
+        on the GPU it makes no host sync, so a CUDA graph can record it (runner/mtp_graph.py)."""
+        cfg = target.config
+        e = target.embed(token_ids).to(self.fc.weight.dtype)
+        h = self.fc(torch.cat([self.norm_embedding(e), self.norm_hidden(hidden)], -1))
+        rope = rope_tables(batch.positions, cfg.rotary_dim, cfg.rope_theta, h.dtype)
+        h, x = self.post_norm(self.attention(self.input_norm(h), batch, rope, *kv), residual=h)
+        h, x = self.norm(self.mlp(x), residual=h)
+        head = self.lm_head or target.lm_head
+        return head(x[-1:])[0], x
 
     def _attend(self, cfg, x, start: int, kv_rows, kv) -> torch.Tensor:
         """Gated causal attention of the rows over the lane's head KV rows (written first)."""

@@ -19,11 +19,14 @@ the tiles' first positions are computed from them inside the graph.
 
 Memory: a runner's graphs share one memory pool. Each graph's outputs (logits, kept states) stay
 allocated; its other buffers live only within a replay and the graphs never run at once, so the
-pool holds the largest pass's working memory once, not once per graph. Graphs are made only for
-rows 1 and 1 + K (the engine's draft tokens) and 1 to `parallel` lanes: at most 2 * parallel.
+pool holds the largest pass's working memory once, not once per graph. Graphs are made when a
+shape first occurs, for 1 to 1 + K rows (K: the engine's draft tokens; a lane recomputing p rows
+without drafts feeds p + 1) and 1 to `parallel` lanes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,32 +35,60 @@ from ..ops.attention import Q_TILE, AttentionTiles
 from ..ops.conv import conv_gather
 
 
-class PassGraph:
-    def __init__(self, model, caches, lanes: int, rows: int, context: int, pool=None) -> None:
-        dev, self.pool = model.device, pool  # the memory pool it shares with the others
-        self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
+@dataclass
+class StaticLanes:
+    """A pass of `lanes` lanes of `rows` consecutive rows each over static buffers: fed tokens
+    and positions are copied in, the KV write rows and attention tiles' first positions are
+    computed from them inside the graph (refresh)."""
+
+    batch: ForwardBatch
+    inputs: torch.Tensor  # [2, lanes * rows]: fed tokens, positions
+    table: torch.Tensor  # [lanes, context] every lane's KV slot table
+    slots: torch.Tensor  # [lanes] GDN state slots
+    kv_write: torch.Tensor
+    pos0: torch.Tensor
+
+    @classmethod
+    def make(cls, lanes: int, rows: int, context: int, conv_kernel: int, dev, table=None):
+        """`table` [lanes, context] may be shared with other passes of the same lanes."""
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
         n = lanes * rows
-        self.inputs = torch.zeros(2, n, dtype=torch.long, device=dev)  # fed tokens, positions
-        self.table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
-        self.slots = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.kv_write = torch.zeros(n, dtype=torch.long, device=dev)
+        inputs = torch.zeros(2, n, dtype=torch.long, device=dev)
+        if table is None:
+            table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
+        slots = torch.zeros(lanes, dtype=torch.long, device=dev)
+        kv_write = torch.zeros(n, dtype=torch.long, device=dev)
         starts = range(0, rows, Q_TILE)  # each lane's query tiles, as the eager pass cuts them
-        self.pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
+        pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
         shape = tuple(Segment(0, 0, i * rows, rows, None) for i in range(lanes))
-        taps, keep = conv_gather(shape, model.config.conv_kernel)
+        taps, keep = conv_gather(shape, conv_kernel)
         tiles = AttentionTiles(
             as_t([i * rows + s for i in range(lanes) for s in starts], torch.int32),
             as_t([min(Q_TILE, rows - s) for _ in range(lanes) for s in starts], torch.int32),
-            self.pos0,
+            pos0,
             as_t([i * context for i in range(lanes) for _ in starts], torch.int32),
-            self.table.view(-1),
+            table.view(-1),
         )
         bounds = as_t([i * rows for i in range(lanes + 1)])
-        index = LaneIndex(self.slots, bounds, as_t(taps), as_t(keep), tiles)
-        self.batch = ForwardBatch(
-            self.inputs[0], self.inputs[1], self.kv_write, (), as_t(range(n)), index
-        )
+        index = LaneIndex(slots, bounds, as_t(taps), as_t(keep), tiles)
+        batch = ForwardBatch(inputs[0], inputs[1], kv_write, (), as_t(range(n)), index)
+        return cls(batch, inputs, table, slots, kv_write, pos0)
+
+    def refresh(self) -> None:
+        """Inside the graph: the KV write rows and tile starts of the positions fed."""
+        lanes = self.table.shape[0]
+        positions = self.inputs[1].view(lanes, -1)
+        self.pos0.copy_(positions[:, ::Q_TILE].reshape(-1).to(torch.int32))
+        self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
+
+
+class PassGraph:
+    def __init__(self, model, caches, lanes: int, rows: int, context: int, pool=None) -> None:
+        self.pool = pool  # the memory pool it shares with the others
+        self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
+        self.lane = StaticLanes.make(lanes, rows, context, model.config.conv_kernel, model.device)
+        self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
+        self.batch = self.lane.batch
         self.members: tuple = ()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -77,9 +108,7 @@ class PassGraph:
         self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
 
     def _forward(self) -> torch.Tensor:
-        positions = self.inputs[1].view(self.lanes, self.rows)
-        self.pos0.copy_(positions[:, ::Q_TILE].reshape(-1).to(torch.int32))
-        self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
+        self.lane.refresh()
         return self.model.forward(self.batch, self.caches)
 
     def run(self, reqs) -> torch.Tensor:

@@ -55,7 +55,7 @@ class ModelRunner:
             self.threads = set_cpu_threads(model.weight_bytes, threads)
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and model.graph_safe
         self.context, self.graphs = context, {}
-        self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine adds 1 + K)
+        self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
         self.replays: dict[tuple[int, int], int] = {}  # (lanes, rows) -> passes run from graphs
         self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.collective = CollectiveTime()

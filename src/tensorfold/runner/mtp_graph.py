@@ -1,0 +1,128 @@
+"""The MTP head's draft steps as CUDA graphs (engine/mtp.py drafts with them on a GPU).
+
+Eager, one head step launches a few dozen small kernels from Python: on an H200 that costs more
+than a decode pass replayed from a graph (the demo model: ~0.7 ms a step against 0.45 ms a
+pass). So a proposal replays two graphs, each recorded once per shape over static buffers:
+
+- catch-up, n rows (1 <= n <= K + 1): the head over a lane's committed rows not yet run
+  (position p: the target's state h[p] with the token t[p+1]), writing their head KV rows; its
+  last row's argmax is the first draft;
+- chain, k drafts: k - 1 single-row steps, each feeding the step before's output and argmax
+  back in at the next position; the drafts stay on the device until one read at the end.
+
+A lane's KV slot table is copied in when the lane differs from the last one replayed. The drafts
+are guesses (the target decides every token), so these graphs may differ from the eager head in
+bits without changing any token; tests/test_gpu_drafting.py checks that they do not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cuda_graph import StaticLanes
+
+
+class _Recorded:
+    """One recorded function of static buffers: run eagerly the first time (compiles the kernels
+    and picks launch shapes, which may sync), recorded on the second, replayed after."""
+
+    def __init__(self, fn, pool) -> None:
+        self.fn, self.pool = fn, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.runs = 0
+
+    def __call__(self) -> None:
+        self.runs += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        if self.runs == 1:
+            self.fn()
+            return
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.fn()
+        self.graph = graph
+        graph.replay()
+
+
+class MTPGraphs:
+    """A drafter's head graphs: catch-up for 1..K+1 rows and chains of 1..K drafts."""
+
+    def __init__(self, head, target, kv, context: int, most: int) -> None:
+        dev = target.device
+        self.head, self.target, self.kv, self.context = head, target, kv, context
+        self.most = most  # K: the longest chain; catch-ups of up to K + 1 rows
+        width = target.config.hidden_size
+        self.table = torch.zeros(1, context, dtype=torch.int32, device=dev)
+        self.hidden = torch.zeros(most + 1, width, dtype=head.fc.weight.dtype, device=dev)
+        self.out = torch.zeros(1, width, dtype=head.fc.weight.dtype, device=dev)  # chain's input
+        self.drafts = torch.zeros(most, dtype=torch.long, device=dev)  # [0]: the first draft
+        self.pool = torch.cuda.graph_pool_handle()
+        self.member: tuple | None = None
+        self.catch_ups: dict[int, tuple[StaticLanes, _Recorded]] = {}
+        self.chains: dict[int, tuple[list[StaticLanes], _Recorded]] = {}
+
+    def _lane(self, rows: int) -> StaticLanes:
+        cfg = self.target.config
+        return StaticLanes.make(
+            1, rows, self.context, cfg.conv_kernel, self.target.device, self.table
+        )
+
+    def _load(self, req) -> None:
+        member = (req.request_id, req.slot)
+        if member != self.member:
+            self.table[0, : req.capacity] = req.kv_rows.to(torch.int32)
+            self.member = member
+
+    def catch_up(self, req, start: int, ids: list[int], rows: torch.Tensor) -> None:
+        """The head over positions start.. (ids: t[p+1]; rows: h[p]); leaves the first draft in
+        drafts[0] and the last row's output in `out`, where a chain reads them."""
+        n = len(ids)
+        if n not in self.catch_ups:
+            lane = self._lane(n)
+            self.catch_ups[n] = (lane, _Recorded(lambda: self._catch_up(lane, n), self.pool))
+        lane, run = self.catch_ups[n]
+        self._load(req)
+        lane.inputs.copy_(torch.tensor([ids, list(range(start, start + n))]), non_blocking=True)
+        self.hidden[:n].copy_(rows)
+        with torch.inference_mode():
+            run()
+
+    def _catch_up(self, lane: StaticLanes, n: int) -> None:
+        lane.refresh()
+        kv = (self.kv.k[0], self.kv.v[0])
+        logits, x = self.head.forward_pass(
+            self.target, lane.inputs[0], self.hidden[:n], lane.batch, kv
+        )
+        self.drafts[0] = logits.argmax()
+        self.out.copy_(x[-1:])
+
+    def set_start(self, first: torch.Tensor, out: torch.Tensor) -> None:
+        """A catch-up run eagerly (more rows than a graph's): its first draft and output."""
+        self.drafts[0] = first
+        self.out.copy_(out)
+
+    def chain(self, req, position: int, k: int) -> list[int]:
+        """k drafts: drafts[0] and k - 1 head steps from position `position` on."""
+        if k not in self.chains:
+            lanes = [self._lane(1) for _ in range(k - 1)]
+            self.chains[k] = (lanes, _Recorded(lambda: self._chain(lanes), self.pool))
+        lanes, run = self.chains[k]
+        self._load(req)
+        if lanes:
+            lanes[0].inputs[1].fill_(position)
+            with torch.inference_mode():
+                run()
+        return self.drafts[:k].tolist()
+
+    def _chain(self, lanes: list[StaticLanes]) -> None:
+        kv, out = (self.kv.k[0], self.kv.v[0]), self.out
+        for j, lane in enumerate(lanes):
+            if j:
+                lane.inputs[1].copy_(lanes[0].inputs[1] + j)
+            lane.inputs[0].copy_(self.drafts[j : j + 1])
+            lane.refresh()
+            logits, out = self.head.forward_pass(self.target, lane.inputs[0], out, lane.batch, kv)
+            self.drafts[j + 1] = logits.argmax()
