@@ -1,5 +1,6 @@
 """Where a drafted step spends its time at one stream: the demo model (or any checkpoint) on the
-CPU, the same prompts plain and drafted (ngram, mtp, a scripted drafter proposing the plain
+CPU or a GPU (there each timed part syncs the device before and after, so a part's figure is
+its own launches' time, not the next sync's), the same prompts plain and drafted (ngram, mtp, a scripted drafter proposing the plain
 reply, whose every draft is right), each run timed by part: the target's passes by the rows they
 feed, the MTP head's runs (after a pass, and per draft step), the drafting bookkeeping around
 them, and the rest of the engine step. Tokens are checked equal to the plain run's.
@@ -31,7 +32,8 @@ from tensorfold.tokenizer import Tokenizer
 class Clock:
     """Seconds and calls by name, kept by wrappers around the engine's parts."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync=lambda: None) -> None:
+        self.sync = sync
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -41,10 +43,12 @@ class Clock:
         restore.append((owner, name, fn))
 
         def timed(*args, **kwargs):
+            self.sync()
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                self.sync()
                 key = label(*args, **kwargs)
                 self.seconds[key] += time.perf_counter() - t
                 self.calls[key] += 1
@@ -78,6 +82,10 @@ def instrument(eng: Engine, clock: Clock) -> list:
         lambda self, req, start, tokens, h: f"mtp head {len(tokens)} rows",
         restore,
     )
+    graphs = getattr(eng.drafting.default, "graphs", None)
+    if graphs is not None:  # the head's steps from CUDA graphs
+        clock.wrap(graphs, "catch_up", lambda req, s, ids, r: f"mtp graph {len(ids)} rows", restore)
+        clock.wrap(graphs, "chain", lambda req, pos, k: f"mtp graph chain {k}", restore)
     return restore
 
 
@@ -112,6 +120,7 @@ def run(model, tok, prompts, args, method, replies=None, clock=None):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint", type=Path, default=Path("src/tensorfold/demo/bf16"))
+    p.add_argument("--device", default="cpu")
     p.add_argument("--modes", default="plain,ngram,mtp,script")
     p.add_argument("--draft-tokens", type=int, default=4)
     p.add_argument("--prompts", type=int, default=12)
@@ -124,7 +133,8 @@ def main() -> None:
     if args.no_gate:
         drafting.Gate.open = lambda self: True
     torch.manual_seed(0)
-    model = load_model(args.checkpoint, dtype=torch.bfloat16, device="cpu")
+    model = load_model(args.checkpoint, dtype=torch.bfloat16, device=args.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None
     tok = Tokenizer(args.checkpoint)
     prompts = samples(args.prompts, tok, not args.no_thinking)
     want, _, _, _ = run(model, tok, prompts, args, None)
@@ -134,7 +144,7 @@ def main() -> None:
     best: dict[str, tuple[float, float, Clock]] = {}
     for _ in range(args.repeat):  # the modes in turn, so a busy machine slows each alike
         for mode in modes:
-            clock = Clock()
+            clock = Clock(sync)
             method = None if mode == "plain" else mode
             got, seconds, accept, _ = run(model, tok, prompts, args, method, replies, clock)
             assert got == want, f"{mode}: drafted tokens differ from plain"

@@ -223,8 +223,9 @@ class Drafting:
         proposal, k = d.proposal, len(d.proposal)
         req.num_computed = req.num_tokens + k  # the state covers every fed row for now
         accepted = 0
+        picks = engine.greedy_picks(req, logits[: k + 1])
         for j in range(k + 1):
-            token = engine.choose_token(req, logits[j])
+            token = picks[j] if picks else engine.choose_token(req, logits[j])
             event = engine.emit(req, logits[j], token)
             events.append(event)
             if j < k and accepts(proposal[j], token):

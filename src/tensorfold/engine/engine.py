@@ -263,6 +263,13 @@ class Engine:
         u = uniform(req.seed, req.num_tokens, req.choice)
         return sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p, u)
 
+    def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
+        """choose_token of every row at once (one device sync) for a plain greedy request, whose
+        choice does not depend on the tokens before it; else [] (choose row by row)."""
+        if req.params.temperature > 0.0 or self._custom(req):
+            return []
+        return self.runner.greedy(rows)
+
     def _drain_inbox(self) -> None:
         with self._lock:
             while self._inbox:
