@@ -2,6 +2,9 @@
 length and drafted = plain (token ids), on held-out demo tasks with thinking on and on the
 bench's code and chat prompts. Each configuration is timed over the same prompts, one request
 at a time, after a warm-up pass over them (compiles, CUDA graphs); the best of --rounds.
+"tok/s" counts the whole request (its prompt pass included); "generation tok/s" the tokens
+after the first over the time after it (the same prompts run with max_tokens=1 give that time),
+as generation speed is usually reported.
 
     PYTHONPATH=src python3 benchmarks/demo_drafting.py [--device cuda] [--drafts mtp:4,mtp:7,ngram:4]
 """
@@ -60,10 +63,13 @@ def main() -> None:
         (d, d.split(":")[0], int(d.split(":")[1])) for d in args.drafts.split(",") if d
     ]
     print(f"{args.checkpoint.name} on {args.device}, one stream, greedy", flush=True)
-    print("| prompts | drafter | tokens | tok/s | speed-up | acceptance length | drafted = plain |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| prompts | drafter | tokens | tok/s | speed-up | generation tok/s | speed-up "
+        "| acceptance length | drafted = plain |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, prompts in sets.items():
-        plain_rate, plain_out = 0.0, None
+        plain_rate, plain_gen, plain_out = 0.0, 0.0, None
         for label, draft, k in configs:
             llm = LLM(
                 args.checkpoint, device=args.device, parallel=1, context=2048,
@@ -72,15 +78,16 @@ def main() -> None:
             timed(llm, prompts, args.max_tokens)  # warm-up
             llm.engine.drafting.stats = type(llm.engine.drafting.stats)()
             best, outs = min(timed(llm, prompts, args.max_tokens) for _ in range(args.rounds))
+            first = min(timed(llm, prompts, 1)[0] for _ in range(args.rounds))
             n = sum(map(len, outs))
-            rate = n / best
+            rate, gen = n / best, (n - len(prompts)) / max(1e-9, best - first)
             if draft is None:
-                plain_rate, plain_out = rate, outs
+                plain_rate, plain_gen, plain_out = rate, gen, outs
             same = "yes" if outs == plain_out else "NO"
             accept = f"{llm.engine.drafting.stats.acceptance_length:.2f}" if draft else "1"
             print(
                 f"| {name} | {label} | {n} | {rate:,.1f} | {rate / plain_rate:.2f}x | "
-                f"{accept} | {same} |",
+                f"{gen:,.1f} | {gen / plain_gen:.2f}x | {accept} | {same} |",
                 flush=True,
             )
             llm.close()

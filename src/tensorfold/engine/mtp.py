@@ -51,7 +51,8 @@ class MTPDrafter:
     def use_graphs(self, context: int, most: int) -> None:
         """Drafts of up to `most` tokens replay the head's steps from CUDA graphs (the engine
         asks when its passes replay graphs: eager head steps would cost more than the pass)."""
-        self.graphs = MTPGraphs(self.head, self.target, self.kv, context, most)
+        rows = MTPLane.MOST_PENDING  # a lane never holds more rows than that
+        self.graphs = MTPGraphs(self.head, self.target, self.kv, context, most, rows)
 
     def features(self, target: Qwen35Model) -> torch.Tensor:
         """What it reads of each pass: the post-final-norm states of every row."""
@@ -140,7 +141,7 @@ class MTPLane:
         """The held rows through a catch-up graph when they fit one and end at the last
         committed token; the first draft and output then wait in the graphs' buffers."""
         n = self.upto - self.done
-        if not 0 < n <= graphs.most + 1 or self.upto != num_tokens - 1:
+        if not 0 < n <= graphs.rows or self.upto != num_tokens - 1:
             return False
         ids = self.req.all_ids[self.done + 1 : self.upto + 1]
         graphs.catch_up(self.req, self.done, ids, torch.cat(self.pending))

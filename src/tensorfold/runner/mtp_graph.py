@@ -4,7 +4,8 @@ Eager, one head step launches a few dozen small kernels from Python: on an H200 
 than a decode pass replayed from a graph (the demo model: ~0.7 ms a step against 0.45 ms a
 pass). So a proposal replays two graphs, each recorded once per shape over static buffers:
 
-- catch-up, n rows (1 <= n <= K + 1): the head over a lane's committed rows not yet run
+- catch-up, n rows (1 <= n <= `rows`: a verify pass's committed rows, or a short prompt's):
+  the head over a lane's committed rows not yet run
   (position p: the target's state h[p] with the token t[p+1]), writing their head KV rows; its
   last row's argmax is the first draft;
 - chain, k drafts: k - 1 single-row steps, each feeding the step before's output and argmax
@@ -48,15 +49,15 @@ class _Recorded:
 
 
 class MTPGraphs:
-    """A drafter's head graphs: catch-up for 1..K+1 rows and chains of 1..K drafts."""
+    """A drafter's head graphs: catch-ups of 1..rows rows and chains of 1..K drafts."""
 
-    def __init__(self, head, target, kv, context: int, most: int) -> None:
+    def __init__(self, head, target, kv, context: int, most: int, rows: int) -> None:
         dev = target.device
         self.head, self.target, self.kv, self.context = head, target, kv, context
-        self.most = most  # K: the longest chain; catch-ups of up to K + 1 rows
+        self.most, self.rows = most, rows  # K: the longest chain; the largest catch-up
         width = target.config.hidden_size
         self.table = torch.zeros(1, context, dtype=torch.int32, device=dev)
-        self.hidden = torch.zeros(most + 1, width, dtype=head.fc.weight.dtype, device=dev)
+        self.hidden = torch.zeros(rows, width, dtype=head.fc.weight.dtype, device=dev)
         self.out = torch.zeros(1, width, dtype=head.fc.weight.dtype, device=dev)  # chain's input
         self.drafts = torch.zeros(most, dtype=torch.long, device=dev)  # [0]: the first draft
         self.pool = torch.cuda.graph_pool_handle()
