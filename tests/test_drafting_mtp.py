@@ -197,11 +197,13 @@ def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
     assert resolve_auto("ngram", path) == ("ngram", "")
 
 
-def test_draft_auto_does_not_draft_on_a_gpu(hf_mtp):
+def test_draft_auto_does_not_draft_on_a_gpu_without_graphs(hf_mtp):
     from tensorfold.engine.drafting import resolve_auto
 
     assert resolve_auto("auto", hf_mtp, device="cpu")[0] == "mtp"
-    method, note = resolve_auto("auto", hf_mtp, device="cuda")
+    assert resolve_auto("auto", hf_mtp, device="cpu", graphs=False)[0] == "mtp"
+    assert resolve_auto("auto", hf_mtp, device="cuda")[0] == "mtp"  # the head's steps as graphs
+    method, note = resolve_auto("auto", hf_mtp, device="cuda", graphs=False)
     assert method is None and "--draft mtp" in note
 
 

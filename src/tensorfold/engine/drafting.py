@@ -323,13 +323,13 @@ def refuse_split_draft() -> str:
 
 
 def resolve_auto(
-    method: str | None, checkpoint, ranks: int = 1, device: str = "cpu"
+    method: str | None, checkpoint, ranks: int = 1, device: str = "cpu", graphs: bool = True
 ) -> tuple[str | None, str]:
     """`--draft auto`: "mtp" when the checkpoint has a head it can serve, else no drafting; with
     the line that says which (empty for any other method, returned as it is). A head bound to
     another target is still refused (DraftForAnotherTarget): it is a broken file, not a missing
-    one. On a GPU it does not draft: the head's steps run eager there while the target's pass
-    replays as a CUDA graph, and for a small target that loses (the demo on an H200: 0.29x)."""
+    one. On a GPU without CUDA graphs it does not draft: the head's steps and the passes would
+    run eager, and for a small target that loses (the demo on an H200: 0.29x)."""
     if method != "auto":
         return method, ""
     if ranks > 1:
@@ -338,10 +338,10 @@ def resolve_auto(
         check_mtp_head(checkpoint)
     except NotStockDrafter as exc:
         return None, f"--draft auto: serving without drafting ({exc})"
-    if str(device).startswith("cuda"):
+    if str(device).startswith("cuda") and not graphs:
         return None, (
-            "--draft auto: serving without drafting on a GPU, where the MTP head's steps run "
-            "eager beside a CUDA-graph pass (pass --draft mtp to draft with it)"
+            "--draft auto: serving without drafting on a GPU without CUDA graphs, where the "
+            "MTP head's steps run eager (pass --draft mtp to draft with it)"
         )
     return "mtp", f"--draft auto: drafting with the MTP head of {checkpoint}"
 

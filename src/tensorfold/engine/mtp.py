@@ -110,25 +110,37 @@ class MTPLane:
             self._catch_up()
 
     def _catch_up(self) -> None:
-        """The head over the held rows, in one call: its KV rows written up to `upto`."""
+        """The head over the held rows, in one call: its KV rows written up to `upto`. From a
+        catch-up graph when the drafter has them (its first draft and output then wait in the
+        graphs' buffers, `logits` None), else eager."""
         if not self.pending:
             return
         ids = self.req.all_ids[self.done + 1 : self.upto + 1]
         rows = torch.cat(self.pending)
-        self.logits, out = self.drafter.run(self.req, self.done, ids, rows)
-        self.out, self.done = out[-1:], self.upto
+        graphs = self.drafter.graphs
+        if graphs is not None and len(ids) <= graphs.rows:
+            graphs.catch_up(self.req, self.done, ids, rows)
+            self.logits = self.out = None
+        else:
+            self.logits, out = self.drafter.run(self.req, self.done, ids, rows)
+            self.out = out[-1:]
+        self.done = self.upto
         self.pending.clear()
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        graphs = self.drafter.graphs
-        if graphs is not None and self._graph_catch_up(graphs, len(tokens)):
-            return graphs.chain(self.req, len(tokens) - 1, k)
+        fresh = bool(self.pending)
         self._catch_up()
-        if self.logits is None or self.done != len(tokens) - 1:
+        if self.done != len(tokens) - 1:
             return []
+        graphs = self.drafter.graphs
         if graphs is not None:
-            graphs.set_start(torch.argmax(self.logits), self.out)
+            if self.logits is not None:  # an eager catch-up: its start into the chain's buffers
+                graphs.set_start(torch.argmax(self.logits), self.out)
+            elif not fresh:  # caught up earlier: the buffers may hold another lane's start
+                return []
             return graphs.chain(self.req, len(tokens) - 1, k)
+        if self.logits is None:
+            return []
         drafts = [int(torch.argmax(self.logits))]
         out, pos = self.out, len(tokens) - 1
         for _ in range(k - 1):
@@ -136,15 +148,3 @@ class MTPLane:
             drafts.append(int(torch.argmax(logits)))
             pos += 1
         return drafts
-
-    def _graph_catch_up(self, graphs, num_tokens: int) -> bool:
-        """The held rows through a catch-up graph when they fit one and end at the last
-        committed token; the first draft and output then wait in the graphs' buffers."""
-        n = self.upto - self.done
-        if not 0 < n <= graphs.rows or self.upto != num_tokens - 1:
-            return False
-        ids = self.req.all_ids[self.done + 1 : self.upto + 1]
-        graphs.catch_up(self.req, self.done, ids, torch.cat(self.pending))
-        self.done, self.logits, self.out = self.upto, None, None
-        self.pending.clear()
-        return True

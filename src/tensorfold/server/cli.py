@@ -126,7 +126,9 @@ def _build(args: argparse.Namespace):
         limits = from_args(args, args.context, args.max_queue)
         path = default_checkpoint(args.checkpoint).resolve()
         device = resolve_device(args.device)
-        args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel, device.type)
+        args.draft, note = resolve_auto(
+            args.draft, path, args.tensor_parallel, device.type, args.cuda_graphs
+        )
         check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
