@@ -8,7 +8,8 @@ whose input and next token are committed (position p: h[p] with t[p+1]); when it
 the head reads them in one call, writing its KV rows (a lane whose gate is closed pays nothing);
 its last row's logits give the first draft, and each further draft feeds the head's own output
 back in at the next position (those speculative KV rows are rewritten once the target's state
-for the position exists).
+for the position exists). On a GPU whose passes replay CUDA graphs, the catch-up and the chain
+replay graphs of their own (runner/mtp_graph.py).
 """
 
 from __future__ import annotations

@@ -4,16 +4,18 @@ Eager, one head step launches a few dozen small kernels from Python: on an H200 
 than a decode pass replayed from a graph (the demo model: ~0.7 ms a step against 0.45 ms a
 pass). So a proposal replays two graphs, each recorded once per shape over static buffers:
 
-- catch-up, n rows (1 <= n <= `rows`: a verify pass's committed rows, or a short prompt's):
-  the head over a lane's committed rows not yet run
-  (position p: the target's state h[p] with the token t[p+1]), writing their head KV rows; its
-  last row's argmax is the first draft;
+- catch-up, n rows (1 <= n <= `rows`: a verify pass's committed rows, a short prompt's, or a
+  lane's full hold): the head over a lane's committed rows not yet run (position p: the
+  target's state h[p] with the token t[p+1]), writing their head KV rows; its last row's argmax
+  is the first draft;
 - chain, k drafts: k - 1 single-row steps, each feeding the step before's output and argmax
   back in at the next position; the drafts stay on the device until one read at the end.
 
-A lane's KV slot table is copied in when the lane differs from the last one replayed. The drafts
-are guesses (the target decides every token), so these graphs may differ from the eager head in
-bits without changing any token; tests/test_gpu_drafting.py checks that they do not.
+A lane's KV slot table is copied in when the lane differs from the last one replayed. The graphs
+run the head through the layers' kernels (MTPHead.forward_pass), not its plain-torch form, so
+their drafts may differ in bits from the eager head's: drafts are guesses (the target decides
+every token), so no token changes. tests/test_gpu_drafting.py checks that replays give the
+drafts of the first, eager run of the same graph.
 """
 
 from __future__ import annotations
