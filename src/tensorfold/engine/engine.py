@@ -212,11 +212,7 @@ class Engine:
         """Next tokens of the lanes that produce one: plain greedy rows in one argmax (one device
         sync); a row with its own rule (penalties, bias, grammar) or sampled through
         `choose_token`, the one rule drafting accepts by too."""
-        plain = [
-            i
-            for i, (req, _) in enumerate(ready)
-            if req.params.temperature <= 0.0 and not self._custom(req)
-        ]
+        plain = [i for i, (req, _) in enumerate(ready) if self._plain_greedy(req)]
         batched = set(plain)
         tokens: list[int] = [0] * len(ready)
         if plain:
@@ -227,6 +223,11 @@ class Engine:
             if i not in batched:
                 tokens[i] = self.choose_token(req, row)
         return tokens
+
+    @classmethod
+    def _plain_greedy(cls, req: Request) -> bool:
+        """Greedy with no rule of its own: its rows' choices are one argmax, batched."""
+        return req.params.temperature <= 0.0 and not cls._custom(req)
 
     @staticmethod
     def _custom(req: Request) -> bool:
@@ -266,9 +267,7 @@ class Engine:
     def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
         """choose_token of every row at once (one device sync) for a plain greedy request, whose
         choice does not depend on the tokens before it; else [] (choose row by row)."""
-        if req.params.temperature > 0.0 or self._custom(req):
-            return []
-        return self.runner.greedy(rows)
+        return self.runner.greedy(rows) if self._plain_greedy(req) else []
 
     def _drain_inbox(self) -> None:
         with self._lock:
