@@ -120,16 +120,23 @@ class PassGraph:
             if self.graph is None:
                 logits = self._forward()  # compiles every kernel and does this pass's work
                 eager = (model.hidden, model.tapped)
-                torch.cuda.synchronize()
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph, pool=self.pool):  # recorded, not run
-                    self.logits = self._forward()
+                self.graph, self.logits = record(self._forward, self.pool)
                 self.kept = (model.hidden, model.tapped)
                 model.hidden, model.tapped = eager
                 return logits
             self.graph.replay()
         model.hidden, model.tapped = self.kept
         return self.logits
+
+
+def record(fn, pool):
+    """fn() recorded, not run, as a CUDA graph in memory pool `pool` (after an eager run of it,
+    which compiled its kernels): (the graph, fn's outputs, which each replay rewrites)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 def graph_rows(work, allowed: frozenset[int]) -> int | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .cuda_graph import StaticLanes
+from .cuda_graph import StaticLanes, record
 
 
 class _Recorded:
@@ -42,12 +42,8 @@ class _Recorded:
         if self.runs == 1:
             self.fn()
             return
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.fn()
-        self.graph = graph
-        graph.replay()
+        self.graph, _ = record(self.fn, self.pool)
+        self.graph.replay()
 
 
 class MTPGraphs:
