@@ -128,13 +128,21 @@ def drafted_run(
     path, params: SamplingParams, parallel: int, draft, first_seed=60, lengths=(15, 31, 8, 44)
 ):
     """Prompts admitted a step apart (prompt cache on): ([(output ids, fingerprints)], engine)."""
-    from engine_util import finish_prints, make_engine, sample_prompt
+    from engine_util import make_engine, sample_prompt
 
     eng = make_engine(path, parallel=parallel, prompt_cache_bytes=1 << 24, draft=draft)
     prompts = [sample_prompt(first_seed + i, n, 300) for i, n in enumerate(lengths)]
+    return stepped_run(eng, prompts, params), eng
+
+
+def stepped_run(eng, prompts, params: SamplingParams) -> list:
+    """Each prompt admitted a step after the one before, then run to the end: [(output ids,
+    final fingerprint)] in prompt order."""
+    from engine_util import finish_prints
+
     prints, reqs = {}, []
     for ids in prompts:
         reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
         eng.step()
     eng.run_until_done()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
+    return [(r.output_ids, prints[r.request_id]) for r in reqs]

@@ -11,8 +11,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from drafting_util import Script, add_mtp_head, dflash2_over, write_drafter  # noqa: E402
-from engine_util import finish_prints, sample_prompt  # noqa: E402
+from drafting_util import (  # noqa: E402
+    Script,
+    add_mtp_head,
+    dflash2_over,
+    stepped_run,
+    write_drafter,
+)
+from engine_util import sample_prompt  # noqa: E402
 
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
 from tensorfold.engine.request import SamplingParams  # noqa: E402
@@ -62,12 +68,7 @@ def _run(model, prompts, params, parallel, draft=None, drafter=None, graphs=True
     eng = Engine(model, None, config)
     if drafter is not None:
         eng.drafting.default = drafter
-    prints, reqs = {}, []
-    for ids in prompts:
-        reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
-        eng.step()
-    eng.run_until_done()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
+    return stepped_run(eng, prompts, params), eng
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
