@@ -63,6 +63,7 @@ class Run:
     graphs: bool = True
     exact: bool = True
     in_memory: bool = False
+    gdn_form: str = "recurrence"
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -76,6 +77,7 @@ class Run:
                 token_budget=max(chunk, parallel) + parallel,
                 max_queue=4096,
                 cuda_graphs=self.graphs,
+                gdn_form=self.gdn_form,
             ),
         )
 
@@ -274,6 +276,12 @@ def main() -> None:
         help="time the non-exact variant (cuBLAS products, chunked prompt recurrence) to price exactness",
     )
     p.add_argument(
+        "--gdn-form",
+        choices=("recurrence", "chunk"),
+        default="recurrence",
+        help="the gated delta rule's exact form",
+    )
+    p.add_argument(
         "--resume", type=int, default=0, help="also time a resumed n-token prompt (bf16)"
     )
     p.add_argument(
@@ -296,7 +304,12 @@ def main() -> None:
     args = p.parse_args()
     if args.plot:
         require_matplotlib()  # before the run, not after it
-    run = Run(graphs=args.cuda_graphs, exact=not args.inexact, in_memory=args.in_memory)
+    run = Run(
+        graphs=args.cuda_graphs,
+        exact=not args.inexact,
+        in_memory=args.in_memory,
+        gdn_form=args.gdn_form,
+    )
     out = Path(args.out)
     limits = ceilings()
     print(

@@ -26,12 +26,22 @@ class CublasLinear(Linear):
 
 
 class ChunkedGDN(GatedDeltaNet):
-    """Passes with prompt rows through fla's chunked kernel; decode-only passes unchanged."""
+    """Each pass's rows through fla's chunked kernel from the lane's state at its last row (no
+    grid, no tail: chunk boundaries follow the pass), decode-only passes through the per-token
+    recurrence; `recurrent` then holds the state after the lane's last row."""
 
-    def recurrence(self, q, k, v, g, beta, rec_state, batch):
-        lanes = batch.lanes
-        if q.shape[0] == lanes.slots.shape[0]:
-            return super().recurrence(q, k, v, g, beta, rec_state, batch)
+    def core(self, conv, g, beta, state, batch):
+        s, n, lanes = self.shape, conv.shape[0], batch.lanes
+        q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        q = q.reshape(n, s.num_k_heads, s.k_head_dim)
+        k = k.reshape(n, s.num_k_heads, s.k_head_dim)
+        v = v.reshape(n, s.num_v_heads, s.v_head_dim)
+        if n == lanes.slots.shape[0]:
+            from tensorfold.ops.triton.gdn import gated_delta_lanes
+
+            return gated_delta_lanes(
+                q, k, v, g, beta, state.recurrent, lanes.slots, lanes.cu_seqlens
+            )
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
         o, final = chunk_gated_delta_rule(
@@ -40,13 +50,13 @@ class ChunkedGDN(GatedDeltaNet):
             v[None],
             g=g[None].float(),
             beta=beta[None],
-            scale=q.shape[-1] ** -0.5,
-            initial_state=rec_state[lanes.slots],
+            scale=s.k_head_dim**-0.5,
+            initial_state=state.recurrent[lanes.slots],
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
             cu_seqlens=lanes.cu_seqlens,
         )
-        rec_state[lanes.slots] = final
+        state.recurrent[lanes.slots] = final
         return o[0]
 
 

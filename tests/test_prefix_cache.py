@@ -123,14 +123,14 @@ def test_state_slots_copy_bit_for_bit_within_and_across_pools():
     recurrent (fp32) tensor of each named slot, nothing else touched."""
     pool = StatePool(3, 4, 4, 24, 2, 8, 8, torch.bfloat16, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
-    for t in pool.conv + pool.recurrent:
+    for t in pool.tensors:
         t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
-    before = [t.clone() for t in pool.conv + pool.recurrent]
+    before = [t.clone() for t in pool.tensors]
     spares = pool.like(2)
     pool.copy_slots([3, 1], [0, 1], into=spares)
-    for a, b in zip(spares.conv + spares.recurrent, before):
+    for a, b in zip(spares.tensors, before):
         assert torch.equal(a[0], b[3]) and torch.equal(a[1], b[1])
     spares.copy_slot(0, 2, into=pool)
-    for a, b in zip(pool.conv + pool.recurrent, before):
+    for a, b in zip(pool.tensors, before):
         assert torch.equal(a[2], b[3])
         assert torch.equal(a[[0, 1, 3]], b[[0, 1, 3]])

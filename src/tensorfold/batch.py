@@ -32,6 +32,8 @@ class LaneIndex:
     conv_taps: torch.Tensor  # [rows, K] rows of [lanes' conv states ; new rows] each output reads
     conv_keep: torch.Tensor  # [lanes, K-1] the rows that become each lane's next conv state
     attention: object = None  # ops.triton.attention.AttentionTiles on CUDA; None on the CPU
+    tails: torch.Tensor | None = None  # [lanes] rows since each lane's last 64-row boundary
+    gdn: object = None  # ops.triton.gdn_chunk.LanePlan of an eager CUDA pass; None otherwise
 
 
 @dataclass(frozen=True)
@@ -46,3 +48,33 @@ class ForwardBatch:
     @property
     def num_rows(self) -> int:
         return int(self.token_ids.shape[0])
+
+
+CHUNK = 64  # rows of one Gated DeltaNet chunk on the absolute position grid
+
+
+@dataclass(frozen=True)
+class GDNState:
+    """One Gated DeltaNet layer's state slots (cache/state_pool.py allocates them)."""
+
+    conv: torch.Tensor  # [slots, K-1, conv_dim] the conv's last input rows
+    recurrent: torch.Tensor  # [slots, Hv, dk, dv] the state at the lane's last grid boundary
+    tail: torch.Tensor  # [slots, 64, conv_dim] the conv's output rows since that boundary
+    tail_gates: torch.Tensor  # [slots, 64, 2, Hv] their log-decay g and beta, in the state dtype
+
+    def lane_rows(self, slot: int, t0: int, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
+        """(x, g, beta) of the lane's rows from its boundary: the tail's t0 rows, then the new."""
+        gates = self.tail_gates[slot, :t0]
+        return (
+            torch.cat([self.tail[slot, :t0], x]),
+            torch.cat([gates[:, 0], g.to(gates.dtype)]),
+            torch.cat([gates[:, 1], beta.to(gates.dtype)]),
+        )
+
+    def keep_tail(self, slot: int, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        """The rows of the lane's unfinished chunk become its tail."""
+        n = x.shape[0] % CHUNK
+        if n:
+            self.tail[slot, :n] = x[-n:]
+            self.tail_gates[slot, :n, 0] = g[-n:]
+            self.tail_gates[slot, :n, 1] = beta[-n:]

@@ -16,4 +16,4 @@ class ModelCaches:
         return self.kv.k[i], self.kv.v[i]
 
     def state_layer(self, i: int):
-        return self.states.conv[i], self.states.recurrent[i]
+        return self.states.layer(i)

@@ -1,4 +1,5 @@
-"""Gated DeltaNet state slots: per lane, per layer, the conv window and the fp32 recurrent state.
+"""Gated DeltaNet state slots: per lane, per layer, the conv window, the fp32 state at the lane's
+last 64-row grid boundary and the rows since (ops/gated_delta.py).
 
 Slots are plain rows of preallocated tensors, so a lane's whole state can be copied out
 (a snapshot: the prompt cache, a draft position) and copied back bit for bit.
@@ -10,15 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..batch import CHUNK, GDNState
+
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    conv: tuple[torch.Tensor, ...]  # per GDN layer [K-1, conv_dim]
-    recurrent: tuple[torch.Tensor, ...]  # per GDN layer [Hv, dk, dv]
+    tensors: tuple[torch.Tensor, ...]  # one slot of every pool tensor, in StatePool.tensors order
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
 class StatePool:
@@ -33,20 +35,30 @@ class StatePool:
         v_head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        tail_rows: int = 0,
     ) -> None:
+        """tail_rows: CHUNK for the chunk form of the gated delta rule, 0 for the recurrence."""
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.num_slots = num_slots
-        self.conv = [
-            torch.zeros(num_slots, conv_kernel - 1, conv_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
-        self.recurrent = [
-            torch.zeros(
-                num_slots, num_v_heads, k_head_dim, v_head_dim, dtype=state_dtype, device=device
-            )
-            for _ in range(num_layers)
-        ]
+
+        def per_layer(*shape, dt=dtype):
+            return [
+                torch.zeros(num_slots, *shape, dtype=dt, device=device) for _ in range(num_layers)
+            ]
+
+        self.conv = per_layer(conv_kernel - 1, conv_dim)
+        self.recurrent = per_layer(num_v_heads, k_head_dim, v_head_dim, dt=state_dtype)
+        # the conv outputs, g and beta of each lane's rows since its last 64-row grid boundary
+        self.tail = per_layer(tail_rows, conv_dim)
+        self.tail_gates = per_layer(tail_rows, 2, num_v_heads, dt=state_dtype)
         self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return self.conv + self.recurrent + self.tail + self.tail_gates
+
+    def layer(self, i: int) -> GDNState:
+        return GDNState(self.conv[i], self.recurrent[i], self.tail[i], self.tail_gates[i])
 
     @property
     def free_slots(self) -> int:
@@ -63,17 +75,14 @@ class StatePool:
         self._free.append(slot)
 
     def reset(self, slot: int) -> None:
-        for t in self.conv + self.recurrent:
+        for t in self.tensors:
             t[slot].zero_()
 
     def snapshot(self, slot: int) -> StateSnapshot:
-        return StateSnapshot(
-            tuple(t[slot].clone() for t in self.conv),
-            tuple(t[slot].clone() for t in self.recurrent),
-        )
+        return StateSnapshot(tuple(t[slot].clone() for t in self.tensors))
 
     def restore(self, slot: int, snap: StateSnapshot) -> None:
-        for dst, src in zip(self.conv + self.recurrent, snap.conv + snap.recurrent):
+        for dst, src in zip(self.tensors, snap.tensors):
             dst[slot].copy_(src)
 
     def copy_slot(self, src: int, dst: int, into: StatePool | None = None) -> None:
@@ -85,7 +94,7 @@ class StatePool:
         multi-tensor copy (on a GPU a few launches, where a copy per tensor cost ~0.3 ms a
         verify pass for the demo model's 12 tensors)."""
         into = into or self
-        ours, theirs = self.conv + self.recurrent, into.conv + into.recurrent
+        ours, theirs = self.tensors, into.tensors
         targets = [t[j] for j in dst for t in theirs]
         sources = [t[i] for i in src for t in ours]
         torch._foreach_copy_(targets, sources)
@@ -94,11 +103,22 @@ class StatePool:
         """An empty pool of `num_slots` slots shaped like this one (the draft spares)."""
         pool = object.__new__(StatePool)
         pool.num_slots, pool._free = num_slots, list(range(num_slots - 1, -1, -1))
-        pool.conv = [torch.zeros_like(t[:1]).repeat(num_slots, 1, 1) for t in self.conv]
-        pool.recurrent = [
-            torch.zeros_like(t[:1]).repeat(num_slots, 1, 1, 1) for t in self.recurrent
-        ]
+
+        def empty(ts):
+            return [t.new_zeros(num_slots, *t.shape[1:]) for t in ts]
+
+        pool.conv, pool.recurrent = empty(self.conv), empty(self.recurrent)
+        pool.tail, pool.tail_gates = empty(self.tail), empty(self.tail_gates)
         return pool
+
+    def slot_bytes(self, slot: int, position: int) -> list[torch.Tensor]:
+        """What a lane's state is at `position`: every layer's conv window, boundary state and the
+        tail rows that are real (rows past them are leftovers no row reads)."""
+        n = position % CHUNK if self.tail and self.tail[0].shape[1] else 0
+        out = []
+        for conv, rec, tail, gates in zip(self.conv, self.recurrent, self.tail, self.tail_gates):
+            out += [conv[slot], rec[slot], tail[slot, :n], gates[slot, :n]]
+        return out
 
     @property
     def slot_nbytes(self) -> int:
@@ -106,4 +126,4 @@ class StatePool:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.conv + self.recurrent)
+        return sum(t.numel() * t.element_size() for t in self.tensors)

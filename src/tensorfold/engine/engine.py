@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..batch import CHUNK
 from ..cache import KVPool, ModelCaches, StatePool
 from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
@@ -39,6 +40,7 @@ class EngineConfig(SchedulerConfig):
     cuda_graphs: bool = True  # on a GPU, replay decode and verify passes as CUDA graphs
     draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
     draft_tokens: int = 4  # tokens drafted per verify pass
+    gdn_form: str = "recurrence"  # the gated delta rule's exact form: "recurrence" or "chunk"
 
 
 class Engine:
@@ -69,6 +71,7 @@ class Engine:
         )
         # a drafter configured: a spare slot per lane in the same pool (verify passes fork)
         spares = config.parallel if config.draft and model.group is None else 0
+        model.set_gdn_form(config.gdn_form)
         states = StatePool(
             len(cfg.linear_layers),
             config.parallel + spares,
@@ -79,6 +82,7 @@ class Engine:
             cfg.linear_value_head_dim,
             model.dtype,
             model.device,
+            tail_rows=CHUNK if config.gdn_form == "chunk" else 0,
         )
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)

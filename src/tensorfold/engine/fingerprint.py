@@ -39,7 +39,11 @@ def checkpoint_digest(path: str | Path) -> str:
 
 
 def system_fingerprint(
-    path: str | Path, dtype: torch.dtype, device: torch.device | str, digest: str | None = None
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    digest: str | None = None,
+    gdn_form: str = "recurrence",
 ) -> str:
     """fp_ and 16 hex digits over (checkpoint bytes, dtype, device class, arithmetic version,
     torch's version, as the CPU path's products are torch's; Triton's on a GPU)."""
@@ -50,6 +54,8 @@ def system_fingerprint(
         "arithmetic": ARITHMETIC_VERSION,
         "torch": torch.__version__.split("+")[0],
     }
+    if gdn_form != "recurrence":  # the other exact form rounds differently
+        parts["gdn"] = gdn_form
     if parts["device"] != "cpu":  # the kernels are compiled by Triton
         import triton
 

@@ -79,7 +79,7 @@ class Qwen35Model:
     def forward(self, batch: ForwardBatch, caches) -> torch.Tensor:
         """Runs every row of the pass through all layers; returns logits [R, vocab] of batch.logit_rows.
 
-        `caches` provides kv_layer(i) -> (k, v) and state_layer(i) -> (conv, recurrent). Each
+        `caches` provides kv_layer(i) -> (k, v) and state_layer(i) -> a GDNState. Each
         residual add is fused into the norm after it: h, x = norm(delta, residual=h).
         """
         cfg = self.config
@@ -104,7 +104,24 @@ class Qwen35Model:
     def _mix(layer: DecoderLayer, x, batch, rope, caches) -> torch.Tensor:
         if isinstance(layer.mixer, GatedAttention):
             return layer.mixer(x, batch, rope, *caches.kv_layer(layer.cache_index))
-        return layer.mixer(x, batch, *caches.state_layer(layer.cache_index))
+        return layer.mixer(x, batch, caches.state_layer(layer.cache_index))
+
+    @property
+    def gdn_form(self) -> str:
+        forms = {
+            layer.mixer.form for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)
+        }
+        return forms.pop() if forms else "recurrence"
+
+    def set_gdn_form(self, form: str) -> None:
+        """Every Gated DeltaNet layer's exact form (ops.dispatch.gated_delta)."""
+        if form not in ("recurrence", "chunk"):
+            raise ValueError(f"gdn form {form!r}: expected 'recurrence' or 'chunk'")
+        if form == "chunk" and self.group is not None:
+            raise ValueError("the chunk form is not served with a tensor split yet")
+        for layer in self.layers:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                layer.mixer.form = form
 
     @property
     def graph_safe(self) -> bool:

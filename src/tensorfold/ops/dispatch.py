@@ -31,19 +31,28 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_cuda else ref_linear.pad_rows(x)
 
 
-def lane_index(segments: tuple[Segment, ...], device, conv_kernel: int) -> LaneIndex:
-    """The index tensors of a pass's per-lane kernels."""
+def lane_index(
+    segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = True
+) -> LaneIndex:
+    """The index tensors of a pass's per-lane kernels (`chunked`: the GDN chunk form's plan)."""
     bounds = [0]
     for seg in segments:
         bounds.append(bounds[-1] + seg.length)
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
     as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+    plan = None
+    if torch.device(device).type == "cuda" and chunked:
+        from .triton.gdn_chunk import LanePlan
+
+        plan = LanePlan.build([(s.slot, s.start, s.length) for s in segments], device)
     return LaneIndex(
         as_t([s.slot for s in segments]),
         as_t(bounds),
         as_t(taps),
         as_t(keep),
         ref_attention.AttentionTiles.build(segments, device),
+        as_t([s.start % ref_gdn.CHUNK for s in segments]),
+        plan,
     )
 
 
@@ -139,23 +148,40 @@ def causal_conv(
 
 
 def gated_delta(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    x: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    states: torch.Tensor,
+    states: ref_gdn.GDNState,
+    shape: ref_gdn.GDNShape,
     batch: ForwardBatch,
+    form: str = "recurrence",
 ) -> torch.Tensor:
-    """The per-token gated delta rule of every lane from its state slot (q, k as the conv left
-    them: the op l2-normalises and scales them)."""
-    if q.is_cuda:
+    """The gated delta rule of every lane (x = [q | k | v] as the conv left them: the op
+    l2-normalises and scales q and k), in one of two exact forms (docs/exactness.md): "recurrence",
+    one token at a time from the state after the lane's last row, or "chunk", grid chunks of 64
+    rows from the state at its last boundary and the rows since (its tail)."""
+    if form == "chunk":
+        if x.is_cuda:
+            from .triton.gdn_chunk import gated_delta_lanes
+
+            return gated_delta_lanes(x, g, beta, states, shape, batch.lanes)
+        return ref_gdn.gated_delta_lanes(x, g, beta, states, shape, batch.segments)
+    if x.is_cuda:
         from .triton.gdn import gated_delta_lanes
 
+        q, k, v = torch.split(x, [shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
+        n = x.shape[0]
         return gated_delta_lanes(
-            q, k, v, g, beta, states, batch.lanes.slots, batch.lanes.cu_seqlens
+            q.reshape(n, shape.num_k_heads, -1),
+            k.reshape(n, shape.num_k_heads, -1),
+            v.reshape(n, shape.num_v_heads, -1),
+            g,
+            beta,
+            states.recurrent,
+            batch.lanes.slots,
+            batch.lanes.cu_seqlens,
         )
-    return ref_gdn.gated_delta_lanes(q, k, v, g, beta, states, batch.segments)
+    return ref_gdn.recurrence_lanes(x, g, beta, states, shape, batch.segments)
 
 
 def gated_attention(

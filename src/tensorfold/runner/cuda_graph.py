@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch import ForwardBatch, LaneIndex, Segment
+from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import Q_TILE, AttentionTiles
 from ..ops.conv import conv_gather
 
@@ -70,7 +70,8 @@ class StaticLanes:
             table.view(-1),
         )
         bounds = as_t([i * rows for i in range(lanes + 1)])
-        index = LaneIndex(slots, bounds, as_t(taps), as_t(keep), tiles)
+        tails = torch.zeros(lanes, dtype=torch.long, device=dev)
+        index = LaneIndex(slots, bounds, as_t(taps), as_t(keep), tiles, tails)
         batch = ForwardBatch(inputs[0], inputs[1], kv_write, (), as_t(range(n)), index)
         return cls(batch, inputs, table, slots, kv_write, pos0)
 
@@ -79,6 +80,7 @@ class StaticLanes:
         lanes = self.table.shape[0]
         positions = self.inputs[1].view(lanes, -1)
         self.pos0.copy_(positions[:, ::Q_TILE].reshape(-1).to(torch.int32))
+        self.batch.lanes.tails.copy_(positions[:, 0] % CHUNK)
         self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
 
 

@@ -310,10 +310,12 @@ def identity(model: Qwen35Model) -> str:
 def lane_pieces(caches: ModelCaches, slot: int, pages, capacity: int, computed: int) -> dict:
     """This rank's part of a lane's states and KV rows (CPU copies)."""
     rows = caches.kv.rows(list(pages), capacity)[:computed]
-    s = caches.states
+    state = [t.cpu() for t in caches.states.slot_bytes(slot, computed)]
     return {
-        "conv": [t[slot].cpu() for t in s.conv],
-        "recurrent": [t[slot].cpu() for t in s.recurrent],
+        "conv": state[0::4],
+        "recurrent": state[1::4],
+        "tail": state[2::4],
+        "tail_gates": state[3::4],
         "k": [t[rows].cpu() for t in caches.kv.k],
         "v": [t[rows].cpu() for t in caches.kv.v],
     }
@@ -325,16 +327,22 @@ def whole_fingerprint(pieces: list[dict], model: Qwen35Model, logits) -> str:
     cfg = model.config
     shards = [_shard_of(model, r) for r in range(len(pieces))]
     h = hashlib.sha256()
-    for layer in range(len(pieces[0]["conv"])):
+
+    def channels(name: str, layer: int) -> torch.Tensor:  # conv channels [q | k | v] in order
         q, k, v = [], [], []
         for shard, p in zip(shards, pieces):
-            conv, kd = p["conv"][layer], cfg.linear_key_head_dim * shard.k_heads.count
+            x, kd = p[name][layer], cfg.linear_key_head_dim * shard.k_heads.count
             if shard.owns(shard.k_heads):
-                q.append(conv[..., :kd])
-                k.append(conv[..., kd : 2 * kd])
-            v.append(conv[..., 2 * kd :])
-        h.update(tensor_bytes(torch.cat(q + k + v, dim=-1)))
+                q.append(x[..., :kd])
+                k.append(x[..., kd : 2 * kd])
+            v.append(x[..., 2 * kd :])
+        return torch.cat(q + k + v, dim=-1)
+
+    for layer in range(len(pieces[0]["conv"])):
+        h.update(tensor_bytes(channels("conv", layer)))
         h.update(tensor_bytes(torch.cat([p["recurrent"][layer] for p in pieces])))
+        h.update(tensor_bytes(channels("tail", layer)))
+        h.update(tensor_bytes(torch.cat([p["tail_gates"][layer] for p in pieces], dim=-1)))
     for layer in range(len(pieces[0]["k"])):
         owners = [p for s, p in zip(shards, pieces) if s.owns(s.kv_heads)]
         h.update(tensor_bytes(torch.cat([p["k"][layer] for p in owners], dim=1)))

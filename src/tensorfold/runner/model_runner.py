@@ -94,7 +94,9 @@ class ModelRunner:
             kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
             segments=tuple(segments),
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
-            lanes=lane_index(tuple(segments), dev, self.model.config.conv_kernel),
+            lanes=lane_index(
+                tuple(segments), dev, self.model.config.conv_kernel, self.model.gdn_form == "chunk"
+            ),
         )
         return batch, owners
 
@@ -126,10 +128,8 @@ class ModelRunner:
     def fingerprint(self, req, logits: torch.Tensor | None) -> str:
         """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""
         h = hashlib.sha256()
-        states = self.caches.states
-        for conv, rec in zip(states.conv, states.recurrent):
-            h.update(tensor_bytes(conv[req.slot]))
-            h.update(tensor_bytes(rec[req.slot]))
+        for t in self.caches.states.slot_bytes(req.slot, req.num_computed):
+            h.update(tensor_bytes(t))
         rows = req.kv_rows[: req.num_computed]
         for k, v in zip(self.caches.kv.k, self.caches.kv.v):
             h.update(tensor_bytes(k[rows]))

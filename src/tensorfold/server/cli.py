@@ -160,6 +160,7 @@ def _build(args: argparse.Namespace):
         prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)),
         draft=args.draft,
         draft_tokens=args.draft_tokens,
+        gdn_form=args.gdn_form,
     )
     engine = Engine(model, tokenizer, config)
     defaults, memory = SamplingDefaults.from_checkpoint(path), engine.memory()
@@ -173,7 +174,7 @@ def _build(args: argparse.Namespace):
         defaults,
     )
     name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
-    fingerprint = system_fingerprint(path, dtype, device)
+    fingerprint = system_fingerprint(path, dtype, device, gdn_form=args.gdn_form)
     log.info("system_fingerprint %s", fingerprint)
     app = create_app(
         engine,

@@ -90,6 +90,7 @@ def run_command(args) -> int:
                 threads=args.threads,
                 draft=args.draft,
                 draft_tokens=args.draft_tokens,
+                gdn_form=args.gdn_form,
             ),
         )
 

@@ -37,6 +37,30 @@ def _fla_chunked(q, k, v, g, beta, states, slots, cu):
     return o[0]
 
 
+def _chunks_follow_the_pass(x, g, beta, states, shape, lanes):
+    """Planted: chunks start at each pass's first row (no grid, no tail); the state after the
+    pass's last row is kept."""
+    from .gdn_chunk import _fla_index, assemble
+    from .gdn_fla import chunk_forward
+
+    n = torch.arange(x.shape[0], device=x.device)
+    q, k, v, gg, bb = assemble(x, g, beta, states, shape, n, n * 0 - 1)
+    lengths = (lanes.cu_seqlens[1:] - lanes.cu_seqlens[:-1]).tolist()
+    cu, chunks, offsets = (torch.tensor(a, device=x.device) for a in _fla_index(lengths))
+    h0 = states.recurrent[lanes.slots]
+    o, final = chunk_forward(q, k, v, gg, bb, h0, cu, chunks.view(-1, 2), offsets)
+    states.recurrent.index_copy_(0, lanes.slots, final)
+    return o[0]
+
+
+def _short_passes_other_row_sum(x, g, beta, states, shape, lanes):
+    """Planted: passes of few rows normalise q and k with another reduction tree (the sum split
+    in two halves, as a kernel with its warps split along the row would)."""
+    from .gdn_chunk import eager_lanes
+
+    return eager_lanes(x, g, beta, states, shape, lanes.gdn, halves=x.shape[0] <= 8)
+
+
 def _split_k(x, w, plan, out=None):
     """Planted: small batches reduce K in two halves added afterwards (cuBLAS's small-M habit)."""
     if x.shape[0] > 16:
@@ -108,5 +132,7 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("attention.paged", "a missing mask", _no_mask),
     ("attention.paged", "a stale cache row", _stale_row),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
+    ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
+    ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
     ("fused.conv", "a conv window not carried over", _conv_no_state),
 ]
