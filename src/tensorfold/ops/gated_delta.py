@@ -57,6 +57,34 @@ def gated_delta_rule(
     return out
 
 
+@dataclass(frozen=True)
+class GDNShape:
+    """A Gated DeltaNet layer's heads (this rank's heads under a split)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+
+def _heads(x: torch.Tensor, h: GDNShape, acc: torch.dtype):
+    """q, k [n, Hv, dk] (l2-normed in `acc`, q scaled by dk^-1/2; value head j reads key head
+    j // (Hv/Hk)) and v [n, Hv, dv] of conv rows x [n, q | k | v]."""
+    n, rep = x.shape[0], h.num_v_heads // h.num_k_heads
+    q, k, v = x.to(acc).split([h.key_dim, h.key_dim, h.value_dim], dim=-1)
+    q = l2_norm(q.view(n, h.num_k_heads, -1)) / h.k_head_dim**0.5
+    k = l2_norm(k.view(n, h.num_k_heads, -1))
+    return q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1), v.view(n, h.num_v_heads, -1)
+
+
 def recurrence_lanes(
     x: torch.Tensor,
     g: torch.Tensor,
@@ -67,16 +95,12 @@ def recurrence_lanes(
 ) -> torch.Tensor:
     """The per-token form: every lane's rows one at a time from the state after its last row
     (the slot holds that state; the tail is unused). Inputs and result as gated_delta_lanes."""
-    acc, h = states.recurrent.dtype, heads
-    rep = h.num_v_heads // h.num_k_heads
+    acc = states.recurrent.dtype
     decay = untailed(torch.exp, g)  # over every row at once
-    out = x.new_zeros(x.shape[0], h.num_v_heads, h.v_head_dim)
+    out = x.new_zeros(x.shape[0], heads.num_v_heads, heads.v_head_dim)
     for seg in segments:
-        r, n = seg.rows, seg.length
-        q, k, v = x[r].to(acc).split([h.key_dim, h.key_dim, h.value_dim], dim=-1)
-        q = (l2_norm(q.view(n, h.num_k_heads, -1)) / h.k_head_dim**0.5).repeat_interleave(rep, 1)
-        k = l2_norm(k.view(n, h.num_k_heads, -1)).repeat_interleave(rep, 1)
-        v = v.view(n, h.num_v_heads, -1)
+        r = seg.rows
+        q, k, v = _heads(x[r], heads, acc)
         o = gated_delta_rule(states.recurrent[seg.slot], q, k, v, decay[r], beta[r].to(acc))
         out[r] = o.to(x.dtype)
     return out
@@ -151,24 +175,6 @@ def chunked_rule(
     return torch.cat(out) if out else v.new_zeros((0, *v.shape[1:]))
 
 
-@dataclass(frozen=True)
-class GDNShape:
-    """A Gated DeltaNet layer's heads (this rank's heads under a split)."""
-
-    num_k_heads: int
-    num_v_heads: int
-    k_head_dim: int
-    v_head_dim: int
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_k_heads * self.k_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_v_heads * self.v_head_dim
-
-
 def gated_delta_lanes(
     x: torch.Tensor,
     g: torch.Tensor,
@@ -183,18 +189,12 @@ def gated_delta_lanes(
     precision (q scaled by dk^-1/2), value head j reading key head j // (Hv/Hk). Afterwards the
     slot holds the state at the lane's last boundary and the tail its rows since.
     Returns o [n, Hv, dv] in x's dtype (padding rows zero)."""
-    acc, h = states.recurrent.dtype, heads
-    rep = h.num_v_heads // h.num_k_heads
-    out = x.new_zeros(x.shape[0], h.num_v_heads, h.v_head_dim)
+    acc = states.recurrent.dtype
+    out = x.new_zeros(x.shape[0], heads.num_v_heads, heads.v_head_dim)
     for seg in segments:
         r, t0 = seg.rows, seg.start % CHUNK
         xs, gs, bs = states.lane_rows(seg.slot, t0, x[r], g[r], beta[r])
-        n = xs.shape[0]
-        q, k, v = xs.to(acc).split([h.key_dim, h.key_dim, h.value_dim], dim=-1)
-        q = l2_norm(q.view(n, h.num_k_heads, -1)) / h.k_head_dim**0.5
-        k = l2_norm(k.view(n, h.num_k_heads, -1))
-        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-        v = v.view(n, h.num_v_heads, -1)
+        q, k, v = _heads(xs, heads, acc)
         o = chunked_rule(states.recurrent[seg.slot], q, k, v, gs, bs)
         out[r] = o[t0:].to(x.dtype)
         states.keep_tail(seg.slot, xs, gs, bs)
