@@ -13,7 +13,7 @@ from ..quant import dequantize, quantize
 from . import moe, moe_rows
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
@@ -34,7 +34,7 @@ def check_route(impl, small: bool) -> list[str]:
     bad = []
     if not torch.equal(got.ids.cpu(), ref.ids):
         bad.append("chosen experts differ from the reference (ties to the lowest id)")
-    if _rel(got.weights.cpu(), ref.weights) > 1e-5:
+    if rel(got.weights.cpu(), ref.weights) > 1e-5:
         bad.append("weights off the reference")
     alone = impl(x[7:8], k)
     for m in (2, 7, 64, 300):
@@ -113,7 +113,7 @@ def check_grouped(impl, small: bool) -> list[str]:
         r, j = 5, 1
         ref_h = torch.nn.functional.silu(x[r].float() @ _dense(ex.gate, int(ids[r, j])).t())
         ref_h = ref_h * (x[r].float() @ _dense(ex.up, int(ids[r, j])).t())
-        if _rel(y[r, j], ref_h @ _dense(ex.down, int(ids[r, j])).t()) > 2e-2:
+        if rel(y[r, j], ref_h @ _dense(ex.down, int(ids[r, j])).t()) > 2e-2:
             bad.append(f"bits {bits}: an expert's output off the float reference")
         alone = impl(x[:1], ids[:1], ex)[0]
         for m in (2, 7, 64, 300):
@@ -165,7 +165,7 @@ def check_combine(impl, small: bool) -> list[str]:
     bad = []
     # the sum's order and roundings are the contract's: at most a one-step rounding difference
     # (the sigmoid's exp), and exactly equal where the shared gate's logit is zero
-    if _rel(got.cpu().float(), ref.float()) > 2e-3:
+    if rel(got.cpu().float(), ref.float()) > 2e-3:
         bad.append("the sum off the reference")
     exp_free = (torch.zeros_like(logits), torch.zeros_like(logits).cpu())
     if not torch.equal(
