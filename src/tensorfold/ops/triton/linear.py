@@ -37,6 +37,11 @@ from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this
 )
 from .unpack import _unpacked, dequantize  # noqa: F401 - dequantize is public here too
 
+try:  # Gluon (Triton's layout-explicit dialect): the 4-bit few-row kernel on Hopper
+    from . import gluon_affine
+except ImportError:  # an older Triton: the swapped Triton form runs instead (the same sums)
+    gluon_affine = None
+
 
 @triton.jit
 def _store(acc, y_ptr, p_ptr, o_m, o_n, M, N, stride_y, pid_s, SPLIT: tl.constexpr):
@@ -292,10 +297,14 @@ def _launch(
         num_warps=t.warps,
         num_stages=t.stages,
     )
-    if split:
-        _sum_segments[(m, triton.cdiv(n, 1024))](
-            partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024
-        )
+    return _sum(partial, y) if split else y
+
+
+def _sum(partial: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The segments' fp32 sums [NSEG, M, N] added in segment order, rounded once to out's dtype."""
+    nseg, m, n = partial.shape
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=partial.device) if out is None else out
+    _sum_segments[(m, triton.cdiv(n, 1024))](partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024)
     return y
 
 
@@ -339,6 +348,11 @@ def affine_matmul(
             LinearPlan.for_weight(*w.shape),
             replace(t, dequant=False),
         )
+    if t.gluon and gluon_affine is not None:
+        if gluon_affine.applies(x, bits, x.shape[1], plan.segment):
+            return _sum(
+                gluon_affine.partials(x, words, scales, biases, group_size, plan.segment), out
+            )
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,
         x,

@@ -25,7 +25,7 @@ from .. import norm as ref_norm
 from ..attention import AttentionTiles
 from ..dispatch import lane_index
 from ..quant import dequantize, quantize
-from . import attention, fused, linear, norm, registry_gdn, registry_moe
+from . import attention, fused, linear, norm, registry_gdn, registry_gluon, registry_moe
 from .controls import CONTROLS as DENSE_CONTROLS
 from .registry_moe import rel as _rel
 
@@ -329,9 +329,12 @@ KERNELS = [
     ),
     Kernel("fused.gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
 ]
-KERNELS += [Kernel(*entry) for entry in registry_gdn.ENTRIES + registry_moe.ENTRIES]
-CONTROLS = DENSE_CONTROLS + registry_moe.CONTROLS
+KERNELS += [
+    Kernel(*entry) for entry in registry_gdn.ENTRIES + registry_moe.ENTRIES + registry_gluon.ENTRIES
+]
+CONTROLS = DENSE_CONTROLS + registry_moe.CONTROLS + registry_gluon.CONTROLS
 IMPLS = {
+    **registry_gluon.IMPLS,
     **registry_gdn.IMPLS,
     **registry_moe.IMPLS,
     "linear.dense": linear.dense_matmul,
