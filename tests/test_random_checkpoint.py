@@ -13,7 +13,7 @@ from tensorfold.tools.make_random import RandomPlan, make_random
 from tensorfold.tools.random_checkpoint import RandomCheckpoint, load_random
 
 
-@pytest.mark.parametrize("quantize", [None, "4", "mixed"])
+@pytest.mark.parametrize("quantize", [None, "4", "8", "mixed"])
 def test_in_memory_tensors_are_the_files(quantize, tmp_path):
     plan = RandomPlan("tiny-moe", quantize, seed=3)
     files = Checkpoint(make_random(tmp_path / "f", "tiny-moe", quantize, seed=3))

@@ -75,11 +75,33 @@ def main() -> None:
     h = torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1
     assert rel(norm.rms_norm(h, wt, 1e-6, 1.0), ref_norm.rms_norm(h.float(), wt, 1e-6, 1.0)) < 2e-3
+    with torch.random.fork_rng():  # its draws leave the later checks' data as it was
+        unpacking()
     fused_kernels()
     fused_norms(q, kc, vc, tiles, ref)
     recurrence()
     experts()
     print("interpreted kernels match their references")
+
+
+def unpacking() -> None:
+    """Every width's values, bit for bit: with unit scales and zero biases a product of one-hot
+    rows returns the quantized integers themselves (3, 5 and 6 bits are read a chunk of words at a
+    time, and a value may straddle two words)."""
+    n, k = 24, 256
+    for bits in (2, 3, 5, 6, 8):
+        for group in (32, 64):
+            packed, s, b = quantize(torch.randn(n, k), bits, group)
+            ones, zeros = torch.ones_like(s).half(), torch.zeros_like(b).half()
+            q = dequantize(packed, ones, zeros, bits, group, torch.float16)
+            words = packed.view(torch.int32)
+            assert torch.equal(linear.dequantize(words, ones, zeros, bits, group, torch.float16), q)
+            cols = torch.randperm(k)[:16]
+            x = torch.eye(k)[cols].half()
+            plan = linear.LinearPlan.for_weight(n, k, group)
+            for tiles in linear.candidates(16, packed=True):  # plain and swapped, 1-4 blocks a step
+                y = linear.affine_matmul(x, packed, ones, zeros, bits, group, plan, tiles=tiles)
+                assert torch.equal(y, q[:, cols].t()), (bits, group, tiles)
 
 
 def fused_norms(q, kc, vc, tiles, ref) -> None:

@@ -1,7 +1,7 @@
 """`tensorfold make-random OUT --shape 9b`: a loadable checkpoint of a released shape with random
 weights, for benchmarks without downloads. Timings do not depend on weight values.
 
-bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--quantize 4 or mixed)
+bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--quantize 4, 8 or mixed)
 the MLX layout with affine-packed weights (random words, small signed scales) and a `quantization`
 block (MoE experts stacked as `switch_mlp`, the router and the shared-expert gate at 8 bits, as
 mlx_lm makes them)."""
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("make-random", help="write a random checkpoint of a released shape")
     p.add_argument("out")
     p.add_argument("--shape", choices=sorted(SHAPES), default="9b")
-    p.add_argument("--quantize", choices=["4", "mixed"], default=None)
+    p.add_argument("--quantize", choices=["4", "8", "mixed"], default=None)
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to draw the numbers (cuda is faster)")
@@ -233,10 +233,11 @@ class RandomPlan:
             "eos_token_id": 248046,
         }
         if self.mlx:
-            quant: dict = {"group_size": self.group_size, "bits": 4, "mode": "affine"}
+            base = 8 if self.quantize == "8" else 4
+            quant: dict = {"group_size": self.group_size, "bits": base, "mode": "affine"}
             for stem, local, _, kind in self.entries:
                 bits, gs = self._format(local, kind)
-                if kind in ("linear", "router") and (bits, gs) != (4, self.group_size):
+                if kind in ("linear", "router") and (bits, gs) != (base, self.group_size):
                     quant[stem] = {"group_size": gs, "bits": bits, "mode": "affine"}
             config["quantization"] = config["quantization_config"] = quant
         return config
@@ -270,7 +271,9 @@ def _bits(local: str, kind: str, quantize: str) -> int:
     """The router and the shared-expert gate at 8 bits g64 (routing decides which experts run)."""
     if kind == "router":
         return 8
-    return 6 if quantize == "mixed" and any(s in local for s in MIXED_HIGH) else 4
+    if quantize == "mixed":
+        return 6 if any(s in local for s in MIXED_HIGH) else 4
+    return int(quantize)
 
 
 def _dense(dims, kind, mlx, g, device) -> torch.Tensor:

@@ -16,6 +16,77 @@ def _as_float(val, BITS: tl.constexpr):
 
 
 @triton.jit
+def _words4(words, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """The four words of [BLOCK_N, C, 4] as four tensors [BLOCK_N, C]."""
+    even, odd = tl.split(tl.reshape(words, (BLOCK_N, C, 2, 2)))
+    w0, w2 = tl.split(even)
+    w1, w3 = tl.split(odd)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _pick(idx, w0, w1, w2, w3, w4, W: tl.constexpr):
+    """Word idx of a chunk (idx < W), per value: a chain of selects over the chunk's words."""
+    out = tl.where(idx == 1, w1, w0)
+    out = tl.where(idx == 2, w2, out)
+    if W > 3:
+        out = tl.where(idx == 3, w3, out)
+        out = tl.where(idx == 4, w4, out)
+    return out
+
+
+@triton.jit
+def _chunked(
+    w_ptr,
+    o_n,
+    N,
+    k0,
+    stride_w,
+    BITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """3, 5 and 6 bits [BLOCK_N, BLOCK_K]: the row's bitstream read a chunk at a time, a chunk
+    being the fewest whole words that end on a value (16 values in 3 words at 6 bits, 32 in 3 or
+    5 words at 3 or 5 bits). Each value takes its bits from one or two of its chunk's words, picked
+    in registers: one load per word, where reading each value from its place costs two a value."""
+    V: tl.constexpr = 16 if BITS == 6 else 32  # values a chunk
+    W: tl.constexpr = V * BITS // 32  # its words: 3 or 5
+    P: tl.constexpr = 4 if W < 4 else 8  # loaded as a power of two, the extra words masked
+    C: tl.constexpr = BLOCK_K // V
+    o_t = tl.arange(0, P)
+    p_w = (
+        w_ptr
+        + o_n[:, None, None] * stride_w
+        + (k0 * BITS // 32 + tl.arange(0, C) * W)[None, :, None]
+        + o_t[None, None, :]
+    )
+    ok = (o_n[:, None, None] < N) & (o_t[None, None, :] < W)
+    words = tl.load(p_w, mask=ok, other=0).to(tl.uint32, bitcast=True)  # [BLOCK_N, C, P]
+    if P == 4:
+        w0, w1, w2, w3 = _words4(words, BLOCK_N, C)
+        w4 = w3
+    else:  # words 0-3 and 4-7 apart
+        low, high = tl.split(tl.permute(tl.reshape(words, (BLOCK_N, C, 2, 4)), (0, 1, 3, 2)))
+        w0, w1, w2, w3 = _words4(low, BLOCK_N, C)
+        w4, _, _, _ = _words4(high, BLOCK_N, C)
+    bit = tl.arange(0, V) * BITS  # value j's first bit in its chunk
+    idx = (bit // 32)[None, None, :]
+    shift = (bit % 32).to(tl.uint32)[None, None, :]
+    w0, w1, w2, w3, w4 = (
+        w0[:, :, None],
+        w1[:, :, None],
+        w2[:, :, None],
+        w3[:, :, None],
+        w4[:, :, None],
+    )
+    lo = _pick(idx, w0, w1, w2, w3, w4, W) >> shift
+    hi = _pick(idx + 1, w0, w1, w2, w3, w4, W) << ((32 - shift) & 31)
+    val = tl.where(shift > 32 - BITS, lo | hi, lo)  # the value runs into the next word
+    return tl.reshape(val, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def _unpacked(
     w_ptr,
     s_ptr,
@@ -47,7 +118,9 @@ def _unpacked(
         ).to(tl.uint32, bitcast=True)
         shifts = (tl.arange(0, PER) * BITS).to(tl.uint32)
         val = tl.trans(tl.reshape(words[:, :, None] >> shifts[None, None, :], (BLOCK_N, BLOCK_K)))
-    else:
+    elif BLOCK_K % (16 if BITS == 6 else 32) == 0:
+        val = tl.trans(_chunked(w_ptr, o_n, N, k0, stride_w, BITS, BLOCK_N, BLOCK_K))
+    else:  # a step narrower than one chunk: each value read from its place (slow, never chosen)
         n_mask = o_n[None, :] < N
         bit = (k0 + o_k) * BITS
         word, shift = bit // 32, (bit % 32).to(tl.uint32)
