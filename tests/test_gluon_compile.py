@@ -1,7 +1,7 @@
-"""CPU: the Gluon 4-bit few-row kernel compiled for Hopper (no card needed) keeps the properties its
+"""CPU: the Gluon 4- and 8-bit few-row kernel compiled for Hopper (no card needed) keeps the properties its
 bitwise equality rests on (docs/exactness.md, 'Products'): the dequantized tile reaches the MMA in
 the operand layout of kWidth 2 with no shuffle or shared-memory round trip, and each 128-column
-step issues eight chained 16-column MMAs. The bits themselves are checked on the card
+step issues its chained 16-column MMAs (eight at 4 bits, four at 8). The bits themselves are checked on the card
 (tests/test_gpu_products.py and the registry)."""
 
 import re
@@ -30,41 +30,47 @@ SIGNATURE = dict(
 )
 
 
-def _compile(group: int, mt: int, fault: int = 0):
+def _compile(group: int, mt: int, fault: int = 0, bits: int = 4):
+    bk = gluon_affine.STEP_K[bits]
     consts = dict(
+        BITS=bits,
         GROUP=group,
         SEG=1024,
         BN=gluon_affine.BN,
-        BK=gluon_affine.BK,
+        BK=bk,
         MT=mt,
-        X_LAYOUT=gluon_affine._x_layout(mt),
+        X_LAYOUT=gluon_affine._x_layout(mt, bk),
         FAULT=fault,
         num_warps=4,
     )
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
-    src = GluonASTSource(gluon_affine._affine4_swapped, sig, consts, aligned)
+    src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)
     try:
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     except FileNotFoundError as e:  # a Triton wheel without its bundled ptxas
         pytest.skip(f"no ptxas: {e}")
 
 
-@pytest.mark.parametrize("group,mt", [(32, 16), (64, 8), (64, 16), (128, 16)])
-def test_tile_reaches_the_mma_without_a_shuffle(group, mt):
-    ck = _compile(group, mt)
+@pytest.mark.parametrize(
+    "bits,group,mt", [(4, 32, 16), (4, 64, 8), (4, 64, 16), (4, 128, 16), (8, 32, 8), (8, 128, 16)]
+)
+def test_tile_reaches_the_mma_without_a_shuffle(bits, group, mt):
+    ck = _compile(group, mt, bits=bits)
     ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
     operands = re.findall(r"dot_op<\{opIdx = 0, parent = #mma, kWidth = (\d+)\}>", ttgir)
     assert operands and set(operands) == {"2"}, "the register operand must have kWidth 2"
     assert "ld.shared" not in ptx, "the weight tile went through shared memory"
     assert "shfl" not in ptx, "the weight tile was shuffled between lanes"
-    # two copies of the step (the loop and the last step), eight 16-column MMAs each
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 2 * gluon_affine.BK // 16
+    # two copies of the step (the loop and the last step), BK / 16 MMAs each
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 2 * gluon_affine.STEP_K[bits] // 16
     assert f"m64n{mt}k16" in ptx
 
 
-def test_planted_regrouping_changes_only_the_data_order():
-    plain, regrouped = _compile(64, 8), _compile(64, 8, fault=1)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_planted_regrouping_changes_only_the_data_order(bits):
+    plain, regrouped = _compile(64, 8, bits=bits), _compile(64, 8, fault=1, bits=bits)
     for ck in (plain, regrouped):
-        assert len(re.findall(r"wgmma\.mma_async", ck.asm["ptx"])) == 2 * gluon_affine.BK // 16
+        mmas = len(re.findall(r"wgmma\.mma_async", ck.asm["ptx"]))
+        assert mmas == 2 * gluon_affine.STEP_K[bits] // 16
         assert "ld.shared" not in ck.asm["ptx"]

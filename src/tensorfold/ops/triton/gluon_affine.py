@@ -1,11 +1,13 @@
-"""Packed 4-bit products of few rows (decode and verify) in Gluon, at the prompt kernels' arithmetic.
+"""Packed 4- and 8-bit products of few rows (decode and verify) in Gluon, at the prompt kernels'
+arithmetic.
 
 The weights sit on the MMA's wide side (yᵀ = W · xᵀ, Hopper wgmma with the weight tile in
 registers and the rows, padded to 8 or 16, in shared memory). Each thread loads the words of its
 own rows and keeps, of every word, the two values its MMA fragment holds: the fragment of
-m64nNk16 gives a thread the K pairs 2c, 2c+1 of every 8 columns (c = lane % 4), and a word holds
-8 columns, so the dequantized tile is already in the MMA's operand layout (no shuffle, no
-shared-memory round trip). The MMAs run asynchronously: while one step's MMA runs, the next
+m64nNk16 gives a thread the K pairs 2c, 2c+1 of every 8 columns (c = lane % 4). A 4-bit word
+holds 8 columns (the pair is byte c); at 8 bits an 8-column block is two words (the pair is
+bytes 2(c % 2) and 2(c % 2) + 1 of word c // 2). Either way the dequantized tile is already in
+the MMA's operand layout (no shuffle, no shared-memory round trip). The MMAs run asynchronously: while one step's MMA runs, the next
 step's words are dequantized.
 
 The arithmetic is the prompt kernels' (docs/exactness.md, 'Products' and 'Packed weights'):
@@ -16,8 +18,8 @@ byte is taken as 16·q and multiplied by scale/16: both factors are scaled by ex
 so the fma sees the same exact product q·scale and rounds the same sum (for any scale above
 2^-122, far below any checkpoint's).
 
-Only 4-bit weights at K a multiple of 128, at most 16 rows, on Hopper; `linear.affine_matmul`
-runs the Triton swapped form (the same sums) everywhere else.
+Only 4-bit weights at K a multiple of 128 and 8-bit ones at K a multiple of 64, at most 16 rows,
+on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere else.
 """
 
 from __future__ import annotations
@@ -84,6 +86,61 @@ def _tile(
 
 
 @gluon.jit
+def _byte(words, sel):
+    """2^23 + the byte `sel` picks, as an fp32 bit pattern, minus 2^23: the byte's value, exactly."""
+    v = gl.inline_asm_elementwise(
+        "prmt.b32 $0, $1, $2, $3;",
+        "=r,r,r,r",
+        [words, gl.full_like(words, 0x4B000000), sel],
+        dtype=gl.int32,
+        is_pure=True,
+        pack=1,
+    )
+    return v.to(gl.float32, bitcast=True) - 8388608.0
+
+
+@gluon.jit
+def _tile8(
+    words,
+    s_ptr,
+    b_ptr,
+    p_s,
+    s_ok,
+    c_lo,
+    sel,
+    i,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    GROUP: gl.constexpr,
+    LP: gl.constexpr,
+    LS: gl.constexpr,
+    A_LAYOUT: gl.constexpr,
+):
+    """Step i's 8-bit weight tile [BN, BK] in the MMA's operand layout. An 8-column block is two
+    words; lane c's values 2c and 2c+1 are bytes 2(c%2) and 2(c%2)+1 of word c // 2."""
+    gs = (i * BK) // GROUP
+    scale = gl.expand_dims(gl.load(s_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32), 5)
+    bias = gl.expand_dims(gl.load(b_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32), 5)
+    RT: gl.constexpr = BN // 16
+    KBG: gl.constexpr = min(GROUP, BK) // 8
+    NG: gl.constexpr = BK // 8 // KBG
+    pairs = gl.convert_layout(
+        gl.reshape(words, (RT, 2, 8, 4, NG, KBG, 2)), LP, assert_trivial=True
+    )  # a thread's own registers, regrouped
+    w_lo, w_hi = gl.split(pairs)
+    word = gl.where(
+        c_lo,
+        gl.convert_layout(w_lo, LS, assert_trivial=True),
+        gl.convert_layout(w_hi, LS, assert_trivial=True),
+    )
+    v0 = gl.fma(_byte(word, sel), scale, bias).to(gl.bfloat16)
+    v1 = gl.fma(_byte(word, sel + 1), scale, bias).to(gl.bfloat16)
+    t = gl.join(v0, v1)  # [RT, 2, 8, 4, NG, KBG, 2]: k = 8 (NG·KBG index) + 2 c + d
+    t = gl.permute(t, (0, 1, 2, 4, 5, 3, 6))
+    return gl.convert_layout(gl.reshape(t, (BN, BK)), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
 def _swap_bits(v, LOW: gl.constexpr):
     """v with its bits LOW and 2·LOW exchanged (a planted regrouping for the registry)."""
     keep = v & ~(3 * LOW)
@@ -110,7 +167,58 @@ def _axis(SIZE: gl.constexpr, AXIS: gl.constexpr, RANK: gl.constexpr, LAYOUT: gl
 
 
 @gluon.jit
-def _affine4_swapped(
+def _operand4(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KWG: gl.constexpr, GROUP: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
+    """4-bit words [RT, 2, 8, 4, NG, KWG] of a program's first step: row n = n_base + 16 rt + 8 h
+    + g (lane 4 g + c, warp rt % 4), every lane of a byte group loading the same words; with the
+    byte selectors and the scale offsets [RT, 2, 8, 4, NG]."""
+    n6 = _axis(RT, 0, 6, LW) * 16 + _axis(2, 1, 6, LW) * 8 + _axis(8, 2, 6, LW) + n_base
+    c6 = _axis(4, 3, 6, LW)
+    ng6 = _axis(NG, 4, 6, LW)
+    kw6 = _axis(KWG, 5, 6, LW)
+    word = ng6 * KWG + kw6
+    if FAULT == 1:  # planted for the registry: words 1 and 2 of every 4 swapped (K regrouped)
+        word = _swap_bits(word, 1)
+    p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 8 + word) + c6 * 0
+    row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
+    sel = 0x7650 + c6 + kw6 * 0 + ng6 * 0 + n6 * 0  # byte c of the word, then 0, 0, 0x4B
+    LS: gl.constexpr = gl.SliceLayout(5, LW)
+    n5 = _axis(RT, 0, 5, LS) * 16 + _axis(2, 1, 5, LS) * 8 + _axis(8, 2, 5, LS) + n_base
+    c5 = _axis(4, 3, 5, LS)
+    ng5 = _axis(NG, 4, 5, LS)
+    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KWG * 8 // GROUP) + c5 * 0)
+    s_ok = (n5 < N) & (c5 >= 0) & (ng5 >= 0)
+    return p_w, row_ok, sel, p_s, s_ok
+
+
+@gluon.jit
+def _operand8(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, LS: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KBG: gl.constexpr, GROUP: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
+    """8-bit words [RT, 2, 8, 4, NG, 2·KBG] (an 8-column block is two words), rows as in
+    _operand4, each lane's words of a group contiguous (16-byte loads); the lane tests, byte
+    selectors and scale offsets in LS, the layout of the words' halves [RT, 2, 8, 4, NG, KBG]."""
+    n6 = _axis(RT, 0, 6, LW) * 16 + _axis(2, 1, 6, LW) * 8 + _axis(8, 2, 6, LW) + n_base
+    c6 = _axis(4, 3, 6, LW)
+    ng6 = _axis(NG, 4, 6, LW)
+    kw6 = _axis(2 * KBG, 5, 6, LW)
+    word = ng6 * (2 * KBG) + kw6  # (so the loads' contiguity is plain to the compiler)
+    if FAULT == 1:  # planted: 8-column blocks 1 and 2 of every 4 swapped (K regrouped)
+        word = 2 * _swap_bits(word // 2, 1) + word % 2
+    p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 4 + word) + c6 * 0
+    row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
+    lane = _axis(4, 3, 6, LS) + _axis(RT, 0, 6, LS) * 0 + _axis(NG, 4, 6, LS) * 0
+    lane = lane + _axis(KBG, 5, 6, LS) * 0
+    c_lo = lane < 2  # values 2c, 2c+1 are in the block's first word for lanes 0 and 1
+    sel = 0x7650 + 2 * (lane % 2)  # byte 2 (c % 2) of the word, then 0, 0, 0x4B
+    L5: gl.constexpr = gl.SliceLayout(5, LS)
+    n5 = _axis(RT, 0, 5, L5) * 16 + _axis(2, 1, 5, L5) * 8 + _axis(8, 2, 5, L5) + n_base
+    c5 = _axis(4, 3, 5, L5)
+    ng5 = _axis(NG, 4, 5, L5)
+    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KBG * 8 // GROUP) + c5 * 0)
+    s_ok = (n5 < N) & (c5 >= 0) & (ng5 >= 0)
+    return p_w, row_ok, c_lo, sel, p_s, s_ok
+
+
+@gluon.jit
+def _affine_swapped(
     x_ptr,
     w_ptr,
     s_ptr,
@@ -122,6 +230,7 @@ def _affine4_swapped(
     stride_x,
     stride_w,
     stride_s,
+    BITS: gl.constexpr,
     GROUP: gl.constexpr,
     SEG: gl.constexpr,
     BN: gl.constexpr,
@@ -136,39 +245,41 @@ def _affine4_swapped(
     NSTEP: gl.constexpr = SEG // BK
     k_seg = pid_s * SEG
     RT: gl.constexpr = BN // 16
-    KW: gl.constexpr = BK // 8  # words of a row in one step
-    KWG: gl.constexpr = min(GROUP, BK) // 8  # words of one scale group in a step
-    NG: gl.constexpr = KW // KWG
-    # words [RT, 2, 8, 4, NG, KWG]: row n = 16 rt + 8 h + g, lane 4 g + c, warp rt % 4
-    LW: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 2, 1, 1, NG, KWG],
-        threads_per_warp=[1, 1, 8, 4, 1, 1],
-        warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
-        order=[5, 4, 3, 2, 1, 0],
-    )
+    KW: gl.constexpr = BK * BITS // 32  # words of a row in one step
+    KBG: gl.constexpr = min(GROUP, BK) // 8  # 8-column blocks of one scale group in a step
+    NG: gl.constexpr = BK // 8 // KBG
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, MT, 16]
     )
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-
-    # index tensors of the word layout, each along one axis
-    n6 = _axis(RT, 0, 6, LW) * 16 + _axis(2, 1, 6, LW) * 8 + _axis(8, 2, 6, LW) + pid_n * BN
-    c6 = _axis(4, 3, 6, LW)
-    ng6 = _axis(NG, 4, 6, LW)
-    kw6 = _axis(KWG, 5, 6, LW)
-    word = ng6 * KWG + kw6
-    if FAULT == 1:  # planted for the registry: words 1 and 2 of every 4 swapped (K regrouped)
-        word = _swap_bits(word, 1)
-    p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 8 + word) + c6 * 0
-    row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
-    sel = 0x7650 + c6 + kw6 * 0 + ng6 * 0 + n6 * 0  # byte c of the word, then 0, 0, 0x4B
-    # scales and biases, one per (row, group): [RT, 2, 8, 4, NG], widened over the group's words
-    LS: gl.constexpr = gl.SliceLayout(5, LW)
-    n5 = _axis(RT, 0, 5, LS) * 16 + _axis(2, 1, 5, LS) * 8 + _axis(8, 2, 5, LS) + pid_n * BN
-    c5 = _axis(4, 3, 5, LS)
-    ng5 = _axis(NG, 4, 5, LS)
-    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KWG * 8 // GROUP) + c5 * 0)
-    s_ok = (n5 < N) & (c5 >= 0) & (ng5 >= 0)
+    # 4-bit words, the 8-bit words' halves; the 8-bit words regrouped as (block, half) pairs
+    LS: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 2, 1, 1, NG, KBG],
+        threads_per_warp=[1, 1, 8, 4, 1, 1],
+        warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
+        order=[5, 4, 3, 2, 1, 0],
+    )
+    LP: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 2, 1, 1, NG, KBG, 2],
+        threads_per_warp=[1, 1, 8, 4, 1, 1, 1],
+        warps_per_cta=[num_warps, 1, 1, 1, 1, 1, 1],
+        order=[6, 5, 4, 3, 2, 1, 0],
+    )
+    if BITS == 4:  # a word is one 8-column block
+        p_w, row_ok, sel, p_s, s_ok = _operand4(
+            w_ptr, pid_n * BN, k_seg, N, stride_w, stride_s, LS, RT, NG, KBG, GROUP, FAULT
+        )
+        c_lo = sel  # unused at 4 bits
+    else:  # two words an 8-column block
+        LW: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 2, 1, 1, NG, 2 * KBG],
+            threads_per_warp=[1, 1, 8, 4, 1, 1],
+            warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
+            order=[5, 4, 3, 2, 1, 0],
+        )
+        p_w, row_ok, c_lo, sel, p_s, s_ok = _operand8(
+            w_ptr, pid_n * BN, k_seg, N, stride_w, stride_s, LW, LS, RT, NG, KBG, GROUP, FAULT
+        )
 
     w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
     # the rows' inputs for the whole segment, once, into shared memory
@@ -193,11 +304,13 @@ def _affine4_swapped(
     first_half = gl.zeros([BN, MT], gl.float32, layout=MMA)
     LAST: gl.constexpr = NSTEP - 1
     ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
-    a = _tile(w0, s_ptr, b_ptr, p_s, s_ok, sel, 0, BN, BK, GROUP, A_LAYOUT)
+    a = _step_tile(w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT)
     for i in range(LAST):
         later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
         acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
-        nxt = _tile(ahead, s_ptr, b_ptr, p_s, s_ok, sel, i + 1, BN, BK, GROUP, A_LAYOUT)
+        nxt = _step_tile(
+            ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT
+        )
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
         a = nxt
         ahead = later
@@ -216,33 +329,43 @@ def _affine4_swapped(
     gl.store(p_ptr + (pid_s * M + o_m)[None, :].to(gl.int64) * N + o_n[:, None], acc, mask=mask)
 
 
+@gluon.jit
+def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr):  # fmt: skip
+    if BITS == 4:
+        return _tile(words, s_ptr, b_ptr, p_s, s_ok, sel, i, BN, BK, GROUP, A_LAYOUT)
+    else:
+        return _tile8(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BN, BK, GROUP, LP, LS, A_LAYOUT)
+
+
 BN = 64  # weight rows a program: one warpgroup's MMA tile
-BK = 128  # K columns a step: 16 words of a row, eight 16-column MMAs
+STEP_K = {4: 128, 8: 64}  # K columns a step: 16 words of a row (eight or four 16-column MMAs)
 
 
 def applies(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
-    """Whether this kernel can run the product: 4-bit words, bf16 rows (at most 16), whole steps
-    in each segment, and a Hopper card (wgmma)."""
+    """Whether this kernel can run the product: 4- or 8-bit words, bf16 rows (at most 16), whole
+    steps in each segment, and a Hopper card (wgmma)."""
     return (
-        bits == 4
+        bits in STEP_K
         and x.dtype == torch.bfloat16
         and x.shape[0] <= 16
-        and k % BK == 0
-        and segment % BK == 0
+        and k % STEP_K[bits] == 0
+        and segment % STEP_K[bits] == 0
         and x.is_cuda
         and torch.cuda.get_device_capability(x.device) == (9, 0)
     )
 
 
-def partials(x, words, scales, biases, group: int, segment: int, fault: int = 0) -> torch.Tensor:
-    """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K/8])ᵀ (`fault`:
-    the registry's planted controls, 1 regrouped K, 2 a segment in two chains)."""
+def partials(
+    x, words, scales, biases, bits: int, group: int, segment: int, fault: int = 0
+) -> torch.Tensor:
+    """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
+    (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains)."""
     m, k = x.shape
     n = words.shape[0]
     mt = 8 if m <= 8 else 16  # the rows pad to the MMA's narrow side
     nseg = k // segment
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
-    _affine4_swapped[(triton.cdiv(n, BN), nseg)](
+    _affine_swapped[(triton.cdiv(n, BN), nseg)](
         x,
         words,
         scales,
@@ -254,12 +377,13 @@ def partials(x, words, scales, biases, group: int, segment: int, fault: int = 0)
         x.stride(0),
         words.stride(0),
         scales.stride(0),
+        BITS=bits,
         GROUP=group,
         SEG=segment,
         BN=BN,
-        BK=BK,
+        BK=STEP_K[bits],
         MT=mt,
-        X_LAYOUT=_x_layout(mt),
+        X_LAYOUT=_x_layout(mt, STEP_K[bits]),
         FAULT=fault,
         num_warps=4,
     )
@@ -267,5 +391,5 @@ def partials(x, words, scales, biases, group: int, segment: int, fault: int = 0)
 
 
 @functools.cache
-def _x_layout(mt: int):
-    return gl.NVMMASharedLayout.get_default_for([mt, BK], gl.bfloat16)
+def _x_layout(mt: int, bk: int):
+    return gl.NVMMASharedLayout.get_default_for([mt, bk], gl.bfloat16)

@@ -351,7 +351,8 @@ def affine_matmul(
     if t.gluon and gluon_affine is not None:
         if gluon_affine.applies(x, bits, x.shape[1], plan.segment):
             return _sum(
-                gluon_affine.partials(x, words, scales, biases, group_size, plan.segment), out
+                gluon_affine.partials(x, words, scales, biases, bits, group_size, plan.segment),
+                out,
             )
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,

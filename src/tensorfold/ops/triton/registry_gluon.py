@@ -1,10 +1,11 @@
-"""The registry's entry for the Gluon 4-bit few-row product (ops/triton/registry.py runs it): its
-fp32 segment sums must be the Triton kernels' bit for bit, whatever the rows' company, with two
-planted faults its check must catch. Listed only where the kernel runs (Hopper, a Triton with
-Gluon)."""
+"""The registry's entries for the Gluon few-row products, 4- and 8-bit (ops/triton/registry.py runs
+them): their fp32 segment sums must be the Triton kernels' bit for bit, whatever the rows' company,
+with two planted faults each check must catch. Listed only where the kernel runs (Hopper, a
+Triton with Gluon)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -15,7 +16,7 @@ from . import linear
 from .registry_moe import rel
 
 
-def _triton_partials(x, w, group: int, plan) -> torch.Tensor:
+def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:
     """The Triton swapped form's stored segment sums: the prompt kernels' arithmetic."""
     (m, k), n = x.shape, w[0].shape[0]
     t = linear.Tiles(16, 128, 4, 4, wide=2, swap=True)
@@ -24,30 +25,30 @@ def _triton_partials(x, w, group: int, plan) -> torch.Tensor:
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     linear._affine_swapped_kernel[(triton.cdiv(m, 16), triton.cdiv(n, 128), nseg)](
         x, *w, y, part, m, n, x.stride(0), w[0].stride(0), w[1].stride(0), y.stride(0),
-        BITS=4, GROUP=group, GROUPS=max(t.step_k(plan) // group, 1), SEG=plan.segment,
+        BITS=bits, GROUP=group, GROUPS=max(t.step_k(plan) // group, 1), SEG=plan.segment,
         NSEG=nseg, SPLIT=True, BLOCK_M=16, BLOCK_N=128, BLOCK_K=t.step_k(plan), num_warps=4,
         num_stages=4,
     )  # fmt: skip
     return part
 
 
-def check_gluon4(impl, small: bool) -> list[str]:
+def check_gluon(bits: int, impl, small: bool) -> list[str]:
     shapes = [(192, 2048)] if small else [(4096, 12288), (12352, 4096)]
     bad = []
     for (n, k), group in [(s, g) for s in shapes for g in (32, 64, 128)]:
-        packed, scales, biases = quantize(torch.randn(n, k) * 0.02, 4, group)
+        packed, scales, biases = quantize(torch.randn(n, k) * 0.02, bits, group)
         w = (packed.cuda().view(torch.int32), scales.cuda().bfloat16(), biases.cuda().bfloat16())
         plan = linear.LinearPlan.for_weight(n, k, group)
         x = torch.randn(100, k, device="cuda").to(torch.bfloat16)
-        prompt = linear.affine_matmul(x, *w, 4, group, plan, tiles=linear.Tiles(64, 64, 4, 3))
-        ref = x.float() @ dequantize(packed.cuda(), w[1], w[2], 4, group, torch.float32).t()
-        where = f"{n}x{k} g{group}"
+        prompt = linear.affine_matmul(x, *w, bits, group, plan, tiles=linear.Tiles(64, 64, 4, 3))
+        ref = x.float() @ dequantize(packed.cuda(), w[1], w[2], bits, group, torch.float32).t()
+        where = f"{bits}-bit {n}x{k} g{group}"
         if rel(prompt.float(), ref) > 1e-2:
             bad.append(f"{where}: the prompt form off the reference")
         alone = impl(x[:1].contiguous(), *w, group, plan.segment)
         for m in (1, 2, 7, 16):
             part = impl(x[:m].contiguous(), *w, group, plan.segment)
-            if not torch.equal(part, _triton_partials(x[:m].contiguous(), w, group, plan)):
+            if not torch.equal(part, _triton_partials(x[:m].contiguous(), w, bits, group, plan)):
                 bad.append(f"{where}: {m} rows' fp32 segment sums differ from the Triton kernels'")
             if not torch.equal(part[:, :1], alone):
                 bad.append(f"{where}: row 0's segment sums change with {m - 1} other rows")
@@ -66,15 +67,20 @@ def _available() -> bool:
     )
 
 
-def _partials(x, words, scales, biases, group, segment, fault=0):
-    return linear.gluon_affine.partials(x, words, scales, biases, group, segment, fault=fault)
+def _partials(bits, x, words, scales, biases, group, segment, fault=0):
+    return linear.gluon_affine.partials(x, words, scales, biases, bits, group, segment, fault=fault)
 
 
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
-    ("linear.affine4.gluon", "the Triton kernels' fp32 segment sums", "4-bit, K % 128 == 0, <= 16 rows, Hopper", "exact fp32, rows", check_gluon4),
+    (f"linear.affine{b}.gluon", "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 16 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b))
+    for b, k in ((4, 128), (8, 64))
 ] if _available() else []  # fmt: skip
-IMPLS = {"linear.affine4.gluon": _partials}
+IMPLS = {f"linear.affine{b}.gluon": functools.partial(_partials, b) for b in (4, 8)}
 CONTROLS = [
-    ("linear.affine4.gluon", "K regrouped across MMAs (kWidth > 2)", lambda *a: _partials(*a, fault=1)),
-    ("linear.affine4.gluon", "a segment summed as two chains", lambda *a: _partials(*a, fault=2)),
+    c
+    for b in (4, 8)
+    for c in (
+        (f"linear.affine{b}.gluon", "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1)),
+        (f"linear.affine{b}.gluon", "a segment summed as two chains", functools.partial(_partials, b, fault=2)),
+    )
 ] if _available() else []  # fmt: skip

@@ -54,7 +54,7 @@ class Tiles:
         False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
     )
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
-    gluon: bool = False  # 4-bit, few rows: the Gluon kernel where it applies, else swapped form
+    gluon: bool = False  # 4-/8-bit, few rows: the Gluon kernel where it applies, else swapped form
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
