@@ -41,11 +41,10 @@ _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
-def _pair(words, sel, s_lo, s_hi, bias):
-    """Values 2c and 2c+1 of each word (byte c, picked by `sel`). One byte permute builds
-    2^23 + lo + 16·hi as an fp32 bit pattern; clearing bits 4-7 leaves 2^23 + lo; the two
-    subtractions are exact, giving lo and 16·hi, each in one fma with its matching scale."""
-    both = gl.inline_asm_elementwise(
+def _biased(words, sel):
+    """One byte permute: the byte of each word that `sel` picks, then 0, 0, 0x4B, which is
+    2^23 + the byte as an fp32 bit pattern."""
+    return gl.inline_asm_elementwise(
         "prmt.b32 $0, $1, $2, $3;",
         "=r,r,r,r",
         [words, gl.full_like(words, 0x4B000000), sel],
@@ -53,6 +52,22 @@ def _pair(words, sel, s_lo, s_hi, bias):
         is_pure=True,
         pack=1,
     )
+
+
+@gluon.jit
+def _operand(v0, v1, BN: gl.constexpr, BK: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """Each thread's pairs (v0, v1) [RT, 2, 8, 4, NG, KB] of columns 8·(NG·KB index) + 2c + d
+    as the tile [BN, BK] in the MMA's register operand layout (a regrouping of registers only)."""
+    t = gl.permute(gl.join(v0, v1), (0, 1, 2, 4, 5, 3, 6))
+    return gl.convert_layout(gl.reshape(t, (BN, BK)), A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _pair(words, sel, s_lo, s_hi, bias):
+    """Values 2c and 2c+1 of each word (byte c, picked by `sel`). One byte permute builds
+    2^23 + lo + 16·hi as an fp32 bit pattern; clearing bits 4-7 leaves 2^23 + lo; the two
+    subtractions are exact, giving lo and 16·hi, each in one fma with its matching scale."""
+    both = _biased(words, sel)
     low = both & -241  # 0xFFFFFF0F: bits 4-7 cleared
     f_both = both.to(gl.float32, bitcast=True)
     f_low = low.to(gl.float32, bitcast=True)
@@ -80,23 +95,13 @@ def _tile(
     scale = gl.load(s_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32)
     bias = gl.expand_dims(gl.load(b_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32), 5)
     lo, hi = _pair(words, sel, gl.expand_dims(scale, 5), gl.expand_dims(scale * 0.0625, 5), bias)
-    t = gl.join(lo, hi)  # [RT, 2, 8, 4, NG, KWG, 2]: k = 8 (NG·KWG index) + 2 c + d
-    t = gl.permute(t, (0, 1, 2, 4, 5, 3, 6))
-    return gl.convert_layout(gl.reshape(t, (BN, BK)), A_LAYOUT, assert_trivial=True)
+    return _operand(lo, hi, BN, BK, A_LAYOUT)
 
 
 @gluon.jit
 def _byte(words, sel):
-    """2^23 + the byte `sel` picks, as an fp32 bit pattern, minus 2^23: the byte's value, exactly."""
-    v = gl.inline_asm_elementwise(
-        "prmt.b32 $0, $1, $2, $3;",
-        "=r,r,r,r",
-        [words, gl.full_like(words, 0x4B000000), sel],
-        dtype=gl.int32,
-        is_pure=True,
-        pack=1,
-    )
-    return v.to(gl.float32, bitcast=True) - 8388608.0
+    """The byte `sel` picks, as fp32: 2^23 + byte read as a float, minus 2^23 (exact)."""
+    return _biased(words, sel).to(gl.float32, bitcast=True) - 8388608.0
 
 
 @gluon.jit
@@ -135,9 +140,7 @@ def _tile8(
     )
     v0 = gl.fma(_byte(word, sel), scale, bias).to(gl.bfloat16)
     v1 = gl.fma(_byte(word, sel + 1), scale, bias).to(gl.bfloat16)
-    t = gl.join(v0, v1)  # [RT, 2, 8, 4, NG, KBG, 2]: k = 8 (NG·KBG index) + 2 c + d
-    t = gl.permute(t, (0, 1, 2, 4, 5, 3, 6))
-    return gl.convert_layout(gl.reshape(t, (BN, BK)), A_LAYOUT, assert_trivial=True)
+    return _operand(v0, v1, BN, BK, A_LAYOUT)
 
 
 @gluon.jit
@@ -167,11 +170,26 @@ def _axis(SIZE: gl.constexpr, AXIS: gl.constexpr, RANK: gl.constexpr, LAYOUT: gl
 
 
 @gluon.jit
-def _operand4(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KWG: gl.constexpr, GROUP: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
-    """4-bit words [RT, 2, 8, 4, NG, KWG] of a program's first step: row n = n_base + 16 rt + 8 h
-    + g (lane 4 g + c, warp rt % 4), every lane of a byte group loading the same words; with the
-    byte selectors and the scale offsets [RT, 2, 8, 4, NG]."""
-    n6 = _axis(RT, 0, 6, LW) * 16 + _axis(2, 1, 6, LW) * 8 + _axis(8, 2, 6, LW) + n_base
+def _rows(n_base, RT: gl.constexpr, RANK: gl.constexpr, L: gl.constexpr):
+    """Row n = n_base + 16 rt + 8 h + g of axes (rt, h, g) = (0, 1, 2): lane 4 g + c, warp rt."""
+    return _axis(RT, 0, RANK, L) * 16 + _axis(2, 1, RANK, L) * 8 + _axis(8, 2, RANK, L) + n_base
+
+
+@gluon.jit
+def _scale_offsets(n_base, k_seg, N, stride_s, L5: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KBG: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+    """Offsets [RT, 2, 8, 4, NG] of the first step's scales (one per row and group) and their mask."""
+    n5 = _rows(n_base, RT, 5, L5)
+    c5 = _axis(4, 3, 5, L5)
+    ng5 = _axis(NG, 4, 5, L5)
+    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KBG * 8 // GROUP) + c5 * 0)
+    return p_s, (n5 < N) & (c5 >= 0) & (ng5 >= 0)
+
+
+@gluon.jit
+def _operand4(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KWG: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
+    """4-bit words [RT, 2, 8, 4, NG, KWG] of a program's first step, every lane of a byte group
+    loading the same words, and the byte selectors."""
+    n6 = _rows(n_base, RT, 6, LW)
     c6 = _axis(4, 3, 6, LW)
     ng6 = _axis(NG, 4, 6, LW)
     kw6 = _axis(KWG, 5, 6, LW)
@@ -181,21 +199,15 @@ def _operand4(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, RT:
     p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 8 + word) + c6 * 0
     row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
     sel = 0x7650 + c6 + kw6 * 0 + ng6 * 0 + n6 * 0  # byte c of the word, then 0, 0, 0x4B
-    LS: gl.constexpr = gl.SliceLayout(5, LW)
-    n5 = _axis(RT, 0, 5, LS) * 16 + _axis(2, 1, 5, LS) * 8 + _axis(8, 2, 5, LS) + n_base
-    c5 = _axis(4, 3, 5, LS)
-    ng5 = _axis(NG, 4, 5, LS)
-    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KWG * 8 // GROUP) + c5 * 0)
-    s_ok = (n5 < N) & (c5 >= 0) & (ng5 >= 0)
-    return p_w, row_ok, sel, p_s, s_ok
+    return p_w, row_ok, sel
 
 
 @gluon.jit
-def _operand8(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, LS: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KBG: gl.constexpr, GROUP: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
-    """8-bit words [RT, 2, 8, 4, NG, 2·KBG] (an 8-column block is two words), rows as in
-    _operand4, each lane's words of a group contiguous (16-byte loads); the lane tests, byte
-    selectors and scale offsets in LS, the layout of the words' halves [RT, 2, 8, 4, NG, KBG]."""
-    n6 = _axis(RT, 0, 6, LW) * 16 + _axis(2, 1, 6, LW) * 8 + _axis(8, 2, 6, LW) + n_base
+def _operand8(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, LS: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KBG: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
+    """8-bit words [RT, 2, 8, 4, NG, 2·KBG] (an 8-column block is two words), each lane's words
+    of a group contiguous (16-byte loads); the lane tests and byte selectors in LS, the layout of
+    the words' halves [RT, 2, 8, 4, NG, KBG]."""
+    n6 = _rows(n_base, RT, 6, LW)
     c6 = _axis(4, 3, 6, LW)
     ng6 = _axis(NG, 4, 6, LW)
     kw6 = _axis(2 * KBG, 5, 6, LW)
@@ -208,13 +220,7 @@ def _operand8(w_ptr, n_base, k_seg, N, stride_w, stride_s, LW: gl.constexpr, LS:
     lane = lane + _axis(KBG, 5, 6, LS) * 0
     c_lo = lane < 2  # values 2c, 2c+1 are in the block's first word for lanes 0 and 1
     sel = 0x7650 + 2 * (lane % 2)  # byte 2 (c % 2) of the word, then 0, 0, 0x4B
-    L5: gl.constexpr = gl.SliceLayout(5, LS)
-    n5 = _axis(RT, 0, 5, L5) * 16 + _axis(2, 1, 5, L5) * 8 + _axis(8, 2, 5, L5) + n_base
-    c5 = _axis(4, 3, 5, L5)
-    ng5 = _axis(NG, 4, 5, L5)
-    p_s = n5.to(gl.int64) * stride_s + (k_seg // GROUP + ng5 * (KBG * 8 // GROUP) + c5 * 0)
-    s_ok = (n5 < N) & (c5 >= 0) & (ng5 >= 0)
-    return p_w, row_ok, c_lo, sel, p_s, s_ok
+    return p_w, row_ok, c_lo, sel
 
 
 @gluon.jit
@@ -266,9 +272,7 @@ def _affine_swapped(
         order=[6, 5, 4, 3, 2, 1, 0],
     )
     if BITS == 4:  # a word is one 8-column block
-        p_w, row_ok, sel, p_s, s_ok = _operand4(
-            w_ptr, pid_n * BN, k_seg, N, stride_w, stride_s, LS, RT, NG, KBG, GROUP, FAULT
-        )
+        p_w, row_ok, sel = _operand4(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
         c_lo = sel  # unused at 4 bits
     else:  # two words an 8-column block
         LW: gl.constexpr = gl.BlockedLayout(
@@ -277,9 +281,11 @@ def _affine_swapped(
             warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
             order=[5, 4, 3, 2, 1, 0],
         )
-        p_w, row_ok, c_lo, sel, p_s, s_ok = _operand8(
-            w_ptr, pid_n * BN, k_seg, N, stride_w, stride_s, LW, LS, RT, NG, KBG, GROUP, FAULT
+        p_w, row_ok, c_lo, sel = _operand8(
+            w_ptr, pid_n * BN, k_seg, N, stride_w, LW, LS, RT, NG, KBG, FAULT
         )
+    L5: gl.constexpr = gl.SliceLayout(5, LS)  # one scale per (row, group)
+    p_s, s_ok = _scale_offsets(pid_n * BN, k_seg, N, stride_s, L5, RT, NG, KBG, GROUP)
 
     w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
     # the rows' inputs for the whole segment, once, into shared memory
