@@ -42,6 +42,22 @@ def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
     assert TileBook().load(tmp_path / "missing.json") == 0
 
 
+def test_a_product_of_no_rows_is_not_timed():
+    """A prompt pass with no logits rows (every chunk of a long prompt but its last) runs the head
+    on zero rows: nothing is launched, and the tile book keeps no choice for the decode rows
+    class made from timing empty launches."""
+    import torch
+
+    from tensorfold.ops.quant import QuantizedWeight, quantize
+    from tensorfold.ops.triton.linear import matmul
+
+    book = TileBook()
+    packed = QuantizedWeight(*quantize(torch.randn(48, 128), 4, 64), 4, 64)
+    for w in (packed, torch.randn(48, 128)):
+        y = matmul(torch.empty(0, 128), w, book)
+        assert y.shape == (0, 48) and not book.chosen
+
+
 def test_steps_reach_every_rows_class_and_lane_count():
     steps = warmup_steps(parallel=16, chunk=2048, context=4096)
     assert {rows_class(n) for n, lanes in steps if lanes == 1} == {0, 1, 2, 3}

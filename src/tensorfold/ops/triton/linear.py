@@ -375,6 +375,8 @@ def matmul(
     """x [M, K] · wᵀ for a dense or packed weight, in the launch shape the tile book picked for
     this product and rows class (the default shape without a book). The plan follows (N, K) alone."""
     n, k = w.shape
+    if x.shape[0] == 0:  # a pass with no logits rows: nothing to launch, compile or time
+        return torch.empty((0, n), dtype=x.dtype, device=x.device)
     packed = isinstance(w, QuantizedWeight)
     plan = LinearPlan.for_weight(n, k, w.group_size if packed else None)
     x = x.contiguous()
