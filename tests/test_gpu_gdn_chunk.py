@@ -43,7 +43,7 @@ def _eager(pool, lanes, x, g, beta):
     for slot, start, n in lanes:
         segs.append(Segment(slot, start, row0, n, torch.arange(start + n, device=DEV)))
         row0 += n
-    index = lane_index(tuple(segs), DEV, 4)
+    index = lane_index(tuple(segs), DEV, 4, chunked=True)
     return gdn_chunk.gated_delta_lanes(x, g, beta, pool.layer(0), SHAPE, index)
 
 

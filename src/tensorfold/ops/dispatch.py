@@ -32,7 +32,7 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def lane_index(
-    segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = True
+    segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = False
 ) -> LaneIndex:
     """The index tensors of a pass's per-lane kernels (`chunked`: the GDN chunk form's plan)."""
     bounds = [0]

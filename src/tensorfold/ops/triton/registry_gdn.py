@@ -116,7 +116,7 @@ def _gdn_run(impl, cuts, x, g, beta, shape, states=None, slot=1):
     outs, start = [], 0
     for c in cuts:
         r = slice(start, start + c)
-        lanes = lane_index((Segment(slot, start, 0, c, _kv(start + c)),), "cuda", 4)
+        lanes = lane_index((Segment(slot, start, 0, c, _kv(start + c)),), "cuda", 4, chunked=True)
         outs.append(impl(x[r], g[r], beta[r], states, shape, lanes))
         start += c
     n = start % CHUNK
@@ -158,7 +158,7 @@ def check_gdn(impl, small: bool) -> list[str]:
     segs = (Segment(2, 0, 0, 100, _kv(100)), Segment(1, 0, 100, t, _kv(t)))
     both = impl(
         torch.cat([o, x]), torch.cat([og, g]), torch.cat([ob, beta]), states, shape,
-        lane_index(segs, "cuda", 4),
+        lane_index(segs, "cuda", 4, chunked=True),
     )  # fmt: skip
     n = t % CHUNK
     lane = [states.recurrent[1], states.tail[1, :n], states.tail_gates[1, :n]]
