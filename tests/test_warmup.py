@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import threading
 
+import torch
 from server_harness import make_engine, solo, start_server, wait_for
 
 from tensorfold.engine.request import SamplingParams
 from tensorfold.engine.warmup import run_steps, warm_up, warmup_steps
+from tensorfold.ops.quant import QuantizedWeight, quantize
+from tensorfold.ops.triton.linear import matmul
 from tensorfold.ops.triton.tiles import TileBook, Tiles, candidates, rows_class
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -46,11 +49,6 @@ def test_a_product_of_no_rows_is_not_timed():
     """A prompt pass with no logits rows (every chunk of a long prompt but its last) runs the head
     on zero rows: nothing is launched, and the tile book keeps no choice for the decode rows
     class made from timing empty launches."""
-    import torch
-
-    from tensorfold.ops.quant import QuantizedWeight, quantize
-    from tensorfold.ops.triton.linear import matmul
-
     book = TileBook()
     packed = QuantizedWeight(*quantize(torch.randn(48, 128), 4, 64), 4, 64)
     for w in (packed, torch.randn(48, 128)):

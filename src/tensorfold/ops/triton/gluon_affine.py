@@ -7,8 +7,8 @@ own rows and keeps, of every word, the two values its MMA fragment holds: the fr
 m64nNk16 gives a thread the K pairs 2c, 2c+1 of every 8 columns (c = lane % 4). A 4-bit word
 holds 8 columns (the pair is byte c); at 8 bits an 8-column block is two words (the pair is
 bytes 2(c % 2) and 2(c % 2) + 1 of word c // 2). Either way the dequantized tile is already in
-the MMA's operand layout (no shuffle, no shared-memory round trip). The MMAs run asynchronously: while one step's MMA runs, the next
-step's words are dequantized.
+the MMA's operand layout (no shuffle, no shared-memory round trip). The MMAs run asynchronously:
+while one step's MMA runs, the next step's words are dequantized.
 
 The arithmetic is the prompt kernels' (docs/exactness.md, 'Products' and 'Packed weights'):
 each value is fma(q, scale, bias) in fp32 rounded once to bf16; each 16-column MMA chains into
@@ -273,7 +273,7 @@ def _affine_swapped(
     )
     if BITS == 4:  # a word is one 8-column block
         p_w, row_ok, sel = _operand4(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
-        c_lo = sel  # unused at 4 bits
+        c_lo = sel  # a placeholder: only the 8-bit tile picks a word by lane
     else:  # two words an 8-column block
         LW: gl.constexpr = gl.BlockedLayout(
             size_per_thread=[1, 2, 1, 1, NG, 2 * KBG],
