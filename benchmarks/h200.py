@@ -324,7 +324,7 @@ def main() -> None:
     )
     rows = []
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    lanes = [int(s) for s in args.lanes.split(",")]
+    lanes = [int(s) for s in args.lanes.split(",") if s]
     for name in args.models.split(","):
         t = time.perf_counter()
         path = run.checkpoint(out / f"{args.shape}-{name}", args.shape, name)

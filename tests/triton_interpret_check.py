@@ -71,7 +71,10 @@ def main() -> None:
     ref = ref_attention.paged_attention(
         q.float(), kc.float(), vc.float(), slots, torch.arange(20), 32**-0.5
     )
-    assert rel(out, ref) < 2e-3
+    assert rel(out, ref) < 2e-3 and tiles.size == ref_attention.PROMPT_TILE
+    one = ref_attention.AttentionTiles.build((Segment(0, 13, 0, 1, slots[:14]),), "cpu")
+    assert one.size == ref_attention.Q_TILE
+    assert torch.equal(attention.paged_attention(q[13:14], kc, vc, one, 32**-0.5)[0], out[13])
     h = torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1
     assert rel(norm.rms_norm(h, wt, 1e-6, 1.0), ref_norm.rms_norm(h.float(), wt, 1e-6, 1.0)) < 2e-3

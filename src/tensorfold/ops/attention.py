@@ -19,6 +19,9 @@ from .linear import pad_rows
 
 KV_SPLIT = 64
 Q_TILE = 16
+# The GPU's query tile for a pass in which some lane brings more than Q_TILE rows (a row's
+# arithmetic is the same in either tile: docs/exactness.md, 'Attention')
+PROMPT_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,19 @@ class AttentionTiles:
     kv_rows: (
         torch.Tensor
     )  # every lane's cache rows, concatenated (position p of a lane at base + p)
+    size: int = Q_TILE  # rows a tile: Q_TILE, or PROMPT_TILE for passes with long lanes
 
     @staticmethod
-    def build(segments: tuple[Segment, ...], device) -> "AttentionTiles":
+    def build(segments: tuple[Segment, ...], device, size: int | None = None) -> "AttentionTiles":
+        if size is None:
+            size = PROMPT_TILE if max((s.length for s in segments), default=0) > Q_TILE else Q_TILE
+        if size not in (Q_TILE, PROMPT_TILE):
+            raise ValueError(f"attention tiles are {Q_TILE} or {PROMPT_TILE} rows, not {size}")
         row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0
         for seg in segments:
-            for start in range(0, seg.length, Q_TILE):
+            for start in range(0, seg.length, size):
                 row0.append(seg.row0 + start)
-                rows.append(min(Q_TILE, seg.length - start))
+                rows.append(min(size, seg.length - start))
                 pos0.append(seg.start + start)
                 base.append(offset)
             tables.append(seg.kv_rows)
@@ -52,6 +60,7 @@ class AttentionTiles:
             as_t(pos0),
             as_t(base),
             torch.cat(tables).to(device=device, dtype=torch.int32),
+            size,
         )
 
 

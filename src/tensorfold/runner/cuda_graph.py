@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
-from ..ops.attention import Q_TILE, AttentionTiles
+from ..ops.attention import PROMPT_TILE, Q_TILE, AttentionTiles
 from ..ops.conv import conv_gather
 
 
@@ -58,16 +58,18 @@ class StaticLanes:
             table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
         slots = torch.zeros(lanes, dtype=torch.long, device=dev)
         kv_write = torch.zeros(n, dtype=torch.long, device=dev)
-        starts = range(0, rows, Q_TILE)  # each lane's query tiles, as the eager pass cuts them
+        size = PROMPT_TILE if rows > Q_TILE else Q_TILE  # the tiles an eager pass would cut
+        starts = range(0, rows, size)
         pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
         shape = tuple(Segment(0, 0, i * rows, rows, None) for i in range(lanes))
         taps, keep = conv_gather(shape, conv_kernel)
         tiles = AttentionTiles(
             as_t([i * rows + s for i in range(lanes) for s in starts], torch.int32),
-            as_t([min(Q_TILE, rows - s) for _ in range(lanes) for s in starts], torch.int32),
+            as_t([min(size, rows - s) for _ in range(lanes) for s in starts], torch.int32),
             pos0,
             as_t([i * context for i in range(lanes) for _ in starts], torch.int32),
             table.view(-1),
+            size,
         )
         bounds = as_t([i * rows for i in range(lanes + 1)])
         tails = torch.zeros(lanes, dtype=torch.long, device=dev)
@@ -79,7 +81,8 @@ class StaticLanes:
         """Inside the graph: the KV write rows and tile starts of the positions fed."""
         lanes = self.table.shape[0]
         positions = self.inputs[1].view(lanes, -1)
-        self.pos0.copy_(positions[:, ::Q_TILE].reshape(-1).to(torch.int32))
+        size = self.batch.lanes.attention.size
+        self.pos0.copy_(positions[:, ::size].reshape(-1).to(torch.int32))
         self.batch.lanes.tails.copy_(positions[:, 0] % CHUNK)
         self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
 

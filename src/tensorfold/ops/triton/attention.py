@@ -1,10 +1,13 @@
 """Paged causal attention on the GPU with a fixed KV split (docs/exactness.md, 'Attention').
 
-One program owns a tile of BLOCK_M consecutive query rows of one lane and one query head, and
-walks the lane's keys in splits of BLOCK_N positions, in order. Each split is reduced on its own
-(its max, its sum, its weighted values) and merged into the running result; a split past a row's
-position merges as an exact no-op. Prompt and decode rows use this one kernel and configuration,
-so a row's reduction tree never depends on its company or its chunk.
+One program owns a tile of consecutive query rows of one lane and one query head (16 rows in
+decode passes, 64 in passes with a long lane), and walks the lane's keys in splits of BLOCK_N
+positions, in order. Each split is reduced on its own (its max, its sum, its weighted values) and
+merged into the running result; a split past a row's position merges as an exact no-op. Every
+order-dependent sum of a row is an MMA chain over the split's keys (the scores, the weighted
+values, and the row sum as probabilities times ones); the max is exact in any order. So a row's
+bits do not depend on the tile's rows or on how the warps share it: not on the row's company, its
+chunk, or whether it is a prompt or a decode row.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention import Q_TILE, AttentionTiles
+from ..attention import KV_SPLIT, AttentionTiles
 
-BLOCK_M = Q_TILE  # the query tile: the CPU reference's
-BLOCK_N = 64  # the KV split
+BLOCK_N = KV_SPLIT  # the KV split
 WARPS = 4
 
 
@@ -42,6 +44,7 @@ def _attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GATED: tl.constexpr,
+    LANE_SUM: tl.constexpr = False,
 ):
     tile, h = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
@@ -57,6 +60,7 @@ def _attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
+    ones = tl.full((BLOCK_N, 16), 1.0, v_ptr.dtype.element_ty)
     last = pos0 + nrows - 1
     start = 0
     while start <= last:
@@ -69,8 +73,13 @@ def _attention_kernel(
         m_b = tl.max(s, axis=1)
         m_b_safe = tl.where(m_b == float("-inf"), 0.0, m_b)
         p = tl.exp(s - m_b_safe[:, None])
-        l_b = tl.sum(p, axis=1)
-        o_b = tl.dot(p.to(v.dtype), v)
+        if LANE_SUM:  # planted fault only: fp32 weights summed in the lanes' tree (follows warps)
+            l_b = tl.sum(p, axis=1)
+            p = p.to(v.dtype)
+        else:  # the row sum as an MMA chain over the split's keys: one order whatever the warps
+            p = p.to(v.dtype)
+            l_b = tl.max(tl.dot(p, ones), axis=1)
+        o_b = tl.dot(p, v)
         m_new = tl.maximum(m_i, m_b)
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         a = tl.exp(m_i - m_new_safe)
@@ -101,6 +110,13 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
     sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given."""
+    return launch(q, k_cache, v_cache, tiles, scale, gate)
+
+
+def launch(
+    q, k_cache, v_cache, tiles: AttentionTiles, scale, gate, warps=WARPS, lane_sum=False
+) -> torch.Tensor:
+    """The kernel over `tiles` (`lane_sum`: the planted row sum of the registry's control)."""
     n, hq, d = q.shape
     group = hq // k_cache.shape[1]
     q = q.contiguous()
@@ -125,9 +141,10 @@ def paged_attention(
         g.stride(1),
         GROUP=group,
         D=d,
-        BLOCK_M=BLOCK_M,
+        BLOCK_M=tiles.size,
         BLOCK_N=BLOCK_N,
         GATED=gate is not None,
-        num_warps=WARPS,
+        LANE_SUM=lane_sum,
+        num_warps=warps,
     )
     return out

@@ -99,9 +99,9 @@ def _affine_regrouped(x, packed, scales, biases, bits, gs, plan, out=None):
 
 
 def _no_mask(q, kc, vc, tiles, scale, gate=None):
-    """Planted: each row also sees the keys of the next BLOCK_M - 1 positions (no causal mask
+    """Planted: each row also sees the keys of the next tile-size - 1 positions (no causal mask
     within reach; the lane's table is extended so every read stays in bounds)."""
-    ahead = attention.BLOCK_M - 1
+    ahead = tiles.size - 1
     table = torch.cat([tiles.kv_rows, tiles.kv_rows[-1:].expand(ahead)])
     blind = dataclasses.replace(tiles, pos0=tiles.pos0 + ahead, kv_rows=table)
     return attention.paged_attention(q, kc, vc, blind, scale, gate=gate)
@@ -119,6 +119,12 @@ def _stale_row(q, kc, vc, tiles, scale, gate=None):
     return attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
 
 
+def _lane_row_sum(q, kc, vc, tiles, scale, gate=None):
+    """Planted: decode tiles sum a row's fp32 probabilities across the lanes that hold them (4
+    warps share a 16-row tile's keys), as this kernel once did, instead of in the MMA chain."""
+    return attention.launch(q, kc, vc, tiles, scale, gate, lane_sum=tiles.size == 16)
+
+
 CONTROLS = [  # (kernel, what is planted, faulty implementation)
     (
         "linear.dense",
@@ -131,6 +137,7 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("linear.affine", "K regrouped across MMAs (kWidth > 2)", _affine_regrouped),
     ("attention.paged", "a missing mask", _no_mask),
     ("attention.paged", "a stale cache row", _stale_row),
+    ("attention.paged", "a warp-split row sum in decode tiles", _lane_row_sum),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
     ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
