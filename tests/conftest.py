@@ -55,6 +55,15 @@ def _mlx(name: str, root: Path, source_dir: Path) -> Path:
     return build_mlx_checkpoint(source_dir, root / name, **kwargs)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gpu-format",
+        default="mixed",
+        choices=("mixed", "4bit", "8bit", "bf16"),
+        help="the 9B checkpoint tests/test_gpu.py checks its invariants on",
+    )
+
+
 @pytest.fixture(scope="session")
 def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("checkpoints")

@@ -37,8 +37,11 @@ def test_kernel_registry_and_controls():
 
 
 @pytest.fixture(scope="module")
-def nine_b(tmp_path_factory):
-    path = make_random(tmp_path_factory.mktemp("ckpt") / "9b-mixed", "9b", "mixed", device="cuda")
+def nine_b(tmp_path_factory, request):
+    fmt = request.config.getoption("--gpu-format")  # mixed 4/6-bit unless asked
+    quantize = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed"}[fmt]
+    out = tmp_path_factory.mktemp("ckpt") / f"9b-{fmt}"
+    path = make_random(out, "9b", quantize, device="cuda")
     from tensorfold.models.loader import load_model
 
     return load_model(path, dtype=torch.bfloat16, device="cuda")
