@@ -1,7 +1,7 @@
 """`check attention-precision`: our attention kernel against a float64 softmax of the same bf16
 rows. Keys, values and queries are random bf16 values in a shuffled (paged) cache; sampled query
 rows are run through the device's kernel (the CPU reference path, or the Triton kernel on CUDA)
-either one row per lane (decode) or in 16-row prompt tiles (--prompt), and compared with float64
+either one row per lane (decode) or in 64-row prompt tiles (--prompt), and compared with float64
 attention computed from the very same values. Reported by row range: max and mean |err|, and
 how many outputs are not finite."""
 
@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.attention import PROMPT_TILE
 from .report import table, write_json
-
-PROMPT_TILE = 16
 
 
 @dataclass(frozen=True)
