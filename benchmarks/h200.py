@@ -26,7 +26,7 @@ from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.receipts.plot import require_matplotlib
-from tensorfold.tools.make_random import RandomPlan, make_random
+from tensorfold.tools.make_random import FORMATS, RandomPlan, make_random
 from tensorfold.tools.random_checkpoint import RandomCheckpoint
 
 VOCAB = 248320
@@ -56,9 +56,6 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy, "bf16_flops": flops}
 
 
-QUANTIZE = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed"}  # --models names
-
-
 @dataclass(frozen=True)
 class Run:
     """How this run builds its engines (from the command line)."""
@@ -86,7 +83,7 @@ class Run:
 
     def checkpoint(self, path: Path, shape: str, name: str) -> Path:
         """The random checkpoint's folder: its files, or only its config.json (in memory)."""
-        quantize = QUANTIZE[name]
+        quantize = FORMATS[name]
         if self.in_memory:
             self.plans[path] = RandomPlan(shape, quantize, device="cuda")
             return self.plans[path].write_config(path)

@@ -20,7 +20,7 @@ from drafting_util import Script  # tests/: the scripted drafter of the drafting
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
-from tensorfold.tools.make_random import make_random
+from tensorfold.tools.make_random import FORMATS, make_random
 
 PROMPT, TOKENS, STEPS = 64, 200, 12
 
@@ -86,7 +86,7 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
-        quantize = "4" if name == "4bit" else None
+        quantize = FORMATS[name]
         path = args.checkpoint or make_random(
             Path(args.out) / name, args.shape, quantize, device=args.device
         )

@@ -35,6 +35,8 @@ from fixtures.checkpoints import (  # noqa: E402
     build_tokenizer,
 )
 
+from tensorfold.tools.make_random import FORMATS  # noqa: E402
+
 
 def _require_mlx() -> None:
     try:
@@ -59,7 +61,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--gpu-format",
         default="mixed",
-        choices=("mixed", "4bit", "8bit", "bf16"),
+        choices=sorted(FORMATS),
         help="the 9B checkpoint tests/test_gpu.py checks its invariants on",
     )
 

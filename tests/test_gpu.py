@@ -21,7 +21,7 @@ from engine_util import (
 )
 
 from tensorfold.engine.request import SamplingParams  # noqa: E402
-from tensorfold.tools.make_random import make_random  # noqa: E402
+from tensorfold.tools.make_random import FORMATS, make_random  # noqa: E402
 from tensorfold.tools.run import generate_once  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -39,9 +39,8 @@ def test_kernel_registry_and_controls():
 @pytest.fixture(scope="module")
 def nine_b(tmp_path_factory, request):
     fmt = request.config.getoption("--gpu-format")  # mixed 4/6-bit unless asked
-    quantize = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed"}[fmt]
     out = tmp_path_factory.mktemp("ckpt") / f"9b-{fmt}"
-    path = make_random(out, "9b", quantize, device="cuda")
+    path = make_random(out, "9b", FORMATS[fmt], device="cuda")
     from tensorfold.models.loader import load_model
 
     return load_model(path, dtype=torch.bfloat16, device="cuda")

@@ -24,6 +24,11 @@ Q_TILE = 16
 PROMPT_TILE = 64
 
 
+def tile_rows(longest: int) -> int:
+    """The query tile of a pass whose longest lane brings `longest` rows."""
+    return PROMPT_TILE if longest > Q_TILE else Q_TILE
+
+
 @dataclass(frozen=True)
 class AttentionTiles:
     """The pass's query tiles for the GPU kernel. Per tile: first row in the pass, valid rows,
@@ -41,7 +46,7 @@ class AttentionTiles:
     @staticmethod
     def build(segments: tuple[Segment, ...], device, size: int | None = None) -> "AttentionTiles":
         if size is None:
-            size = PROMPT_TILE if max((s.length for s in segments), default=0) > Q_TILE else Q_TILE
+            size = tile_rows(max((s.length for s in segments), default=0))
         if size not in (Q_TILE, PROMPT_TILE):
             raise ValueError(f"attention tiles are {Q_TILE} or {PROMPT_TILE} rows, not {size}")
         row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
-from ..ops.attention import PROMPT_TILE, Q_TILE, AttentionTiles
+from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
 
 
@@ -58,7 +58,7 @@ class StaticLanes:
             table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
         slots = torch.zeros(lanes, dtype=torch.long, device=dev)
         kv_write = torch.zeros(n, dtype=torch.long, device=dev)
-        size = PROMPT_TILE if rows > Q_TILE else Q_TILE  # the tiles an eager pass would cut
+        size = tile_rows(rows)  # the tiles an eager pass would cut
         starts = range(0, rows, size)
         pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
         shape = tuple(Segment(0, 0, i * rows, rows, None) for i in range(lanes))

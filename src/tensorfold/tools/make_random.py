@@ -24,6 +24,10 @@ SHARD_BYTES = 4 << 30
 MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")  # 6-bit in the mixed recipe
 
 
+# checkpoint format names (benchmarks, tests) -> --quantize
+FORMATS = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed"}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("make-random", help="write a random checkpoint of a released shape")
     p.add_argument("out")

@@ -107,16 +107,11 @@ def paged_attention(
     tiles: AttentionTiles,
     scale: float,
     gate: torch.Tensor | None = None,
+    lane_sum: bool = False,
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
-    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given."""
-    return launch(q, k_cache, v_cache, tiles, scale, gate)
-
-
-def launch(
-    q, k_cache, v_cache, tiles: AttentionTiles, scale, gate, warps=WARPS, lane_sum=False
-) -> torch.Tensor:
-    """The kernel over `tiles` (`lane_sum`: the planted row sum of the registry's control)."""
+    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given. `lane_sum` is a
+    planted fault only (the registry's control)."""
     n, hq, d = q.shape
     group = hq // k_cache.shape[1]
     q = q.contiguous()
@@ -145,6 +140,6 @@ def launch(
         BLOCK_N=BLOCK_N,
         GATED=gate is not None,
         LANE_SUM=lane_sum,
-        num_warps=warps,
+        num_warps=WARPS,
     )
     return out

@@ -122,7 +122,7 @@ def _stale_row(q, kc, vc, tiles, scale, gate=None):
 def _lane_row_sum(q, kc, vc, tiles, scale, gate=None):
     """Planted: decode tiles sum a row's fp32 probabilities across the lanes that hold them (4
     warps share a 16-row tile's keys), as this kernel once did, instead of in the MMA chain."""
-    return attention.launch(q, kc, vc, tiles, scale, gate, lane_sum=tiles.size == 16)
+    return attention.paged_attention(q, kc, vc, tiles, scale, gate, lane_sum=tiles.size == 16)
 
 
 CONTROLS = [  # (kernel, what is planted, faulty implementation)
