@@ -15,6 +15,7 @@ Fixture -> what it is:
   hf_moe_ties     hf_moe_fused with router rows equal in runs of three: exact routing ties
   mlx_moe_q4      mlx_lm 4-bit g64 of hf_moe_fused (switch_mlp; router and shared gate 8-bit)
   mlx_moe_mixed   mlx_lm mixed bits of hf_moe_fused (MOE_MIXED_RECIPE)
+  nine_b          the 9B shape, random weights, on the GPU (module scope; GPU tests only)
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def pytest_addoption(parser):
         choices=sorted(FORMATS),
         help="the 9B checkpoint tests/test_gpu.py checks its invariants on",
     )
+
+
+@pytest.fixture(scope="module")
+def nine_b(tmp_path_factory, request):
+    """The 9B shape with random weights on the GPU, in --gpu-format (mixed 4/6-bit unless asked)."""
+    import torch
+
+    from tensorfold.models.loader import load_model
+    from tensorfold.tools.make_random import make_random
+
+    fmt = request.config.getoption("--gpu-format")
+    out = tmp_path_factory.mktemp("ckpt") / f"9b-{fmt}"
+    path = make_random(out, "9b", FORMATS[fmt], device="cuda")
+    return load_model(path, dtype=torch.bfloat16, device="cuda")
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ from engine_util import (
 )
 
 from tensorfold.engine.request import SamplingParams  # noqa: E402
-from tensorfold.tools.make_random import FORMATS, make_random  # noqa: E402
 from tensorfold.tools.run import generate_once  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -34,16 +33,6 @@ def test_kernel_registry_and_controls():
     lines, ok = run_all(small=False)
     print("\n".join(lines))
     assert ok, "\n".join(lines)
-
-
-@pytest.fixture(scope="module")
-def nine_b(tmp_path_factory, request):
-    fmt = request.config.getoption("--gpu-format")  # mixed 4/6-bit unless asked
-    out = tmp_path_factory.mktemp("ckpt") / f"9b-{fmt}"
-    path = make_random(out, "9b", FORMATS[fmt], device="cuda")
-    from tensorfold.models.loader import load_model
-
-    return load_model(path, dtype=torch.bfloat16, device="cuda")
 
 
 def _engine(model, **kw):

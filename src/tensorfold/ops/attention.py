@@ -18,6 +18,10 @@ from .gates import untailed
 from .linear import pad_rows
 
 KV_SPLIT = 64
+# The GPU's super-block: 4 splits. A row's splits are folded in order within each super-block of
+# SUPER_BLOCK positions from position 0, and the super-blocks' results are folded in order
+# (docs/exactness.md, 'Attention'): a fixed size, so its boundaries never move with the context.
+SUPER_BLOCK = 256
 Q_TILE = 16
 # The GPU's query tile for a pass in which some lane brings more than Q_TILE rows (a row's
 # arithmetic is the same in either tile: docs/exactness.md, 'Attention')
@@ -42,6 +46,8 @@ class AttentionTiles:
         torch.Tensor
     )  # every lane's cache rows, concatenated (position p of a lane at base + p)
     size: int = Q_TILE  # rows a tile: Q_TILE, or PROMPT_TILE for passes with long lanes
+    longest: int = Q_TILE  # valid rows of the fullest tile (<= size): the launch's sub-tiles
+    keys: int = SUPER_BLOCK  # positions of the longest lane (an upper bound): its super-blocks
 
     @staticmethod
     def build(segments: tuple[Segment, ...], device, size: int | None = None) -> "AttentionTiles":
@@ -50,6 +56,7 @@ class AttentionTiles:
         if size not in (Q_TILE, PROMPT_TILE):
             raise ValueError(f"attention tiles are {Q_TILE} or {PROMPT_TILE} rows, not {size}")
         row0, rows, pos0, base, tables, offset = [], [], [], [], [], 0
+        keys = max((s.start + s.length for s in segments), default=1)
         for seg in segments:
             for start in range(0, seg.length, size):
                 row0.append(seg.row0 + start)
@@ -66,6 +73,8 @@ class AttentionTiles:
             as_t(base),
             torch.cat(tables).to(device=device, dtype=torch.int32),
             size,
+            max(rows, default=1),
+            keys,
         )
 
 
@@ -157,3 +166,77 @@ def _attend_tile(q, pos, k_cache, v_cache, kv_rows, scale, hkv):
         o = torch.where(active[..., None], o_new, o)
     res = o / l.clamp_min(torch.finfo(o.dtype).tiny)[..., None]
     return res.permute(1, 0, 2)
+
+
+def superblock_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_rows: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    weights: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The GPU kernel's arithmetic (ops/triton/attention.py) in plain torch, the reference its
+    checks compare with. Arguments as `paged_attention`'s; every sum in q's dtype (fp32 or
+    fp64), the probabilities rounded to `weights` before they weigh values and are summed, as
+    the kernel rounds them to the cache's dtype. Each 64-key split is closed on its own (its
+    max, sum and weighted values); a super-block folds its splits in order from an empty state;
+    the row folds its super-blocks in order with the same merge. Rows go through in tiles of one
+    shape, so a row's bits on the CPU depend on nothing but its query, keys and position."""
+    n = q.shape[0]
+    out = torch.empty_like(q)
+    qp = pad_rows(q, Q_TILE)
+    pos_p = torch.cat([positions, positions.new_full(((-n) % Q_TILE,), -1)])
+    for start in range(0, n, Q_TILE):
+        stop = min(start + Q_TILE, n)
+        part = (qp[start : start + Q_TILE], pos_p[start : start + Q_TILE])
+        out[start:stop] = _superblock_tile(*part, k_cache, v_cache, kv_rows, scale, weights)[
+            : stop - start
+        ].to(q.dtype)
+    return out
+
+
+def _superblock_tile(q, pos, k_cache, v_cache, kv_rows, scale, weights):
+    qh = q.permute(1, 0, 2)  # [Hq, T, D]: one product shape per head, as in _attend_tile
+    row = _empty(qh)
+    for block in range(0, int(pos.max()) + 1, SUPER_BLOCK):
+        inner = _empty(qh)
+        for split in range(block, min(block + SUPER_BLOCK, int(pos.max()) + 1), KV_SPLIT):
+            part = _closed_split(qh, pos, split, k_cache, v_cache, kv_rows, scale, weights)
+            inner = _merge(inner, part)
+        row = _merge(row, inner)
+    m, l, o = row
+    return (o / l[..., None]).permute(1, 0, 2)
+
+
+def _empty(qh):
+    hq, t, d = qh.shape
+    return qh.new_full((hq, t), float("-inf")), qh.new_zeros((hq, t)), qh.new_zeros((hq, t, d))
+
+
+def _closed_split(qh, pos, split, k_cache, v_cache, kv_rows, scale, weights):
+    """One split's (max, sum, weighted values) from nothing: a masked row gets (-inf, 0, 0)."""
+    group = qh.shape[0] // k_cache.shape[1]
+    idx = kv_rows[split : split + KV_SPLIT]
+    if idx.shape[0] < KV_SPLIT:  # the tail of the page table: read any row, mask it below
+        idx = torch.cat([idx, idx.new_zeros(KV_SPLIT - idx.shape[0])])
+    k = k_cache[idx].to(qh.dtype).repeat_interleave(group, dim=1).permute(1, 2, 0)
+    v = v_cache[idx].to(qh.dtype).repeat_interleave(group, dim=1).permute(1, 0, 2)
+    key_pos = torch.arange(split, split + KV_SPLIT, device=qh.device)
+    scores = (torch.matmul(qh, k) * scale).masked_fill(
+        ~(key_pos[None, :] <= pos[:, None]), float("-inf")
+    )
+    m = scores.amax(-1)
+    p = untailed(torch.exp, scores - torch.where(m == float("-inf"), 0.0, m)[..., None])
+    p = p.to(weights).to(qh.dtype)
+    return m, p.sum(-1), torch.matmul(p, v)
+
+
+def _merge(state, part):
+    """The one merge of two partial softmaxes: the kernel's `_merge`."""
+    (m, l, o), (m_b, l_b, o_b) = state, part
+    m_new = torch.maximum(m, m_b)
+    safe = torch.where(m_new == float("-inf"), 0.0, m_new)
+    a, b = untailed(torch.exp, m - safe), untailed(torch.exp, m_b - safe)
+    return m_new, l * a + l_b * b, o * a[..., None] + o_b * b[..., None]

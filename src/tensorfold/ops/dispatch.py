@@ -21,8 +21,9 @@ from .quant import QuantizedWeight
 from .rope import apply_rope
 
 # The arithmetic of every kernel and reference (docs/exactness.md): bump it with any change that
-# can move a bit, so system_fingerprint tells clients their bytes may differ.
-ARITHMETIC_VERSION = 2  # 2: the MoE routing and sum as single kernels on the GPU
+# can move a bit, so system_fingerprint tells clients their bytes may differ. 3: GPU attention
+# over fixed 256-key super-blocks; 2: the MoE routing and sum as single kernels on the GPU.
+ARITHMETIC_VERSION = 3
 
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:

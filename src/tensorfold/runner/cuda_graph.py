@@ -70,6 +70,8 @@ class StaticLanes:
             as_t([i * context for i in range(lanes) for _ in starts], torch.int32),
             table.view(-1),
             size,
+            min(size, rows),
+            context,  # any lane may reach its capacity: its super-blocks past its length exit
         )
         bounds = as_t([i * rows for i in range(lanes + 1)])
         tails = torch.zeros(lanes, dtype=torch.long, device=dev)

@@ -1,13 +1,19 @@
-"""Paged causal attention on the GPU with a fixed KV split (docs/exactness.md, 'Attention').
+"""Paged causal attention on the GPU over fixed super-blocks of keys (docs/exactness.md, 'Attention').
 
-One program owns a tile of consecutive query rows of one lane and one query head (16 rows in
-decode passes, 64 in passes with a long lane), and walks the lane's keys in splits of BLOCK_N
-positions, in order. Each split is reduced on its own (its max, its sum, its weighted values) and
-merged into the running result; a split past a row's position merges as an exact no-op. Every
-order-dependent sum of a row is an MMA chain over the split's keys (the scores, the weighted
-values, and the row sum as probabilities times ones); the max is exact in any order. So a row's
-bits do not depend on the tile's rows or on how the warps share it: not on the row's company, its
-chunk, or whether it is a prompt or a decode row.
+A row's keys are visited in splits of 64 positions from position 0. Each split is closed on its
+own (its max, its sum, its weighted values); the splits of a super-block of 256 positions are
+folded in order from an empty state, and the super-blocks' results are folded in order into
+the row's, all with one merge (`_merge`). Every order-dependent sum of a row is an MMA chain
+(the scores, the weighted values, and the row sum as probabilities times ones) and the max is
+exact in any order, so a row's bits depend on its query, its keys and its position alone.
+
+A program's rows are packed by GQA: T tokens of one lane times the G query heads of one KV head,
+so a K/V block is loaded once for its G heads. Two launch plans compute the one arithmetic:
+- serial (prompt passes): a program folds every super-block of its rows in order;
+- split (decode, verify, and short chunks over long lanes): one program per (rows, super-block)
+  stores that super-block's fp32 (max, sum, weighted values), and a second launch folds them in
+  order. A lane's super-blocks past its length exit at once, so the launch a CUDA graph records
+  covers the lanes' capacity and serves any lengths.
 """
 
 from __future__ import annotations
@@ -16,88 +22,264 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention import KV_SPLIT, AttentionTiles
+from ..attention import KV_SPLIT, SUPER_BLOCK, AttentionTiles
 
 BLOCK_N = KV_SPLIT  # the KV split
 WARPS = 4
+# Software-pipelining depth of the key loop (loads only: the arithmetic is the same at any depth)
+SERIAL_STAGES = 1
+SPLIT_STAGES = 2
+SERIAL_ROWS = 64  # packed rows a serial program holds
+SERIAL_WARPS = 4
+SERIAL_COLS = 128  # value columns a serial program holds (at most D): fewer registers than D
+SPLIT_ROWS = 16  # packed rows a split program holds
+SPLIT_WAVES = 8  # split programs per SM a launch aims at
+FOLD_COLS = 64  # value columns a fold program holds
+FOLD_STAGES = 3  # stored super-blocks a fold program has in flight
+# Planted faults, for the registry's controls only (0 in every real launch)
+FAULT_LANE_SUM = 1  # a split's row sum reduced across the threads that hold it (follows warps)
+FAULT_MERGE_ORDER = 2  # the fold of stored super-blocks in descending order
+FAULT_SPLIT_COUNT = 3  # split launches cut a lane into 4 super-blocks whatever its length
+PLANTED_BLOCKS = 4
 
 
 @triton.jit
-def _attention_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    row0_ptr,
-    rows_ptr,
-    pos0_ptr,
-    base_ptr,
-    table_ptr,
-    scale,
-    stride_q,
-    stride_kv,
-    g_ptr,
-    stride_g_row,
-    stride_g_head,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    GATED: tl.constexpr,
-    LANE_SUM: tl.constexpr = False,
-):
-    tile, h = tl.program_id(0), tl.program_id(1)
-    kvh = h // GROUP
-    row0, nrows = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile)
-    pos0, base = tl.load(pos0_ptr + tile), tl.load(base_ptr + tile)
-    o_m, o_d = tl.arange(0, BLOCK_M), tl.arange(0, D)
-    valid = o_m < nrows
-    rows = (row0 + o_m).to(tl.int64)
-    pos = pos0 + o_m
-    q = tl.load(
-        q_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], mask=valid[:, None], other=0.0
-    )
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+def _merge(m, l, acc, m_b, l_b, acc_b):
+    """Two partial softmaxes of the same rows as one; an empty part (-inf, 0, 0) is an exact
+    no-op, and merging into an empty state returns the part exactly."""
+    m_new = tl.maximum(m, m_b)
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp(m - safe)
+    b = tl.exp(m_b - safe)
+    a2 = tl.broadcast_to(a[:, None], acc.shape)
+    return m_new, tl.fma(l, a, l_b * b), tl.fma(acc, a2, acc_b * b[:, None])
+
+
+@triton.jit
+def _packed_rows(row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP: tl.constexpr, BLOCK_M):
+    """Program (tile, y)'s rows: sub-tile y % SUB of the tile's tokens, T = BLOCK_M // GROUP
+    tokens times the GROUP query heads of KV head y // SUB (row r: token r // GROUP)."""
+    T = BLOCK_M // GROUP
+    row0, nrows, pos0 = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile), tl.load(pos0_ptr + tile)
+    kvh, tok0 = y // SUB, (y % SUB) * T
+    o_m = tl.arange(0, BLOCK_M)
+    tok = tok0 + o_m // GROUP
+    valid = (o_m < T * GROUP) & (tok < nrows)
+    last = pos0 + tl.minimum(nrows, tok0 + T) - 1  # the last position the rows reach
+    live = tok0 < nrows
+    return kvh, (row0 + tok).to(tl.int64), kvh * GROUP + o_m % GROUP, pos0 + tok, valid, last, live
+
+
+@triton.jit
+def _span(last, SUPER: tl.constexpr, BLOCK_N: tl.constexpr, FAULT: tl.constexpr):
+    """Positions of a super-block."""
+    if FAULT == 3:  # planted: 4 super-blocks a lane, their size following its length
+        return tl.cdiv(last + 1, 4 * BLOCK_N) * BLOCK_N
+    return SUPER + 0 * last
+
+
+@triton.jit
+def _split(
+    q, k_ptr, v_ptr, kv_ptr, start, last, pos, kvh, stride_kv, scale, ones, cols,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """One split's (max, sum, weighted values of columns `cols`) from nothing; rows it does not
+    reach get (-inf, 0, 0)."""
+    o_d = tl.arange(0, D)
+    kpos = start + tl.arange(0, BLOCK_N)
+    kv_row = tl.load(kv_ptr + kpos, mask=kpos <= last, other=0).to(tl.int64)
+    k = tl.load(k_ptr + kv_row[:, None] * stride_kv + kvh * D + o_d[None, :])
+    v = tl.load(v_ptr + kv_row[:, None] * stride_kv + kvh * D + cols[None, :])
+    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
+    m_b = tl.max(s, axis=1)
+    p = tl.exp(s - tl.where(m_b == float("-inf"), 0.0, m_b)[:, None])
+    if FAULT == 1:  # planted: fp32 weights summed in the lanes' tree (follows the warps)
+        l_b = tl.sum(p, axis=1)
+        p = p.to(v.dtype)
+    else:  # the row sum as an MMA chain over the split's keys: one order whatever the warps
+        p = p.to(v.dtype)
+        l_b = tl.max(tl.dot(p, ones), axis=1)
+    return m_b, l_b, tl.dot(p, v)
+
+
+@triton.jit
+def _super_block(
+    q, k_ptr, v_ptr, kv_ptr, lo, span, last, pos, kvh, stride_kv, scale, cols,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr,
+    FAULT: tl.constexpr,
+):  # fmt: skip
+    """The fold of the splits of positions [lo, lo + span) that the rows reach, from empty."""
     ones = tl.full((BLOCK_N, 16), 1.0, v_ptr.dtype.element_ty)
-    last = pos0 + nrows - 1
-    start = 0
-    while start <= last:
-        kpos = start + tl.arange(0, BLOCK_N)
-        kv_row = tl.load(table_ptr + base + kpos, mask=kpos <= last, other=0).to(tl.int64)
-        k = tl.load(k_ptr + kv_row[:, None] * stride_kv + kvh * D + o_d[None, :])
-        v = tl.load(v_ptr + kv_row[:, None] * stride_kv + kvh * D + o_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(kpos[None, :] <= pos[:, None], s, float("-inf"))
-        m_b = tl.max(s, axis=1)
-        m_b_safe = tl.where(m_b == float("-inf"), 0.0, m_b)
-        p = tl.exp(s - m_b_safe[:, None])
-        if LANE_SUM:  # planted fault only: fp32 weights summed in the lanes' tree (follows warps)
-            l_b = tl.sum(p, axis=1)
-            p = p.to(v.dtype)
-        else:  # the row sum as an MMA chain over the split's keys: one order whatever the warps
-            p = p.to(v.dtype)
-            l_b = tl.max(tl.dot(p, ones), axis=1)
-        o_b = tl.dot(p, v)
-        m_new = tl.maximum(m_i, m_b)
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m_i - m_new_safe)
-        b = tl.exp(m_b - m_new_safe)
-        l_i = l_i * a + l_b * b
-        acc = acc * a[:, None] + o_b * b[:, None]
-        m_i = m_new
-        start += BLOCK_N
-    out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
-    if GATED:  # the output gate: bf16(out) * bf16(sigmoid(gate)), each rounded as torch rounds them
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, COLS), tl.float32)
+    for start in range(lo, tl.minimum(lo + span, last + 1), BLOCK_N):
+        m_b, l_b, o_b = _split(
+            q, k_ptr, v_ptr, kv_ptr, start, last, pos, kvh, stride_kv, scale, ones, cols, D,
+            BLOCK_N, FAULT,
+        )  # fmt: skip
+        m, l, acc = _merge(m, l, acc, m_b, l_b, o_b)
+    return m, l, acc
+
+
+@triton.jit
+def _finish(
+    acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D, GATED
+):
+    """acc / l rounded, times the output gate's sigmoid rounded as torch rounds them; stored."""
+    out = (acc / l[:, None]).to(o_ptr.dtype.element_ty)
+    if GATED:
         g = tl.load(
-            g_ptr + rows[:, None] * stride_g_row + h * stride_g_head + o_d[None, :],
+            g_ptr + rows[:, None] * stride_gr + heads[:, None] * stride_gh + cols[None, :],
             mask=valid[:, None],
             other=0.0,
         ).to(tl.float32)
         sig = (1.0 / (1.0 + tl.exp(-g))).to(o_ptr.dtype.element_ty)
         out = (out.to(tl.float32) * sig.to(tl.float32)).to(o_ptr.dtype.element_ty)
-    tl.store(o_ptr + rows[:, None] * stride_q + h * D + o_d[None, :], out, mask=valid[:, None])
+    off = rows[:, None] * stride_q + heads[:, None] * D + cols[None, :]
+    tl.store(o_ptr + off, out, mask=valid[:, None])
+
+
+@triton.jit
+def _serial_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr, scale,
+    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """Program (tile, y, c): every super-block of its rows folded in order, for value columns
+    [c * COLS, (c + 1) * COLS) (a column's fold is its own; the scores are over all of D)."""
+    tile, y, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kvh, rows, heads, pos, valid, last, live = _packed_rows(
+        row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
+    )
+    o_d = tl.arange(0, D)
+    cols = c * COLS + tl.arange(0, COLS)
+    q_off = rows[:, None] * stride_q + heads[:, None] * D + o_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=valid[:, None], other=0.0)
+    kv_ptr = table_ptr + tl.load(base_ptr + tile)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, COLS), tl.float32)
+    blocks = tl.where(live, tl.cdiv(last + 1, SUPER), 0)
+    for j in range(0, blocks):
+        m_j, l_j, acc_j = _super_block(
+            q, k_ptr, v_ptr, kv_ptr, j * SUPER, SUPER, last, pos, kvh, stride_kv, scale, cols,
+            D, BLOCK_M, BLOCK_N, COLS, FAULT,
+        )  # fmt: skip
+        m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
+    if live:
+        _finish(
+            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D,
+            GATED,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr, scale,
+    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB, part_ptr, ml_ptr, HQ, NSB, Z,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each stored as an fp32 part;
+    a lane with one super-block is finished here (merged into empty, exactly the serial fold)."""
+    tile, y, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kvh, rows, heads, pos, valid, last, live = _packed_rows(
+        row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
+    )
+    span = _span(last, SUPER, BLOCK_N, FAULT)
+    blocks = tl.where(live, tl.cdiv(last + 1, span), 0)
+    if z < blocks:
+        o_d = tl.arange(0, D)
+        q_off = rows[:, None] * stride_q + heads[:, None] * D + o_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=valid[:, None], other=0.0)
+        kv_ptr = table_ptr + tl.load(base_ptr + tile)
+        for j in range(z, blocks, Z):
+            m_j, l_j, acc_j = _super_block(
+                q, k_ptr, v_ptr, kv_ptr, j * span, span, last, pos, kvh, stride_kv, scale, o_d,
+                D, BLOCK_M, BLOCK_N, D, FAULT,
+            )  # fmt: skip
+            if blocks == 1:
+                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, D), tl.float32)
+                m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
+                _finish(
+                    acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr,
+                    stride_gh, D, GATED,
+                )  # fmt: skip
+            else:
+                slot = (rows * HQ + heads) * NSB + j
+                tl.store(part_ptr + slot[:, None] * D + o_d[None, :], acc_j, mask=valid[:, None])
+                tl.store(ml_ptr + slot * 2, m_j, mask=valid)
+                tl.store(ml_ptr + slot * 2 + 1, l_j, mask=valid)
+
+
+@triton.jit
+def _fold_kernel(
+    o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, SUB,
+    part_ptr, ml_ptr, HQ, NSB,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """Program (tile, y, c): the stored super-blocks of its rows folded in ascending order, for
+    value columns [c * COLS, (c + 1) * COLS) (each column's fold is its own)."""
+    tile, y, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kvh, rows, heads, pos, valid, last, live = _packed_rows(
+        row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
+    )
+    blocks = tl.where(live, tl.cdiv(last + 1, _span(last, SUPER, BLOCK_N, FAULT)), 0)
+    if blocks > 1:
+        cols = c * COLS + tl.arange(0, COLS)
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, COLS), tl.float32)
+        for i in range(0, blocks):
+            j = i
+            if FAULT == 2:  # planted: the fold in descending order
+                j = blocks - 1 - i
+            slot = (rows * HQ + heads) * NSB + j
+            m_j = tl.load(ml_ptr + slot * 2, mask=valid, other=float("-inf"))
+            l_j = tl.load(ml_ptr + slot * 2 + 1, mask=valid, other=0.0)
+            acc_j = tl.load(
+                part_ptr + slot[:, None] * D + cols[None, :], mask=valid[:, None], other=0.0
+            )
+            m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
+        _finish(
+            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D, GATED
+        )
+
+
+def packed_rows(group: int, block_m: int) -> int:
+    """Tokens a program of `block_m` packed rows holds (at least one: a wider group widens it)."""
+    return max(1, block_m // group)
+
+
+def _block_m(group: int, rows: int) -> int:
+    return max(rows, triton.next_power_of_2(group))
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # the interpreter's runs on the CPU
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+PARTIAL_BYTES = 1 << 30  # short chunks over long lanes take the split plan within this
+
+
+def choose_plan(tiles: AttentionTiles, hq: int, d: int, device) -> str:
+    """'split' for decode and verify tiles, and for prompt tiles too few to fill the card over
+    lanes of more than a few super-blocks; else 'serial'. The plans compute the same bits, so
+    this choice is free."""
+    if tiles.size <= 16:
+        return "split"
+    n = tiles.row0.shape[0] * tiles.size
+    parts = n * hq * triton.cdiv(tiles.keys, SUPER_BLOCK) * (d + 2) * 4
+    few = tiles.row0.shape[0] * hq < sm_count(device) and tiles.keys > 4 * SUPER_BLOCK
+    return "split" if few and parts <= PARTIAL_BYTES else "serial"
 
 
 def paged_attention(
@@ -107,39 +289,44 @@ def paged_attention(
     tiles: AttentionTiles,
     scale: float,
     gate: torch.Tensor | None = None,
-    lane_sum: bool = False,
+    fault: int = 0,
+    plan: str | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
-    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given. `lane_sum` is a
-    planted fault only (the registry's control)."""
+    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given. `plan` forces
+    'serial' or 'split' (checks only); `fault` is a planted fault (the registry's controls)."""
     n, hq, d = q.shape
-    group = hq // k_cache.shape[1]
+    hkv = k_cache.shape[1]
+    group = hq // hkv
     q = q.contiguous()
-    out = torch.empty_like(q)  # every row belongs to a tile
+    out = torch.empty_like(q)
     g = gate if gate is not None else q
-    grid = (tiles.row0.shape[0], hq)
-    _attention_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        tiles.row0,
-        tiles.rows,
-        tiles.pos0,
-        tiles.table_base,
-        tiles.kv_rows,
-        scale,
-        q.stride(0),
-        k_cache.stride(0),
-        g,
-        g.stride(0),
-        g.stride(1),
-        GROUP=group,
-        D=d,
-        BLOCK_M=tiles.size,
-        BLOCK_N=BLOCK_N,
-        GATED=gate is not None,
-        LANE_SUM=lane_sum,
-        num_warps=WARPS,
+    plan = plan or choose_plan(tiles, hq, d, q.device)
+    block_m = _block_m(group, SERIAL_ROWS if plan == "serial" else SPLIT_ROWS)
+    sub = triton.cdiv(min(tiles.size, tiles.longest), packed_rows(group, block_m))
+    grid = (tiles.row0.shape[0], hkv * sub)
+    common = (q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.table_base)
+    common += (tiles.kv_rows, scale, q.stride(0), k_cache.stride(0), g, g.stride(0), g.stride(1))
+    consts = dict(GROUP=group, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SUPER=SUPER_BLOCK)
+    consts.update(GATED=gate is not None, FAULT=fault)
+    if plan == "serial":
+        cols = min(SERIAL_COLS, d)
+        _serial_kernel[grid + (d // cols,)](
+            *common, sub, COLS=cols, **consts, num_warps=SERIAL_WARPS, num_stages=SERIAL_STAGES
+        )
+        return out
+    blocks = triton.cdiv(tiles.keys, SUPER_BLOCK) + (PLANTED_BLOCKS if fault else 0)
+    part = torch.empty((n, hq, blocks, d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((n, hq, blocks, 2), dtype=torch.float32, device=q.device)
+    z = max(1, min(blocks, triton.cdiv(SPLIT_WAVES * sm_count(q.device), grid[0] * grid[1])))
+    _split_kernel[grid + (z,)](
+        *common, sub, part, ml, hq, blocks, z, **consts, num_warps=WARPS, num_stages=SPLIT_STAGES
     )
+    if blocks > 1:
+        cols = min(FOLD_COLS, d)
+        _fold_kernel[grid + (d // cols,)](
+            out, tiles.row0, tiles.rows, tiles.pos0, q.stride(0), g, g.stride(0), g.stride(1),
+            sub, part, ml, hq, blocks, COLS=cols, **consts, num_warps=WARPS,
+            num_stages=FOLD_STAGES,
+        )  # fmt: skip
     return out

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from . import attention, fused, linear
+from . import fused, linear
 
 
 def _conv_no_state(x, states, weight, slots, taps, keep):
@@ -98,33 +96,6 @@ def _affine_regrouped(x, packed, scales, biases, bits, gs, plan, out=None):
     return linear.dense_matmul(x[:, order].contiguous(), w[:, order].contiguous(), dense, out)
 
 
-def _no_mask(q, kc, vc, tiles, scale, gate=None):
-    """Planted: each row also sees the keys of the next tile-size - 1 positions (no causal mask
-    within reach; the lane's table is extended so every read stays in bounds)."""
-    ahead = tiles.size - 1
-    table = torch.cat([tiles.kv_rows, tiles.kv_rows[-1:].expand(ahead)])
-    blind = dataclasses.replace(tiles, pos0=tiles.pos0 + ahead, kv_rows=table)
-    return attention.paged_attention(q, kc, vc, blind, scale, gate=gate)
-
-
-def _stale_row(q, kc, vc, tiles, scale, gate=None):
-    """Planted: a decode row that reads its own position before its K/V row is written."""
-    if tiles.rows.shape[0] == 1 and int(tiles.rows[0]) == 1:
-        row = int(tiles.kv_rows[int(tiles.pos0[0])])
-        saved = kc[row].clone()
-        kc[row] = 0
-        out = attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
-        kc[row] = saved
-        return out
-    return attention.paged_attention(q, kc, vc, tiles, scale, gate=gate)
-
-
-def _lane_row_sum(q, kc, vc, tiles, scale, gate=None):
-    """Planted: decode tiles sum a row's fp32 probabilities across the lanes that hold them (4
-    warps share a 16-row tile's keys), as this kernel once did, instead of in the MMA chain."""
-    return attention.paged_attention(q, kc, vc, tiles, scale, gate, lane_sum=tiles.size == 16)
-
-
 CONTROLS = [  # (kernel, what is planted, faulty implementation)
     (
         "linear.dense",
@@ -135,9 +106,6 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("linear.dense", "few rows reduced without the plan's segments", _unsegmented),
     ("linear.affine", "few rows chained across segments", _affine_chained),
     ("linear.affine", "K regrouped across MMAs (kWidth > 2)", _affine_regrouped),
-    ("attention.paged", "a missing mask", _no_mask),
-    ("attention.paged", "a stale cache row", _stale_row),
-    ("attention.paged", "a warp-split row sum in decode tiles", _lane_row_sum),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
     ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),

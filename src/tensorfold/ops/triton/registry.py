@@ -18,14 +18,12 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from ...batch import Segment
-from .. import attention as ref_attention
 from .. import conv as ref_conv
 from .. import gates as ref_gates
 from .. import norm as ref_norm
-from ..attention import AttentionTiles
 from ..dispatch import lane_index
 from ..quant import dequantize, quantize
-from . import attention, fused, linear, norm, registry_gdn, registry_gluon, registry_moe
+from . import fused, linear, norm, registry_attention, registry_gdn, registry_gluon, registry_moe
 from .controls import CONTROLS as DENSE_CONTROLS
 from .registry_moe import rel as _rel
 
@@ -143,46 +141,6 @@ def check_affine(impl, small: bool) -> list[str]:
                     make,
                     packed=True,
                 )
-    return bad
-
-
-def _attention_case(small: bool):
-    hq, hkv, d = (4, 2, 64) if small else (16, 4, 256)
-    length = 150 if small else 700
-    rows = 512 * 2
-    kc = torch.randn(rows, hkv, d, device="cuda").to(torch.bfloat16)
-    vc = torch.randn(rows, hkv, d, device="cuda").to(torch.bfloat16)
-    slots = torch.randperm(rows, device="cuda")[:length]
-    # scores of standard deviation 4: a split's probabilities span many binades, so a row sum
-    # in another order rounds differently (with unit scores the sums are mostly exact)
-    q = (torch.randn(length, hq, d, device="cuda") * 4).to(torch.bfloat16)
-    return q, kc, vc, slots, d
-
-
-def check_attention(impl, small: bool) -> list[str]:
-    q, kc, vc, slots, d = _attention_case(small)
-    n = q.shape[0]
-    whole = AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda")
-    out = impl(q, kc, vc, whole, d**-0.5)
-    ref = ref_attention.paged_attention(
-        q.float().cpu(), kc.float().cpu(), vc.float().cpu(), slots.cpu(), torch.arange(n), d**-0.5
-    )
-    bad = [] if _rel(out.float().cpu(), ref) < 2e-2 else ["attention off the fp32 reference"]
-    gate = torch.randn(n, q.shape[1], 2 * d, device="cuda").to(torch.bfloat16)[..., d:]
-    gated = impl(q, kc, vc, whole, d**-0.5, gate=gate)
-    if _rel(gated.float(), (out * torch.sigmoid(gate)).float()) > 1e-2:
-        bad.append("the fused output gate is off out * sigmoid(gate)")
-    for t in (0, 37, n // 2, n - 1):  # the row alone as a decode row, after its keys are written
-        tiles = AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cuda")
-        if not torch.equal(impl(q[t : t + 1], kc, vc, tiles, d**-0.5)[0], out[t]):
-            bad.append(f"decode row {t} differs from the same row in the prompt pass")
-    small = AttentionTiles.build((Segment(0, 0, 0, n, slots),), "cuda", size=16)
-    if not torch.equal(impl(q, kc, vc, small, d**-0.5), out):
-        bad.append("the prompt in 16-row tiles differs from it in 64-row tiles")
-    cut = 37 * (n // 74)  # the prompt's second chunk: its tiles start off the first's grid
-    tiles = AttentionTiles.build((Segment(0, cut, 0, n - cut, slots),), "cuda")
-    if not torch.equal(impl(q[cut:], kc, vc, tiles, d**-0.5), out[cut:]):
-        bad.append(f"the prompt's rows from {cut}, as a second chunk, differ from one pass")
     return bad
 
 
@@ -321,13 +279,6 @@ KERNELS = [
         "ref 1e-2, rows",
         check_affine,
     ),
-    Kernel(
-        "attention.paged",
-        "ops.attention.paged_attention (fp32)",
-        "head dim 64-256, any GQA group",
-        "ref 2e-2, decode",
-        check_attention,
-    ),
     Kernel("norm.rms+gated", "ops.norm (fp32)", "any width", "ref 1e-2, rows", check_norms),
     Kernel(
         "fused.conv",
@@ -339,16 +290,22 @@ KERNELS = [
     Kernel("fused.gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
 ]
 KERNELS += [
-    Kernel(*entry) for entry in registry_gdn.ENTRIES + registry_moe.ENTRIES + registry_gluon.ENTRIES
+    Kernel(*entry)
+    for entry in registry_attention.ENTRIES
+    + registry_gdn.ENTRIES
+    + registry_moe.ENTRIES
+    + registry_gluon.ENTRIES
 ]
-CONTROLS = DENSE_CONTROLS + registry_moe.CONTROLS + registry_gluon.CONTROLS
+CONTROLS = (
+    DENSE_CONTROLS + registry_attention.CONTROLS + registry_moe.CONTROLS + registry_gluon.CONTROLS
+)
 IMPLS = {
     **registry_gluon.IMPLS,
+    **registry_attention.IMPLS,
     **registry_gdn.IMPLS,
     **registry_moe.IMPLS,
     "linear.dense": linear.dense_matmul,
     "linear.affine": linear.affine_matmul,
-    "attention.paged": attention.paged_attention,
     "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
     "fused.conv": fused.conv_lanes,
     "fused.gates+silu": (fused.gdn_gates, fused.silu_mul),
