@@ -4,6 +4,7 @@ ratio of the card's limit. Prints a table last.
 
     PYTHONPATH=src python3 benchmarks/h200.py --out /tmp/bench [--sizes 2048,8192,32768,65536]
     PYTHONPATH=src python3 benchmarks/h200.py --shape 122b-a10b --models 4bit --in-memory
+    PYTHONPATH=src python3 benchmarks/h200.py --lanes "" --sizes "" --decode-context 0,8192,32768,131072
 
 --in-memory draws the random tensors as the loader reads them (no weight file: the 122B-A10B at
 4 bits is ~69 GB, more than the GPU machine's disk); the load and the peak memory are those of a
@@ -138,6 +139,35 @@ def decode(model, lanes: int, run: Run, tokens: int = 64) -> float:
     return (sum(len(r.output_ids) for r in reqs) - before) / (time.perf_counter() - start)
 
 
+def decode_at(model, context: int, lanes: int, run: Run, tokens: int = 256) -> tuple[float, float]:
+    """(aggregate tok/s, KV bytes a step reads) of `lanes` greedy lanes decoding after prompts of
+    `context` tokens each (32 at context 0), timed over `tokens` steps from the step after every
+    lane's first token (its graph is recorded before the timing starts)."""
+    n = max(context, 32)
+    # lanes that finish their prompt first decode while the others read theirs
+    extra = lanes * n // 4096 + 16
+    eng = run.engine(model, lanes, n + tokens + extra + 64, 4096)
+    g = torch.Generator().manual_seed(context + lanes)
+    params = SamplingParams(max_tokens=tokens + extra, temperature=0.0, ignore_eos=True)
+    reqs = [
+        eng.add_request(torch.randint(0, VOCAB, (n,), generator=g).tolist(), params)
+        for _ in range(lanes)
+    ]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    torch.cuda.synchronize()
+    start, before = time.perf_counter(), sum(len(r.output_ids) for r in reqs)
+    for _ in range(tokens - 4):
+        eng.step()
+    torch.cuda.synchronize()
+    assert all(len(r.output_ids) < r.max_tokens for r in reqs)
+    rate = (sum(len(r.output_ids) for r in reqs) - before) / (time.perf_counter() - start)
+    kv = eng.caches.kv
+    return rate, lanes * (n + tokens // 2) * kv.page_bytes / kv.page_size
+
+
 def prefill(model, n: int, run: Run, chunk: int = 4096) -> float:
     """Seconds from submission to the first token of an n-token prompt (one lane)."""
     eng = run.engine(model, 1, n + 8, chunk)
@@ -216,7 +246,27 @@ def expert_share(model) -> ExpertShare:
     return ExpertShare(nbytes, params, moe.top_k / moe.num_experts)
 
 
-def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run) -> list[dict]:
+def depth_rows(model, label: str, depths: list[tuple[int, int]], run: Run, limits: dict) -> list:
+    """Decode at depth of context: one row per (context, lanes), its limit the card's copy rate
+    over the weights and the KV rows one step reads."""
+    rows = []
+    for context, lanes in tqdm(depths, desc=f"{label} decode at depth", unit="run"):
+        rate, kv_bytes = decode_at(model, context, lanes, run)
+        bound = limits["copy_bytes_per_s"] / (model.weight_bytes + kv_bytes) * lanes
+        what = f"decode {lanes} lanes at context {context}"
+        rows.append({"model": label, "what": what, "tok_s": rate, "limit": bound})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench(
+    path: Path,
+    sizes: list[int],
+    lanes: list[int],
+    limits: dict,
+    run: Run,
+    depths: list[tuple[int, int]] = (),
+) -> list[dict]:
     torch.cuda.reset_peak_memory_stats()
     model = run.load(path)
     label = path.name if run.exact else f"{path.name} (inexact)"
@@ -232,6 +282,7 @@ def bench(path: Path, sizes: list[int], lanes: list[int], limits: dict, run: Run
         read = weight_bytes - experts.nbytes + experts.nbytes * min(1.0, n * experts.chosen)
         bound = limits["copy_bytes_per_s"] / read * n
         rows.append({"model": label, "what": f"decode {n} lanes", "tok_s": rate, "limit": bound})
+    rows += depth_rows(model, label, list(depths), run, limits)
     for n in tqdm(sizes, desc=f"{label} prompts", unit="prompt"):
         secs = prefill(model, n, run)
         rows.append(
@@ -271,6 +322,16 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     p.add_argument("--models", default="4bit,bf16")
     p.add_argument(
+        "--attention",
+        default="",
+        help="attention launch constants to try, e.g. SERIAL_SCRATCH=1,SPLIT_WAVES=8 (same bits)",
+    )
+    p.add_argument(
+        "--decode-context",
+        default="",
+        help="decode at depth: contexts P or PxL (L lanes of P tokens each), e.g. 0,8192,8192x16",
+    )
+    p.add_argument(
         "--shape", default="9b", help="a released shape: 0.8b, 2b, 4b, 9b, 27b, 35b-a3b, 122b-a10b"
     )
     p.add_argument(
@@ -307,6 +368,12 @@ def main() -> None:
     args = p.parse_args()
     if args.plot:
         require_matplotlib()  # before the run, not after it
+    for item in filter(None, args.attention.split(",")):
+        from tensorfold.ops.triton import attention
+
+        name, value = item.split("=")
+        setattr(attention, name, int(value))  # a launch variant: the kernels' bits do not change
+        print(f"attention {name} = {value}", flush=True)
     run = Run(
         graphs=args.cuda_graphs,
         exact=not args.inexact,
@@ -322,12 +389,17 @@ def main() -> None:
     rows = []
     sizes = [int(s) for s in args.sizes.split(",") if s]
     lanes = [int(s) for s in args.lanes.split(",") if s]
+    depths = [
+        tuple(int(x) for x in (d + "x1").split("x")[:2])
+        for d in args.decode_context.split(",")
+        if d
+    ]
     for name in args.models.split(","):
         t = time.perf_counter()
         path = run.checkpoint(out / f"{args.shape}-{name}", args.shape, name)
         print(f"{name}: random checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
-        rows += bench(path, sizes, lanes, limits, run)
-        for r in rows[-(len(sizes) + len(lanes) + 1) :]:
+        rows += bench(path, sizes, lanes, limits, run, depths)
+        for r in rows[-(len(sizes) + len(lanes) + len(depths) + 1) :]:
             print(json.dumps(r), flush=True)
         if args.resume and name == "bf16":
             model = load_model(

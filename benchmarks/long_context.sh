@@ -1,0 +1,48 @@
+#!/bin/bash
+# Long context on a GPU machine, in one call: the attention kernel's registry entry and GPU tests,
+# the kernel alone at depth (attention_depth.py), decode at depth and long prompts (h200.py), and
+# llama.cpp's llama-bench at the same depths (the peer kit, when copied to .peers/llamacpp).
+#
+#   bash benchmarks/long_context.sh OUT [phases]    phases: any of check probe depth prompts tests peer
+#
+# Wheels for the packages the machine lacks go in .whl (benchmarks/README.md); each phase runs
+# under its own time limit and its log goes to OUT.
+set -u
+OUT=${1:?usage: long_context.sh OUT [phases]}
+PHASES=${2:-check probe depth}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:src:tests
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+
+phase() {  # phase NAME SECONDS CMD...
+    local name=$1 limit=$2; shift 2
+    echo "=== $name (limit ${limit} s)"
+    local t=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
+    tail -n 40 "$OUT/$name.log"
+}
+
+for p in $PHASES; do
+    case $p in
+        check)   phase check 240 python3 -m tensorfold.ops.triton.registry --only attention ;;
+        probe)   phase probe 240 python3 benchmarks/attention_depth.py ${PROBE_ARGS:-} ;;
+        depth)   phase depth "${DEPTH_LIMIT:-300}" python3 benchmarks/h200.py --out /tmp/bench \
+                     --models "${MODELS:-4bit,bf16}" --lanes "" --sizes "" --in-memory \
+                     --decode-context "${DEPTHS:-0,8192,32768,131072,0x4,8192x4,0x16,8192x16}" ;;
+        prompts) phase prompts "${PROMPT_LIMIT:-240}" python3 benchmarks/h200.py --out /tmp/bench \
+                     --models bf16 --lanes "" --sizes "${SIZES:-32768,65536,131072}" --in-memory \
+                     --attention "${ATTN:-}" ;;
+        tests)   phase tests "${TEST_LIMIT:-420}" python3 -m pytest -q -x ${TESTS:-tests/test_gpu_long_context.py} ;;
+        peer)    LCP_QUANTS="q4_0 bf16" LCP_PP=512 LCP_BUDGET=${LCP_BUDGET:-540} \
+                     LCP_BENCH="-ngl 99 -fa 1 -r 3 -d 0,8192,32768" \
+                     bash .peers/llamacpp/run.sh "$OUT/peer" all > "$OUT/peer.log" 2>&1
+                 echo "=== peer rc=$?"; cat "$OUT/peer/summary.md" 2>/dev/null | head -30 ;;
+    esac
+done
