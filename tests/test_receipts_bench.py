@@ -67,6 +67,21 @@ def test_decode_reports_rates_and_the_hash_of_the_real_tokens(live, reference, c
         assert r["sha"][:12] in text
 
 
+def test_decode_at_depth_sends_a_prompt_of_exactly_n_tokens(live, reference, capsys, tmp_path):
+    """`bench decode --context N`: one completion prompt of the paragraph's first N tokens, sent
+    as ids; the reply's hash is the hash of our engine's tokens for that very prompt."""
+    out = tmp_path / "depth.json"
+    argv = ["bench", "decode", live.url, live.name, "--context", "300", "--tokens", "8"]
+    code, text = run(capsys, *argv, "--reps", "1", "--output", str(out))
+    assert code == 0
+    (record,) = json.loads(out.read_text())["records"]
+    ids = live.tokenizer.encode(PARAGRAPH * 8)[:300]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert record["prompt"] == "context 300" and record["usage"]["prompt_tokens"] == 300
+    assert record["sha"] == token_sha(solo(reference, ids, params))
+    assert "context 300" in text
+
+
 def test_concurrent_alone_and_serial_cells_all_equal(live, capsys, tmp_path):
     out = tmp_path / "concurrent.json"
     code, text = run(

@@ -202,3 +202,22 @@ def test_both_a_log_dtypes_load(hf_tiny, hf_tiny_c):
     for folder in (hf_tiny, hf_tiny_c):  # F32 A_log (official) and BF16 A_log
         model = load_model(folder)
         assert model.config.num_layers > 0
+
+
+def test_caches_that_do_not_fit_are_refused_before_allocation(hf_tiny, monkeypatch):
+    """--parallel x --context asking for more KV cache than the device has free is a named
+    refusal, raised before the pools are allocated; a context that fits is served."""
+    from tensorfold.cache import KVPool, budget
+    from tensorfold.engine.engine import Engine, EngineConfig
+    from tensorfold.errors import CacheTooLarge
+
+    model = load_model(hf_tiny, dtype=torch.float32)
+    monkeypatch.setattr(budget, "free_bytes", lambda device: 64 << 20)  # 64 MiB free
+    allocated = []
+    monkeypatch.setattr(KVPool, "__init__", lambda self, *a: allocated.append(a))
+    with pytest.raises(CacheTooLarge, match=r"--parallel 4 x --context 1048576"):
+        Engine(model, None, EngineConfig(parallel=4, context=1 << 20, chunk=64))
+    assert allocated == []
+    monkeypatch.undo()
+    monkeypatch.setattr(budget, "free_bytes", lambda device: 64 << 20)
+    Engine(model, None, EngineConfig(parallel=2, context=512, chunk=64))

@@ -44,6 +44,11 @@ class DraftForAnotherTarget(ConfigError):
     """A drafter bound to another target: its width, vocabulary, depth, taps or mask id differ."""
 
 
+class CacheTooLarge(ConfigError):
+    """The caches that --parallel and --context ask for do not fit the device's free memory;
+    raised before they are allocated."""
+
+
 class CheckpointError(TensorFoldError):
     """The weight files do not match the config; the message names the tensor."""
 

@@ -16,6 +16,7 @@ import torch
 
 from ..batch import CHUNK
 from ..cache import KVPool, ModelCaches, StatePool
+from ..cache.budget import check_fits
 from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
@@ -60,6 +61,14 @@ class Engine:
         # Lanes reserve whole contexts; the prompt cache's pages come on top, within its budget.
         pages = config.parallel * -(-config.context // config.page_size)
         pages += config.prompt_cache_bytes // max(1, page_bytes)
+        # a drafter configured: a spare slot per lane in the same pool (verify passes fork)
+        spares = config.parallel if config.draft and model.group is None else 0
+        slots = (len(cfg.linear_layers), config.parallel + spares, cfg.conv_kernel)
+        slots += (widths.conv_dim, widths.v_heads, cfg.linear_key_head_dim)
+        slots += (cfg.linear_value_head_dim, model.dtype)
+        tail = CHUNK if config.gdn_form == "chunk" else 0
+        state_bytes = StatePool.nbytes_for(*slots, tail_rows=tail)
+        check_fits(pages * page_bytes, state_bytes, config.parallel, config.context, model.device)
         kv = KVPool(
             len(cfg.full_layers),
             pages,
@@ -69,21 +78,8 @@ class Engine:
             model.dtype,
             model.device,
         )
-        # a drafter configured: a spare slot per lane in the same pool (verify passes fork)
-        spares = config.parallel if config.draft and model.group is None else 0
         model.set_gdn_form(config.gdn_form)
-        states = StatePool(
-            len(cfg.linear_layers),
-            config.parallel + spares,
-            cfg.conv_kernel,
-            widths.conv_dim,
-            widths.v_heads,
-            cfg.linear_key_head_dim,
-            cfg.linear_value_head_dim,
-            model.dtype,
-            model.device,
-            tail_rows=CHUNK if config.gdn_form == "chunk" else 0,
-        )
+        states = StatePool(*slots, model.device, tail_rows=tail)
         self.caches = ModelCaches(kv, states)
         self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
         runner = ModelRunner if model.group is None else SplitRunner  # a split: rank 0 leads

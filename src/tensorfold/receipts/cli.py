@@ -135,9 +135,20 @@ def _bench_common(p: argparse.ArgumentParser) -> None:
 
 
 def _decode(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from .bench import decode_command
 
-    return decode_command(_bench_config(args), args.output, _plot(args, "records"))
+    cfg = _bench_config(args)
+    if args.context:  # decode at depth: one completion prompt of exactly N tokens
+        from .client import Tokens
+        from .prefill import context_prompt
+
+        tokens = Tokens(cfg.endpoint, cfg.model, args.tokenizer)
+        cfg = dataclasses.replace(
+            cfg, prompts=(context_prompt(tokens, args.context, args.as_text),)
+        )
+    return decode_command(cfg, args.output, _plot(args, "records"))
 
 
 def _concurrent(args: argparse.Namespace) -> int:
@@ -172,6 +183,14 @@ def _bench_parsers(sub) -> None:
     tools = bench.add_subparsers(dest="bench_command", required=True)
     p = tools.add_parser("decode", help="per-request tok/s of a code and a chat prompt")
     _bench_common(p)
+    p.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="decode after a prompt of exactly N tokens (the paragraph repeated) instead",
+    )
+    _tokenizer_arg(p)
+    p.add_argument("--as-text", action="store_true", help="send the --context prompt as text")
     p.set_defaults(func=_guarded(_decode))
     p = tools.add_parser(
         "concurrent",

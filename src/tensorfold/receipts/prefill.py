@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..util import token_sha
 from .client import Endpoint, Reply, Tokens
 from .plot import PlotRequest, plot_one, prefill_panel
-from .prompts import PARAGRAPH
+from .prompts import PARAGRAPH, Prompt
 from .report import median, progress, short, table, write_json
 
 SHORT_LEN = 8
@@ -44,6 +44,16 @@ def build_arrays(tokens: Tokens, sizes: tuple[int, ...], offsets: int) -> list[i
     if len(ids) < max(sizes) + offsets:
         raise RuntimeError(f"the tokenizer gave {len(ids)} ids, fewer than {max(sizes) + offsets}")
     return ids
+
+
+def context_prompt(tokens, n: int, as_text: bool = False) -> Prompt:
+    """A completion prompt of exactly `n` tokens of the paragraph repeated (`tokens`: a
+    receipts.client.Tokens), as ids, or as their text for servers that take no ids (a text
+    prompt may tokenize to a slightly different length there)."""
+    ids = build_arrays(tokens, (n,), 1)[:n]
+    if as_text:
+        return Prompt(f"context {n}", tokens.decode(ids), chat=False)
+    return Prompt(f"context {n}", "", chat=False, ids=tuple(ids))
 
 
 def short_prompt(ids: list[int], i: int) -> list[int]:

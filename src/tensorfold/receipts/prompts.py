@@ -32,6 +32,7 @@ class Prompt:
     name: str
     text: str
     chat: bool
+    ids: tuple[int, ...] = ()  # a completion prompt sent as these token ids instead of text
 
     @property
     def path(self) -> str:
@@ -56,7 +57,7 @@ class Prompt:
             body["messages"] = [{"role": "user", "content": self.text}]
             body["chat_template_kwargs"] = {"enable_thinking": False}
         else:
-            body["prompt"] = self.text
+            body["prompt"] = list(self.ids) if self.ids else self.text
         if style.token_ids:
             body["return_token_ids"] = True
         if style.ignore_eos:
