@@ -105,15 +105,12 @@ class Run:
         return model
 
 
-def start_decoding(eng: Engine, lanes: int, tokens: int) -> list:
-    """`lanes` greedy requests of random 32-token prompts, stepped until every lane decodes (and a
+def start_decoding(eng: Engine, lanes: int, params: SamplingParams, n: int = 32, seed: int = 0):
+    """`lanes` greedy requests of random n-token prompts, stepped until every lane decodes (and a
     few steps more, so each lane count's graph is captured before anything is timed)."""
-    g = torch.Generator().manual_seed(lanes)
+    g = torch.Generator().manual_seed(seed or lanes)
     reqs = [
-        eng.add_request(
-            torch.randint(0, VOCAB, (32,), generator=g).tolist(),
-            SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True),
-        )
+        eng.add_request(torch.randint(0, VOCAB, (n,), generator=g).tolist(), params)
         for _ in range(lanes)
     ]
     while any(r.in_prompt or not r.output_ids for r in reqs):
@@ -129,7 +126,8 @@ def decode(model, lanes: int, run: Run, tokens: int = 64) -> float:
     before the first lane ends (lanes whose prompts took different passes end at different
     steps, and each smaller lane count would record its graph inside the timing)."""
     eng = run.engine(model, lanes, 512, 128)
-    reqs = start_decoding(eng, lanes, tokens)
+    greedy = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    reqs = start_decoding(eng, lanes, greedy)
     steps = min(r.max_tokens - len(r.output_ids) for r in reqs) - 1
     start, before = time.perf_counter(), sum(len(r.output_ids) for r in reqs)
     for _ in range(steps):
@@ -147,19 +145,10 @@ def decode_at(model, context: int, lanes: int, run: Run, tokens: int = 256) -> t
     # lanes that finish their prompt first decode while the others read theirs
     extra = lanes * n // 4096 + 16
     eng = run.engine(model, lanes, n + tokens + extra + 64, 4096)
-    g = torch.Generator().manual_seed(context + lanes)
     params = SamplingParams(max_tokens=tokens + extra, temperature=0.0, ignore_eos=True)
-    reqs = [
-        eng.add_request(torch.randint(0, VOCAB, (n,), generator=g).tolist(), params)
-        for _ in range(lanes)
-    ]
-    while any(r.in_prompt or not r.output_ids for r in reqs):
-        eng.step()
-    for _ in range(3):
-        eng.step()
-    torch.cuda.synchronize()
+    reqs = start_decoding(eng, lanes, params, n, seed=context + lanes)
     start, before = time.perf_counter(), sum(len(r.output_ids) for r in reqs)
-    for _ in range(tokens - 4):
+    for _ in range(tokens - 5):
         eng.step()
     torch.cuda.synchronize()
     assert all(len(r.output_ids) < r.max_tokens for r in reqs)

@@ -22,7 +22,7 @@ from tensorfold.engine.request import SamplingParams
 
 def decoding_engine(model, lanes: int, graphs: bool) -> Engine:
     eng = Run(graphs=graphs).engine(model, lanes, 512, 128)
-    start_decoding(eng, lanes, tokens=200)
+    start_decoding(eng, lanes, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
     return eng
 
 

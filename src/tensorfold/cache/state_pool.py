@@ -20,6 +20,7 @@ class StateSnapshot:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the pool holds (on the meta device: what it would hold, nothing allocated)."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
@@ -52,25 +53,6 @@ class StatePool:
         self.tail = per_layer(tail_rows, conv_dim)
         self.tail_gates = per_layer(tail_rows, 2, num_v_heads, dt=state_dtype)
         self._free = list(range(num_slots - 1, -1, -1))
-
-    @staticmethod
-    def nbytes_for(
-        num_layers: int,
-        num_slots: int,
-        conv_kernel: int,
-        conv_dim: int,
-        num_v_heads: int,
-        k_head_dim: int,
-        v_head_dim: int,
-        dtype: torch.dtype,
-        tail_rows: int = 0,
-    ) -> int:
-        """Bytes a pool of these arguments allocates (the constructor's tensors)."""
-        size = torch.empty((), dtype=dtype).element_size()
-        state = 8 if dtype == torch.float64 else 4
-        per_slot = (conv_kernel - 1 + tail_rows) * conv_dim * size
-        per_slot += (num_v_heads * k_head_dim * v_head_dim + tail_rows * 2 * num_v_heads) * state
-        return num_layers * num_slots * per_slot
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -145,4 +127,5 @@ class StatePool:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the pool holds (on the meta device: what it would hold, nothing allocated)."""
         return sum(t.numel() * t.element_size() for t in self.tensors)

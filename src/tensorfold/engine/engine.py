@@ -67,7 +67,7 @@ class Engine:
         slots += (widths.conv_dim, widths.v_heads, cfg.linear_key_head_dim)
         slots += (cfg.linear_value_head_dim, model.dtype)
         tail = CHUNK if config.gdn_form == "chunk" else 0
-        state_bytes = StatePool.nbytes_for(*slots, tail_rows=tail)
+        state_bytes = StatePool(*slots, torch.device("meta"), tail_rows=tail).nbytes
         check_fits(pages * page_bytes, state_bytes, config.parallel, config.context, model.device)
         kv = KVPool(
             len(cfg.full_layers),
