@@ -46,6 +46,15 @@ def test_models_health_memory(live, client):
     assert mem["device"] == "cpu" and mem["device_allocated_bytes"] is None
 
 
+def test_openapi_documents_metrics_as_prometheus_text(live):
+    with live.client() as http:
+        doc = http.get("/openapi.json").json()
+        served = http.get("/metrics")
+    content = doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(content) == ["text/plain"]
+    assert served.headers["content-type"].startswith("text/plain")
+
+
 def test_completion_matches_offline_engine(live, client, reference):
     ids = live.tokenizer.encode(PROMPT)
     want = solo(reference, ids, greedy(12, ignore_eos=True))
@@ -98,6 +107,23 @@ def test_chat_with_and_without_thinking(live, client, reference, thinking):
     said = choice.message.model_extra.get(field) if thinking else choice.message.content
     assert said == live.tokenizer.decode(want).strip("\n")
     assert out.usage.prompt_tokens == len(ids) and out.object == "chat.completion"
+
+
+def test_developer_role_is_the_system_role(live, client):
+    """The OpenAI SDK sends the system prompt as role "developer" for newer models: it is
+    rendered as a system message (same prompt tokens, same reply)."""
+    developer = [{**CHAT[0], "role": "developer"}, CHAT[1]]
+    kw = dict(model=live.name, max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    as_system = client.chat.completions.create(messages=CHAT, **kw)
+    as_developer = client.chat.completions.create(messages=developer, **kw)
+    assert as_developer.usage.prompt_tokens == as_system.usage.prompt_tokens
+    ids = [c.model_extra["token_ids"] for c in (as_system.choices[0], as_developer.choices[0])]
+    assert ids[0] == ids[1]
+    with live.client() as http:
+        counted = [
+            http.post("/tokenize", json={"messages": m}).json()["tokens"] for m in (CHAT, developer)
+        ]
+    assert counted[0] == counted[1]
 
 
 def test_chat_stream_with_usage(live, client):

@@ -5,6 +5,7 @@ the docs pages are all open alike."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -40,10 +41,11 @@ def connect(url: str) -> socket.socket:
     return sock
 
 
-def closed_after(sock: socket.socket, since: float) -> float:
-    """Seconds from `since` until the server closed the connection (reading what it sent)."""
-    while sock.recv(65536):
-        pass
+def closed_after(sock: socket.socket, since: float, got: list | None = None) -> float:
+    """Seconds from `since` until the server closed the connection (what it sent into `got`)."""
+    while chunk := sock.recv(65536):
+        if got is not None:
+            got.append(chunk)
     return time.monotonic() - since
 
 
@@ -61,12 +63,19 @@ def closed_after(sock: socket.socket, since: float) -> float:
 )
 def test_a_stalled_request_is_closed_after_its_timeout(guarded, sent, reason):
     before = metric(guarded.metrics(), "tensorfold_refusals_total", reason=reason)
+    got = []
     with connect(guarded.url) as sock:
         start = time.monotonic()
         sock.sendall(sent)
-        seconds = closed_after(sock, start)
+        seconds = closed_after(sock, start, got)
     assert TIMEOUT * 0.9 <= seconds < TIMEOUT + 2.0
     assert metric(guarded.metrics(), "tensorfold_refusals_total", reason=reason) == before + 1
+    if reason == "body_timeout":  # the request line was in: a 408 says why before the close
+        head, _, body = b"".join(got).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ")
+        assert json.loads(body)["error"]["code"] == "body_timeout"
+    else:
+        assert got == []
 
 
 def test_trickled_headers_do_not_extend_the_deadline(guarded):
@@ -107,6 +116,23 @@ def test_many_half_sent_requests_neither_block_others_nor_linger(guarded):
             sock.close()
 
 
+def test_a_request_with_two_framings_is_answered_then_the_connection_closes(guarded):
+    """Content-Length beside Transfer-Encoding (RFC 9112 6.1): the server answers it with
+    Connection: close and closes, so a request smuggled behind it is never read."""
+    body = json.dumps(PROBE).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    both = head + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
+    smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    got = []
+    with connect(guarded.url) as sock:
+        sock.sendall(both + smuggled)
+        closed_after(sock, time.monotonic(), got)
+    reply = b"".join(got)
+    assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1 ") == 1
+    assert b"connection: close" in reply.lower()
+
+
 def test_past_the_connection_cap_a_request_gets_a_503(hf_tiny):
     connections = ConnectionLimits(max_connections=3)
     server = start_server(
@@ -119,8 +145,10 @@ def test_past_the_connection_cap_a_request_gets_a_503(hf_tiny):
         assert r.status_code == 503 and r.headers["Retry-After"] == "1"
         assert r.headers["Connection"] == "close"
         assert r.json()["error"]["code"] == "too_many_connections"
-        health = httpx.get(f"{server.url}/health", timeout=30)  # monitoring still answers
-        assert health.status_code == 200 and health.headers["Connection"] == "close"
+        health = httpx.get(f"{server.url}/health", timeout=30)  # alive, but takes no work
+        assert health.status_code == 503 and health.headers["Connection"] == "close"
+        assert health.json() == {"status": "overloaded", "reason": "more than 3 open connections"}
+        assert httpx.get(f"{server.url}/metrics", timeout=30).status_code == 200
         assert (
             metric(server.metrics(), "tensorfold_refusals_total", reason="too_many_connections")
             == 1

@@ -156,6 +156,31 @@ def test_costly_json_is_refused_cheaply(trusted):
     assert seconds < AT_ONCE_S
 
 
+def test_a_body_for_a_path_that_takes_none_is_never_parsed(live, monkeypatch):
+    """A big body POSTed where no route reads one (an unknown path, a trailing slash) is
+    answered (404, or the router's redirect) without being read or parsed; the prompt routes
+    still parse theirs."""
+    from tensorfold.server import bodyguard
+
+    parsed, check = [], bodyguard.check_json
+    spy = lambda raw, *a: parsed.append(len(raw)) or check(raw, *a)  # noqa: E731
+    monkeypatch.setattr(bodyguard, "check_json", spy)
+    body = b'{"input": "' + b"a" * (8 * MIB) + b'"}'
+
+    def send():
+        return [
+            timed_post(live.url, path, content=body, headers=JSON)
+            for path in ("/v1/embeddings", "/v1/completions/")
+        ]
+
+    (unknown, s1), (slash, s2) = probed(live, send)
+    assert unknown.status_code == 404 and max(s1, s2) < AT_ONCE_S
+    assert slash.status_code == 307  # the router's redirect to /v1/completions, body unread
+    assert all(size < MIB for size in parsed)  # the probe's own requests only
+    big = httpx.post(f"{live.url}{CMPL}", content=body, headers=JSON, timeout=60)
+    assert big.status_code == 413 and max(parsed) < MIB  # a prompt route's cap, still unparsed
+
+
 def test_a_request_template_is_refused_unless_the_server_trusts_them(live):
     cases = [
         (

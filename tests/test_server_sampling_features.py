@@ -43,7 +43,10 @@ def test_echo_with_logprobs_scores_the_prompt(live, client, reference):
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     want = [float(logp[p - 1, ids[p]]) for p in range(1, n)]
     assert lp.token_logprobs[1:n] == pytest.approx(want, abs=1e-6)
-    assert all(len(t) <= 2 for t in lp.top_logprobs[1:n])
+    # the two likeliest and the prompt's own token (OpenAI's logprobs + 1)
+    assert all(len(t) <= 3 for t in lp.top_logprobs[1:n])
+    assert all(lp.tokens[p] in lp.top_logprobs[p] for p in range(1, n))
+    assert [lp.top_logprobs[p][lp.tokens[p]] for p in range(1, n)] == lp.token_logprobs[1:n]
     assert len(lp.tokens) == n + 8 and lp.text_offset[0] == 0
     assert "".join(lp.tokens[:n]) == PROMPT
     streamed = list(cmpl(client, live, echo=True, logprobs=2, stream=True))
@@ -72,10 +75,12 @@ def test_vllm_prompt_logprobs(live, client, reference):
 
 
 def test_logprobs_zero_gives_the_chosen_token(live, client):
+    """OpenAI's legacy contract: up to logprobs + 1 entries, the sampled token always among them
+    (`logprobs: 0` gave `{}` before)."""
     out = cmpl(client, live, logprobs=0)
     lp = out.choices[0].logprobs
     assert len(lp.token_logprobs) == 8 and all(math.isfinite(x) for x in lp.token_logprobs)
-    assert all(t == {} for t in lp.top_logprobs)
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
 
 
 RULES = [

@@ -178,6 +178,18 @@ CASES = [  # (id, path, body: dict or raw bytes, status, param, code)
     # answered 429 with Retry-After before, though no retry could ever fit
     ("n-past-the-queue", CMPL, {"prompt": "x", "n": 100}, 400, "n", "too_many_choices"),
     ("batch-past-the-queue", CMPL, {"prompt": ["x"] * 65}, 400, "prompt", "too_many_choices"),
+    # answered 500 (RecursionError) before
+    (
+        "json-nested-3000-deep",
+        CMPL,
+        b'{"prompt": "x", "metadata": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        400,
+        None,
+        "invalid_json",
+    ),
+    ("n-past-its-cap", CMPL, {"prompt": "x", "n": 200}, 400, "n", "invalid_value"),
+    # named the union's member ("prompt.str") before
+    ("prompt-an-object", CMPL, {"prompt": {"text": "x"}}, 400, "prompt", "invalid_type"),
 ]
 
 
@@ -207,6 +219,13 @@ def test_edge_value_is_refused_naming_its_field(live, probe, case):
         after = http.post(CMPL, json=PROBE).json()["choices"][0]
     assert (after["token_ids"], after["logprobs"]["token_logprobs"]) == probe
     assert metric(live.metrics(), "tensorfold_refusals_total", reason=code) == before + 1
+
+
+def test_the_n_refusal_names_the_limit_in_force(live):
+    """n past 128 names the queue's 64 (--max-queue), the limit a client can actually reach."""
+    with live.client() as http:
+        r = http.post(CMPL, json={"prompt": "x", "n": 200})
+    assert r.json()["error"]["message"] == "n=200 must be between 1 and 64"
 
 
 def test_n_up_to_the_queue_is_served(live):

@@ -8,7 +8,7 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..engine.engine import Engine
@@ -86,7 +86,9 @@ def create_app(
         limits.connections, metrics.dropped, metrics.refused
     )
     install_handlers(app)
-    app.add_middleware(BodyGuard, limits=limits, refuse=refusal_sender(metrics.refused))
+    app.add_middleware(
+        BodyGuard, limits=limits, refuse=refusal_sender(metrics.refused), routes=app.router.routes
+    )
     if api_key:  # added last: runs first, before any body is read
         app.add_middleware(
             APIKeyCheck, api_key=api_key, count=metrics.refused, open_paths=OPEN_PATHS
@@ -133,7 +135,11 @@ def _info_routes(app: FastAPI, s: ServerState) -> None:
             return JSONResponse(body, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,  # Prometheus text, as /openapi.json must say
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus metrics"}},
+    )
     async def metrics() -> Response:
         return Response(s.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .connections import closing
 from .errors import APIError
 from .limits import Limits
 from .logsafe import clip
@@ -53,8 +54,18 @@ Refuse = Callable[[APIError, Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, limits: Limits, refuse: Refuse) -> None:
+    def __init__(self, app: ASGIApp, limits: Limits, refuse: Refuse, routes=()) -> None:
+        """`routes`: the app's routes (read at the first request, when all are added)."""
         self.app, self.limits, self.refuse = app, limits, refuse
+        self.routes, self._posts = routes, None
+
+    def takes_body(self, path: str) -> bool:
+        """Whether a route reads a body at `path`; any other body is never read or parsed
+        (the router answers 404 or 405, and the connection closes with the body unread)."""
+        if self._posts is None:
+            methods = {r.path: getattr(r, "methods", None) or () for r in self.routes}
+            self._posts = {p for p, m in methods.items() if set(m) & set(BODY_METHODS)}
+        return path in self._posts
 
     def cap(self, path: str) -> Cap:
         body = Cap(self.limits.max_body_bytes, None, "body_too_large", "--max-body-bytes")
@@ -70,11 +81,13 @@ class BodyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if _both_framings(scope):  # RFC 9112 6.1: answer, then close (no request may follow)
+            send = closing(send)
         cap = self.cap(scope["path"])
         declared = _content_length(scope)
         if declared is not None and declared > cap.limit:  # refused before a byte is read
             return await self.refuse(_too_large(cap, f"{declared} bytes"), scope, receive, send)
-        if scope["method"] not in BODY_METHODS:
+        if scope["method"] not in BODY_METHODS or not self.takes_body(scope["path"]):
             return await self.app(scope, receive, send)
         try:
             body = await _read(receive, cap.limit)
@@ -88,6 +101,13 @@ class BodyGuard:
         if err is not None:
             return await self.refuse(err, scope, receive, send)
         await self.app(scope, _replay(body, receive), send)
+
+
+def _both_framings(scope: Scope) -> bool:
+    """A request with both Content-Length and Transfer-Encoding: a smuggling attempt or a broken
+    proxy, whose next bytes on the connection cannot be trusted."""
+    names = {name.lower() for name, _ in scope.get("headers", ())}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -159,6 +179,8 @@ def check_json(raw: bytes, cap: Cap, max_objects: int) -> APIError | None:
         )
     except json.JSONDecodeError:
         return None if utf8 else _not_utf8()
+    except RecursionError:  # nesting past the parser's depth: no later stage could take it
+        return APIError(400, "the body nests JSON too deeply", code="invalid_json")
     except ValueError:  # an integer past Python's digit limit
         obj, suspect = json.loads(text, parse_int=_bounded_int), True
     if not suspect:

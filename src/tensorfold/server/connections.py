@@ -5,6 +5,7 @@ uvicorn alone waits forever for a half-sent request and answers its own cap in p
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any, Callable
 
 import h11
 import uvicorn
+from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .auth import MONITORING_PATHS
@@ -43,13 +45,18 @@ class ConnectionGuard:
             )
 
     def past_cap(self, app: Any) -> Any:
-        """The app of a connection past the cap: monitoring is answered (a supervisor sees a
-        live server), anything else gets a 503; either way the connection then closes."""
+        """The app of a connection past the cap: /metrics is answered and /health says the
+        server is alive but cannot take work (a supervisor sees why requests fail), anything
+        else gets a 503; either way the connection then closes."""
 
         async def refuse_or_monitor(scope: Any, receive: Any, send: Any) -> None:
-            if scope["type"] == "http" and scope["path"] in MONITORING_PATHS:
-                return await app(scope, receive, _closing(send))
             cap = self.limits.max_connections
+            if scope["type"] == "http" and scope["path"] == "/health":
+                body = {"status": "overloaded", "reason": f"more than {cap} open connections"}
+                response = JSONResponse(body, status_code=503, headers={"Connection": "close"})
+                return await response(scope, receive, send)
+            if scope["type"] == "http" and scope["path"] in MONITORING_PATHS:
+                return await app(scope, receive, closing(send))
             self.refused("overloaded", "too_many_connections")
             self.note(f"refused a request: more than {cap} open connections (--max-connections)")
             err = APIError(
@@ -64,7 +71,9 @@ class ConnectionGuard:
         return refuse_or_monitor
 
 
-def _closing(send: Any) -> Any:
+def closing(send: Any) -> Any:
+    """`send` with `Connection: close` added to the response's headers."""
+
     async def send_then_close(message: dict) -> None:
         if message["type"] == "http.response.start":
             message = {
@@ -146,7 +155,27 @@ class GuardedH11Protocol(H11Protocol):
             f"closed a connection from {peer}: its request's {phase} did not arrive "
             f"in time (--{phase}-timeout)"
         )
+        if phase == "body":  # the request line is in: the client is told why (RFC 9110, 408)
+            self.transport.write(_timeout_response(self.guard.limits.body_timeout_s))
         self.transport.close()
+
+
+def _timeout_response(seconds: float) -> bytes:
+    """A 408 with an OpenAI-style error body, written straight to the socket: the app is still
+    waiting for the body, so no response of its own has begun."""
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"the request body did not arrive within {seconds:g} s (--body-timeout)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "body_timeout",
+            }
+        }
+    ).encode()
+    head = "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+    head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    return head.encode() + body
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -86,6 +87,10 @@ def from_engine(exc: RequestError | QueueFull, renames: dict[str, str] | None = 
     return APIError(400, str(exc), param, code="invalid_value")
 
 
+# pydantic's names of a union's members in an error's location ('str', 'list[int]', ...)
+UNION_TAG = re.compile(r"^(str|int|float|bool|dict|list|none|function-\w+|[\w-]+\[.*\])$")
+
+
 def _param(loc: tuple, body: Any) -> str | None:
     """('body', 'messages', 0, 'role') -> 'messages[0].role': the path through the body, leaving
     out pydantic's union tags ('str', 'list[int]'), which name no field."""
@@ -97,7 +102,7 @@ def _param(loc: tuple, body: Any) -> str | None:
         elif (
             isinstance(part, str)
             and isinstance(here, dict)
-            and (part in here or i == len(parts) - 1)
+            and (part in here or (i == len(parts) - 1 and not UNION_TAG.match(part)))
         ):
             path, here = f"{path}.{part}" if path else part, here.get(part)
         elif not path:

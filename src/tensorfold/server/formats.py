@@ -226,6 +226,7 @@ class CompletionFormat:
             alternatives: dict[str, float] = {}
             for t, v in top:  # tokens with the same text keep the likelier one's logprob
                 alternatives.setdefault(self.texts.get(t)[0], _lp(v))
+            alternatives.setdefault(text, _lp(logprob))  # the chosen token, always (OpenAI's k+1)
             out.top_logprobs.append(alternatives)
             out.text_offset.append(offset)
             offset += len(text)

@@ -34,6 +34,7 @@ def echo_logprobs(ids: list[int], entries: list[PromptEntry], texts) -> Completi
         alternatives: dict[str, float] = {}
         for t, v in top:
             alternatives.setdefault(texts.get(t)[0], _lp(v))
+        alternatives.setdefault(text, _lp(logprob))  # the prompt's own token, always
         out.top_logprobs.append(alternatives)
     return out
 

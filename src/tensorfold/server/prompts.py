@@ -96,6 +96,8 @@ def template_messages(
     the request's own template decides)."""
     out = []
     for i, m in enumerate(messages):
+        if m.role == "developer":  # the OpenAI SDK's system role for newer models
+            m = m.model_copy(update={"role": "system"})
         if roles is not None and m.role not in roles:
             raise APIError(
                 400,

@@ -264,8 +264,9 @@ def check_common(req: GenerationRequest, s: ServerState) -> None:
     """Refusals that do not need the prompt: wrong model, n out of range, unsupported fields,
     stops the engine could not check cheaply at every token."""
     check_model(req.model, s.model_name)
-    if not 1 <= req.n <= MAX_N:
-        raise APIError(400, f"n={req.n} must be between 1 and {MAX_N}", "n", code="invalid_value")
+    if not 1 <= req.n <= MAX_N:  # the limit named is the one in force: the queue may be smaller
+        most = min(MAX_N, s.limits.max_queue)
+        raise APIError(400, f"n={req.n} must be between 1 and {most}", "n", code="invalid_value")
     if req.stream_options is not None and not req.stream:
         raise APIError(
             400, "stream_options needs stream: true", "stream_options", code="invalid_value"
