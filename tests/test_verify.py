@@ -13,6 +13,7 @@ from server_harness import make_engine, start_server
 from tensorfold.cli import main
 from tensorfold.demo import demo_checkpoint
 from tensorfold.engine.fingerprint import checkpoint_digest, system_fingerprint
+from tensorfold.server.serving import SamplingDefaults
 
 DEMO = demo_checkpoint()
 CHAT = {
@@ -29,7 +30,10 @@ CHAT = {
 @pytest.fixture(scope="module")
 def demo():
     fp = system_fingerprint(DEMO, torch.float32, "cpu")
-    server = start_server(make_engine(DEMO, context=1024), name="tensorfold-demo", fingerprint=fp)
+    defaults = SamplingDefaults.from_checkpoint(DEMO)  # as `tensorfold serve`: greedy by default
+    server = start_server(
+        make_engine(DEMO, context=1024), name="tensorfold-demo", fingerprint=fp, defaults=defaults
+    )
     yield server
     server.stop()
 
@@ -99,3 +103,23 @@ def test_verify_local_replays_in_process(demo, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "verify: PASS" in out and "differs" not in out
+
+
+def test_the_missing_seed_is_noted_only_where_it_can_matter(demo, tmp_path, capsys):
+    """A greedy request (temperature 0, or none: the demo's default is greedy) that replays equal
+    gets no seed note; a sampled one without a seed, or a default one that differs, does."""
+    note = "the request has no seed"
+    no_seed = {k: v for k, v in CHAT.items() if k not in ("seed", "n")}
+    for temperature, noted in ((0, False), (None, False), (0.7, True)):
+        body = dict(no_seed, temperature=temperature)
+        if temperature is None:
+            del body["temperature"]
+        req, resp, response = _saved(demo, tmp_path, body)
+        main(["verify", str(req), str(resp), "--url", demo.url])
+        assert (note in capsys.readouterr().out) is noted, temperature
+    default = {k: v for k, v in no_seed.items() if k != "temperature"}
+    req, resp, response = _saved(demo, tmp_path, default)
+    response["choices"][0]["token_ids"][0] += 1
+    resp.write_text(json.dumps(response))
+    assert main(["verify", str(req), str(resp), "--url", demo.url]) == 1
+    assert note in capsys.readouterr().out

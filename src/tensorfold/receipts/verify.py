@@ -56,9 +56,6 @@ def _ids(response: dict[str, Any]) -> dict[int, list[int] | None]:
 
 def compare(request: dict[str, Any], saved: dict[str, Any], replay: dict[str, Any]) -> Verdict:
     v = Verdict()
-    temperature = request.get("temperature")
-    if request.get("seed") is None and temperature not in (0, 0.0):
-        v.note("note: the request has no seed; a sampled reply cannot be replayed exactly")
     fp_saved, fp_now = saved.get("system_fingerprint"), replay.get("system_fingerprint")
     if fp_saved != fp_now:
         v.note(f"note: system_fingerprint differs ({fp_saved} saved, {fp_now} now): "
@@ -84,7 +81,18 @@ def compare(request: dict[str, Any], saved: dict[str, Any], replay: dict[str, An
         )
         v.fail(f"choice {index}: token ids differ at position {at} "
                f"({len(ids)} saved, {len(again)} replayed)")  # fmt: skip
+    _seed_note(request, v)
     return v
+
+
+def _seed_note(request: dict[str, Any], v: Verdict) -> None:
+    """A missing seed explains a sampled request's difference. A request that sets no
+    temperature takes the server's default, greedy for many checkpoints: it is noted only
+    when its replay differs."""
+    if request.get("seed") is not None or request.get("temperature") in (0, 0.0):
+        return
+    if request.get("temperature") is not None or not v.ok:
+        v.note("note: the request has no seed; a sampled reply cannot be replayed exactly")
 
 
 def verify(
