@@ -191,6 +191,32 @@ def test_invalid_schemas_are_named(demo, body, param):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == "invalid_value"
+    for ours in ("LEAD", "x-guidance", "%json", " | "):  # the grammar around the schema
+        assert ours not in err["message"], err["message"]
+
+
+def test_a_schema_that_does_not_compile_is_named_in_its_own_terms(demo):
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}
+    with demo.client() as http:
+        r = http.post("/v1/chat/completions", json={"messages": Q, "response_format": bad})
+    assert r.json()["error"]["message"] == (
+        "the response_format schema does not compile: Invalid type: objectx"
+    )
+
+
+def test_json_object_with_a_schema_follows_it(client):
+    """llama.cpp's form, `{"type": "json_object", "schema": ...}`, constrains the reply by its
+    schema (it was ignored: any object passed); a schema that is no object is refused by name."""
+    fmt = {"type": "json_object", "schema": SCHEMA}
+    out = ask(client, response_format=fmt, extra_body=NO_THINK)
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+    assert (
+        out.choices[0].message.content
+        == ask(client, response_format=AS_SCHEMA, extra_body=NO_THINK).choices[0].message.content
+    )
+    with pytest.raises(Exception, match="response_format.schema"):
+        ask(client, response_format={"type": "json_object", "schema": [1]})
 
 
 def test_concurrent_mix_equals_solo(client):

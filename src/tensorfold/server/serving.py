@@ -26,7 +26,7 @@ from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .reasoning import thinking_open
 from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
-from .structured import chat_grammar
+from .structured import chat_grammar, compile_error
 from .textwork import ChatInput, TextWorker
 
 log = logging.getLogger("tensorfold.server")
@@ -242,7 +242,7 @@ async def grammar_for(
         raise APIError(
             400,
             f"the {'tools' if forced else 'response_format'} schema does not compile: "
-            f"{clip(why, 400)}",
+            f"{clip(compile_error(why), 400)}",
             "tools" if forced else "response_format",
             code="invalid_value",
         )

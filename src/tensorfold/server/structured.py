@@ -9,6 +9,7 @@ line (its enum kept), any other argument as JSON under its own schema."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..engine.constraints import Grammar
@@ -20,6 +21,19 @@ LEAD = "LEAD: /\\n{0,2}/\n"  # the newlines a reply opens with after its think b
 # JSON without free whitespace (a model cannot stall in it), separated as json.dumps and most
 # models write it: ", " between items, ": " after a key
 COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def compile_error(why: str) -> str:
+    """llguidance's message about a schema without its listing of the grammar around it (our
+    rule names and settings, which the client never wrote)."""
+    lines, listing = [], False
+    for line in why.splitlines():
+        caret = listing and re.fullmatch(r"\s*\^+\s*", line)  # the listing's pointer
+        listing = bool(re.match(r"\s*\d+ \| ", line))
+        if not listing and not caret:
+            lines.append(line)
+    text = re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines).strip())
+    return text.removeprefix("failed to compile JSON schema: ").strip() or why
 
 
 def _lit(text: str) -> str:
@@ -82,6 +96,15 @@ def chat_grammar(body: ChatCompletionRequest, after: int | None) -> Grammar | No
         return None
     if kind == "json_object":
         schema: dict[str, Any] = {"type": "object"}
+        if "schema" in fmt:  # llama.cpp's form: the object's schema beside the type
+            schema = fmt["schema"]
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400,
+                    "response_format.schema must be a JSON schema object",
+                    "response_format.schema",
+                    code="invalid_value",
+                )
     elif kind == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
