@@ -188,3 +188,26 @@ def test_a_device_fault_stops_the_engine_and_refuses_new_work(hf_tiny):
             assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopped"
     finally:
         server.stop()
+
+
+def test_a_reply_that_sets_no_limit_ends_at_the_servers(hf_tiny, tmp_path):
+    """`--max-tokens`: a request without max_tokens stops there (finish_reason length), one that
+    sets its own keeps it; the default comes from generation_config's max_new_tokens, else 8192
+    (a JSON-mode reply that never closes no longer runs to the end of --context)."""
+    import json
+
+    from tensorfold.server.cli import DEFAULT_MAX_TOKENS, reply_limit
+
+    server = start_server(make_engine(hf_tiny, max_tokens=5))
+    try:
+        with server.client() as http:
+            free = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True}
+            short = http.post(CMPL, json=free).json()
+            own = http.post(CMPL, json={**free, "max_tokens": 9}).json()
+    finally:
+        server.stop()
+    assert short["choices"][0]["finish_reason"] == "length"
+    assert short["usage"]["completion_tokens"] == 5 and own["usage"]["completion_tokens"] == 9
+    assert reply_limit(None, tmp_path) == DEFAULT_MAX_TOKENS == 8192
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 123}))
+    assert reply_limit(None, tmp_path) == 123 and reply_limit(0, tmp_path) == 0

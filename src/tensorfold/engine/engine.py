@@ -42,6 +42,7 @@ class EngineConfig(SchedulerConfig):
     draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
     draft_tokens: int = 4  # tokens drafted per verify pass
     gdn_form: str = "recurrence"  # the gated delta rule's exact form: "recurrence" or "chunk"
+    max_tokens: int | None = None  # a request's reply limit when it sets none (None: the context)
 
 
 class Engine:
@@ -125,7 +126,8 @@ class Engine:
         `prediction` (token ids of a predicted reply) drafts from it (OpenAI Predicted Outputs)."""
         prompt_ids = [int(t) for t in prompt_ids]
         self._validate(prompt_ids, params)
-        max_tokens = params.max_tokens or (self.config.context - len(prompt_ids))
+        rest = self.config.context - len(prompt_ids)
+        max_tokens = params.max_tokens or min(rest, self.config.max_tokens or rest)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         cuts = tuple(sorted(set(watch.cuts))) if watch is not None else ()
         req = Request(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import time
@@ -16,6 +17,18 @@ from .limits import add_flags as add_limit_flags
 log = logging.getLogger("tensorfold.server")
 MIB = 1 << 20
 SHUTDOWN_BACKSTOP_S = 5.0  # after the grace: how long cancelled streams get to end
+DEFAULT_MAX_TOKENS = 8192  # a reply that sets no limit ends here, not at --context (a runaway)
+
+
+def reply_limit(flag: int | None, path: Path) -> int:
+    """The reply limit of requests that set none: the flag, else the checkpoint's
+    generation_config max_new_tokens, else DEFAULT_MAX_TOKENS (0: the rest of the context)."""
+    if flag is not None:
+        return flag
+    f = Path(path) / "generation_config.json"
+    raw = json.loads(f.read_text()) if f.is_file() else {}
+    value = raw.get("max_new_tokens")
+    return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_TOKENS
 
 
 def add_parser(sub) -> None:
@@ -52,6 +65,13 @@ def add_parser(sub) -> None:
         help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
     )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="reply limit of a request that sets none (default: the checkpoint's "
+        f"generation_config max_new_tokens, else {DEFAULT_MAX_TOKENS}; 0: the rest of --context)",
+    )
     p.add_argument(
         "--prompt-cache-gib",
         type=float,
@@ -157,6 +177,7 @@ def _build(args: argparse.Namespace):
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         max_queue=args.max_queue,
+        max_tokens=reply_limit(args.max_tokens, path) or None,
         prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)),
         draft=args.draft,
         draft_tokens=args.draft_tokens,
