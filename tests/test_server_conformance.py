@@ -91,9 +91,37 @@ def test_continuous_usage_stats(live):
             extra_body={"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True},
         )
     )
+    assert all(c.usage is not None for c in chunks)  # the first (the role's) chunk too
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].usage.completion_tokens == 0
     counts = [c.usage.completion_tokens for c in chunks if c.choices and c.usage]
     assert counts == sorted(counts) and counts[-1] == 6
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+def test_return_token_ids_also_gives_the_prompts_ids(live):
+    """vLLM's shape: prompt_token_ids on each completion choice (a stream: its first chunk) and
+    at the top of a chat reply (a stream: its first chunk)."""
+    ids = live.tokenizer.encode("Once upon a time")
+    chat_ids = live.tokenizer.chat(MSG)
+    cmpl = {"prompt": "Once upon a time", "max_tokens": 3, "return_token_ids": True}
+    chat = {"messages": MSG, "max_tokens": 3, "return_token_ids": True}
+    with live.client() as http:
+        whole = http.post("/v1/completions", json=cmpl).json()
+        assert whole["choices"][0]["prompt_token_ids"] == ids
+        assert http.post("/v1/chat/completions", json=chat).json()["prompt_token_ids"] == chat_ids
+        assert (
+            "prompt_token_ids"
+            not in http.post("/v1/completions", json={**cmpl, "return_token_ids": False}).json()[
+                "choices"
+            ][0]
+        )
+        for path, body in (("/v1/completions", cmpl), ("/v1/chat/completions", chat)):
+            r = http.post(path, json={**body, "stream": True})
+            events = [e for e in r.text.split("\n\n") if e.startswith("data: {")]
+            first, rest = events[0], events[1:]
+            assert '"prompt_token_ids"' in first and not any(
+                '"prompt_token_ids"' in e for e in rest
+            )
 
 
 def test_tokenize_token_strings(live):

@@ -125,12 +125,23 @@ class CompletionFormat:
         self.created = int(time.time())
         self._offsets: dict[int, int] = {}  # text_offset reached by each streamed choice
         self._sent: set[int] = set()  # choices whose prompt logprobs went out
+        self._ids_sent: set[int] = set()  # choices whose prompt ids went out
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
         self._offsets[choice.index] = len(choice.prefix)
         if not choice.prefix or self.echo_logprobs:  # then it leads the first token's chunk
             return None
-        return self._chunk(CompletionChoice(index=choice.index, text=choice.prefix))
+        head = CompletionChoice(
+            index=choice.index, text=choice.prefix, prompt_token_ids=self._prompt_ids(choice)
+        )
+        return self._chunk(head)
+
+    def _prompt_ids(self, choice: ChoiceState) -> list[int] | None:
+        """The choice's prompt ids on its first chunk, with return_token_ids."""
+        if not self.want_ids or choice.index in self._ids_sent:
+            return None
+        self._ids_sent.add(choice.index)
+        return choice.prompt_ids
 
     def _prompt_parts(self, c: ChoiceState) -> tuple[str, CompletionLogprobs | None, list | None]:
         """(echoed text, its logprobs, vLLM's prompt_logprobs) once the prompt is scored."""
@@ -166,6 +177,7 @@ class CompletionFormat:
                 logprobs=logprobs,
                 token_ids=ids if self.want_ids else None,
                 prompt_logprobs=vllm,
+                prompt_token_ids=self._prompt_ids(choice),
             )
         )
 
@@ -195,6 +207,7 @@ class CompletionFormat:
                     logprobs=logprobs,
                     token_ids=c.token_ids if self.want_ids else None,
                     prompt_logprobs=vllm,
+                    prompt_token_ids=c.prompt_ids if self.want_ids else None,
                 )
             )
         return CompletionResponse(
@@ -254,9 +267,14 @@ class ChatFormat:
         self._outputs: dict[int, ChatOutput] = {}
 
     def opening(self, choice: ChoiceState) -> BaseModel | None:
+        first = not self._outputs  # the stream's first chunk carries the prompt's ids
         self._outputs[choice.index] = ChatOutput(self.opts)
-        opening = Delta(role="assistant", content="")
-        return self._chunk(ChatChunkChoice(index=choice.index, delta=opening))
+        opening = self._chunk(
+            ChatChunkChoice(index=choice.index, delta=Delta(role="assistant", content=""))
+        )
+        if first and self.want_ids:
+            opening.prompt_token_ids = choice.prompt_ids
+        return opening
 
     def delta(
         self,
@@ -323,6 +341,7 @@ class ChatFormat:
                 if scored
                 else None
             ),
+            prompt_token_ids=first.prompt_ids if self.want_ids and first is not None else None,
         )
 
     def _choice(self, c: ChoiceState) -> ChatChoice:

@@ -220,6 +220,8 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)
     prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
+    # vLLM's return_token_ids: the prompt's ids on the choice (a stream: its first chunk)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)
 
 
 class CompletionResponse(BaseModel):
@@ -290,6 +292,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_logprobs: list[dict[str, Any] | None] | None = Field(default=None, exclude_if=_omit_none)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)  # vLLM's place
 
 
 class Delta(BaseModel):
@@ -316,6 +319,7 @@ class ChatCompletionChunk(BaseModel):
     system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = Field(default=None, exclude_if=_omit_none)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_none)  # first chunk
 
 
 class CompletionChunk(BaseModel):

@@ -160,6 +160,8 @@ async def stream_events(
         for c in reply.choices.values():
             opening = reply.fmt.opening(c)
             if opening is not None:
+                if continuous:  # every chunk, the first too, carries the usage so far
+                    opening.usage = reply.usage()
                 yield sse(opening.model_dump_json())
         async for index, event in reply.gen.events():
             chunk = reply.chunk_for(reply.add(index, event), event, continuous)
