@@ -131,3 +131,14 @@ def test_tokenize_token_strings(live):
         ).json()
     assert out["token_strs"] == [live.tokenizer.token_text(t) for t in out["tokens"]]
     assert "".join(out["token_strs"]) == "hello world"
+
+
+def test_tokenize_refuses_continue_final_message_as_chat_does(live):
+    """It was silently ignored: the ids counted for a prompt other than the one asked for."""
+    body = {"messages": [*MSG, {"role": "assistant", "content": "5"}]}
+    with live.client() as http:
+        for path in ("/tokenize", "/v1/chat/completions"):
+            r = http.post(path, json={**body, "continue_final_message": True})
+            assert r.status_code == 400, path
+            err = r.json()["error"]
+            assert (err["param"], err["code"]) == ("continue_final_message", "unsupported"), path

@@ -156,6 +156,13 @@ def _token_routes(app: FastAPI, s: ServerState) -> None:
             raise APIError(
                 400, "send exactly one of prompt and messages", "prompt", code="invalid_value"
             )
+        if body.continue_final_message:  # as /v1/chat/completions answers it
+            raise APIError(
+                400,
+                "continue_final_message is not supported by this server",
+                "continue_final_message",
+                code="unsupported",
+            )
         if body.messages is not None:
             ids = await s.text.chat(ChatInput.of(body))
         else:

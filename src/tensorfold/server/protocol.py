@@ -168,6 +168,7 @@ class TokenizeRequest(BaseModel):
     chat_template: str | None = None
     tools: Annotated[list[dict[str, Any]], FAIL_FAST] | None = None  # rendered as chat renders them
     return_token_strs: StrictBool = False  # vLLM's: each token's text beside its id
+    continue_final_message: StrictBool = False  # refused, as chat refuses it (never ignored)
 
 
 class DetokenizeRequest(BaseModel):
