@@ -84,6 +84,21 @@ def test_known_answers_through_tensorfold_run(kind, capsys):
         assert out["finish_reason"] == "stop"
 
 
+def test_run_chat_prints_the_answer_apart_from_the_trace(capsys):
+    """`run --chat` with thinking on: the trace goes to stderr, stdout holds the answer alone
+    (no literal </think>), and --json carries both as the server does."""
+    argv = ["run", "--chat", "What is 17 × 23?", "--max-tokens", "96"]
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "391" and "</think>" not in out
+    assert err.strip().endswith("= 391.")
+    assert cli_main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["content"].strip() == "391" and got["reasoning_content"].strip().endswith("= 391.")
+    assert cli_main([*argv, "--no-thinking"]) == 0
+    assert capsys.readouterr().out.strip() == "391"
+
+
 @pytest.mark.parametrize("kind", FILES)
 def test_known_answers_over_http(kind):
     from tensorfold.receipts.client import Endpoint

@@ -9,7 +9,7 @@ import pytest
 from server_harness import make_engine, start_server
 
 from tensorfold.demo import demo_checkpoint
-from tensorfold.server.reasoning import ReasoningSplitter, split_reasoning
+from tensorfold.engine.reasoning import ReasoningSplitter, split_reasoning
 from tensorfold.server.toolcalls import ToolCallStream
 
 Q = [{"role": "user", "content": "What is 17 × 23?"}]

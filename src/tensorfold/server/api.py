@@ -12,11 +12,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..engine.engine import Engine
+from ..engine.reasoning import think_ids
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .auth import DOCS_PATHS, MONITORING_PATHS, APIKeyCheck
 from .bodyguard import BodyGuard
-from .chat_request import think_ids
 from .connections import ConnectionGuard
 from .errors import APIError, install_handlers, log, refusal_sender
 from .formats import TokenTexts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reasoning import ReasoningSplitter
+from ..engine.reasoning import ReasoningSplitter
 from .toolcalls import ToolCall, ToolCallStream
 
 

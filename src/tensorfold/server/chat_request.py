@@ -5,20 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tokenizer import Tokenizer
+from ..engine.reasoning import thinking_open
 from .chat_output import ChatOptions
 from .errors import APIError
 from .logsafe import clip
 from .protocol import ChatCompletionRequest
-from .reasoning import THINK_END, THINK_START, thinking_open
-
-
-def think_ids(tokenizer: Tokenizer | None) -> tuple[int | None, int | None]:
-    """The ids of `<think>` and `</think>` when the vocabulary has them as single tokens."""
-    if tokenizer is None:
-        return None, None
-    vocab = tokenizer.hf.get_vocab()
-    return vocab.get(THINK_START), vocab.get(THINK_END)
 
 
 def check_tools(body: ChatCompletionRequest) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from fastapi import Request
 
 from ..engine.constraints import Grammar
+from ..engine.reasoning import thinking_open
 from ..engine.request import SamplingParams
 from ..errors import QueueFull, RequestError
 from ..tokenizer import Tokenizer
@@ -24,7 +25,6 @@ from .logsafe import clip, names
 from .metrics import Metrics
 from .prompts import split_prompt
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from .reasoning import thinking_open
 from .reply import SSE_HEADERS, EventStream, Reply, collect, stream_events
 from .structured import chat_grammar, compile_error
 from .textwork import ChatInput, TextWorker

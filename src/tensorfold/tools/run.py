@@ -32,6 +32,15 @@ def _prompt_ids(args, tok: Tokenizer | None) -> list[int]:
     return tok.encode(args.prompt)
 
 
+def _chat_parts(args, tok, ids: list[int], text: str) -> tuple[str | None, str]:
+    """(trace, answer) of a --chat reply (the trace None when it has none), else (None, text)."""
+    if args.chat is None or tok is None:
+        return None, text
+    from ..engine.reasoning import split_reasoning, think_ids, thinking_open
+
+    return split_reasoning(text, thinking_open(ids, *think_ids(tok)))
+
+
 def _params(args) -> SamplingParams:
     return SamplingParams(
         max_tokens=args.max_tokens,
@@ -114,8 +123,14 @@ def run_command(args) -> int:
             all(s["equal"] for s in result["seams"]) and other.output_ids == req.output_ids
         )
     last.close()  # a split's other ranks stop
+    trace, answer = _chat_parts(args, tok, ids, req.text)
+    if trace is not None:  # a chat reply's trace and answer apart, as the server gives them
+        result |= {"reasoning_content": trace, "content": answer}
     if args.json:
         print(json.dumps(result))
+    elif trace is not None:
+        print(trace.strip(), file=sys.stderr)  # the trace beside, the answer alone on stdout
+        print(answer)
     else:
         print(req.text if tok is not None else req.output_ids)
         if args.compare_chunk:

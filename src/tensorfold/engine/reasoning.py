@@ -85,3 +85,11 @@ class ReasoningSplitter:
         if self.in_trace:
             return self._shown(held.rstrip("\n")), ""
         return "", self._shown(held)
+
+
+def think_ids(tokenizer) -> tuple[int | None, int | None]:
+    """The ids of `<think>` and `</think>` when the vocabulary has them as single tokens."""
+    if tokenizer is None:
+        return None, None
+    vocab = tokenizer.hf.get_vocab()
+    return vocab.get(THINK_START), vocab.get(THINK_END)
