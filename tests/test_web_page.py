@@ -405,3 +405,44 @@ def test_the_hash_without_crypto_subtle_is_the_same_sha256(browser, live):
         fallback = page.evaluate("ids => sha256Fallback(ids.join(','))", ids)
         assert subtle == fallback == token_sha(ids)
     page.close()
+
+
+# -- the API's docs pages, offline ---------------------------------------------------------------
+
+
+def test_the_docs_pages_load_every_file_from_this_server(live):
+    """/docs and /redoc name no other host: their scripts and styles come from the package."""
+    with live.client() as http:
+        for path in ("/docs", "/redoc"):
+            page = http.get(path)
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            urls = re.findall(r'(?:src|href)=["\']([^"\']+)["\']', page.text)
+            urls += re.findall(r"url: ?['\"]([^'\"]+)['\"]", page.text)  # the spec's URL
+            assert urls and all(u.startswith("/") for u in urls), (path, urls)
+            for url in urls:
+                assert http.get(url).status_code == 200, url
+
+
+def test_the_docs_pages_render_with_no_network(browser, live):
+    """In Chromium with every request to another host refused: Swagger UI and ReDoc show the
+    API's title and its routes (they were blank offline, loading their scripts from a CDN)."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page()
+    foreign = []
+
+    def only_here(route):
+        if route.request.url.startswith(live.url):
+            return route.continue_()
+        foreign.append((route.request.resource_type, route.request.url))
+        return route.abort()
+
+    page.route("**/*", only_here)
+    page.goto(live.url + "/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("TensorFold")
+    expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    page.goto(live.url + "/redoc")
+    expect(page.locator("h1").first).to_contain_text("TensorFold")
+    # nothing the pages run on came from elsewhere; ReDoc's own footer logo is its one image link
+    assert [url for kind, url in foreign if kind != "image"] == []
+    page.close()

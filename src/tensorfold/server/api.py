@@ -18,6 +18,8 @@ from .async_engine import AsyncEngine
 from .auth import DOCS_PATHS, MONITORING_PATHS, APIKeyCheck
 from .bodyguard import BodyGuard
 from .connections import ConnectionGuard
+from .docs import ASSET_PATHS as DOC_ASSETS
+from .docs import mount_docs
 from .errors import APIError, install_handlers, log, refusal_sender
 from .formats import TokenTexts
 from .limits import Limits
@@ -35,7 +37,7 @@ from .protocol import (
 from .serving import SamplingDefaults, ServerState, chat, check_model, complete
 from .textwork import ChatInput, TextWorker
 
-OPEN_PATHS = (*MONITORING_PATHS, *DOCS_PATHS, *PAGE_PATHS)
+OPEN_PATHS = (*MONITORING_PATHS, *DOCS_PATHS, *DOC_ASSETS, *PAGE_PATHS)
 
 
 def create_app(
@@ -80,7 +82,8 @@ def create_app(
         bridge.close()  # a tensor split's other ranks stop
         text.close()
 
-    app = FastAPI(title="TensorFold", lifespan=lifespan)
+    app = FastAPI(title="TensorFold", lifespan=lifespan, docs_url=None, redoc_url=None)
+    mount_docs(app, "TensorFold")  # the docs pages with their files from the package, not a CDN
     app.state.server = state
     app.state.connection_guard = ConnectionGuard(
         limits.connections, metrics.dropped, metrics.refused
