@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .lazy import zeros
+
 
 class KVPool:
     def __init__(
@@ -24,11 +26,11 @@ class KVPool:
         rows = num_pages * page_size
         # Zeroed so a row read before it is written is finite (it is masked, and 0 * finite = 0).
         self.k = [
-            torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+            zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
         self.v = [
-            torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
+            zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device)
             for _ in range(num_layers)
         ]
         self._free = list(range(num_pages - 1, -1, -1))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import CHUNK, GDNState
+from .lazy import zeros
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,7 @@ class StatePool:
         self.num_slots = num_slots
 
         def per_layer(*shape, dt=dtype):
-            return [
-                torch.zeros(num_slots, *shape, dtype=dt, device=device) for _ in range(num_layers)
-            ]
+            return [zeros(num_slots, *shape, dtype=dt, device=device) for _ in range(num_layers)]
 
         self.conv = per_layer(conv_kernel - 1, conv_dim)
         self.recurrent = per_layer(num_v_heads, k_head_dim, v_head_dim, dt=state_dtype)
