@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The bundled demo drafts with its MTP head when its folder has one (model-mtp.safetensors), else
-# serves plain and says so; with ARGS the server does as they say.
-DRAFT ?= $(if $(strip $(ARGS)),,--draft auto)
+# --draft auto drafts with the checkpoint's MTP head when its folder has one (the bundled demo's
+# model-mtp.safetensors), else serves plain and says so; ARGS that name --draft choose themselves.
+DRAFT ?= $(if $(findstring --draft,$(ARGS)),,--draft auto)
 
 serve: $(STAMP)
 	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(DRAFT) $(ARGS)

@@ -128,6 +128,14 @@ def add_parser(sub) -> None:
 DEMO_NAME = "tensorfold-demo"
 
 
+def served_name(path: Path) -> str:
+    """The model name a checkpoint is served under: the demo's, named or not, else its folder's."""
+    from ..demo import KINDS
+
+    demos = {(Path(__file__).resolve().parents[1] / "demo" / k).resolve() for k in KINDS.values()}
+    return DEMO_NAME if Path(path).resolve() in demos else Path(path).name
+
+
 def _build(args: argparse.Namespace):
     from ..engine.drafting import check as check_draft
     from ..engine.drafting import resolve_auto
@@ -194,7 +202,7 @@ def _build(args: argparse.Namespace):
         memory.state_pool_bytes / MIB,
         defaults,
     )
-    name = args.served_model_name or (DEMO_NAME if args.checkpoint is None else path.name)
+    name = args.served_model_name or served_name(path)
     fingerprint = system_fingerprint(path, dtype, device, gdn_form=args.gdn_form)
     log.info("system_fingerprint %s", fingerprint)
     app = create_app(
