@@ -14,6 +14,7 @@ ASSETS = {
     "/web/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/web/sha256.js": ("sha256.js", "text/javascript; charset=utf-8"),
     "/web/style.css": ("style.css", "text/css; charset=utf-8"),
+    "/web/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 PAGE_PATHS = tuple(ASSETS)  # open without an API key: the page asks for the key itself
 # The page and its scripts come from this server only; it talks to this server only.

@@ -384,7 +384,7 @@ function showStats(view, msg) {
   setStat(view, "tokens", `${s.tokens ?? "–"} tokens${s.finish ? ` (${s.finish})` : ""}`);
   setStat(view, "cached", `cached ${s.cached ?? "–"}`);
   setStat(view, "seed", `seed ${msg.request?.seed ?? "–"}`);
-  setStat(view, "fingerprint", `fp ${s.fingerprint || "-"}`);
+  setStat(view, "fingerprint", s.fingerprint || "fp –");  // the value is fp_…: no second prefix
   const sha = setStat(view, "sha", `sha ${short(msg.sha)}`, msg.sha || "no token ids");
   sha.dataset.sha = msg.sha || "";
   view.querySelector(".replay").hidden = !msg.sha;
