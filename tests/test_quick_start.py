@@ -3,6 +3,7 @@ that do not name a drafter keep `--draft auto` (an `ARGS="--port ..."` used to t
 silently), and the demo is served as `tensorfold-demo` however its folder is named on the
 command line (`serve src/tensorfold/demo/bf16` answered to "bf16", so the tour's receipts 404'd)."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,15 +11,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "PORT", "HOST", "DRAFT")
 
 
 def serve_command(*assignments: str) -> str:
+    """The command `make serve` would run, as a user's shell would see it: not the variables of a
+    `make test` that runs this test (MAKEFLAGS carries its command line to every sub-make)."""
     if shutil.which("make") is None:
         pytest.skip("no make")
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
     done = subprocess.run(
-        ["make", "-n", "serve", *assignments], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", "serve", *assignments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     )
-    return done.stdout.strip().splitlines()[-1]
+    return next(line for line in done.stdout.splitlines() if "tensorfold serve" in line).strip()
 
 
 def test_make_serve_keeps_draft_auto_unless_args_name_a_drafter():
