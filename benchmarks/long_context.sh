@@ -1,7 +1,8 @@
 #!/bin/bash
-# Long context on a GPU machine, in one call: the attention kernel's registry entry and GPU tests,
+# Long context on a GPU machine, in one go: the attention kernel's registry entry and GPU tests,
 # the kernel alone at depth (attention_depth.py), decode at depth and long prompts (h200.py), and
-# llama.cpp's llama-bench at the same depths (the peer kit, when copied to .peers/llamacpp).
+# llama.cpp's llama-bench at the same depths (when a llama.cpp build kit with a run.sh is in
+# .peers/llamacpp).
 #
 #   bash benchmarks/long_context.sh OUT [phases]    phases: any of check probe depth prompts tests peer
 #
