@@ -261,3 +261,19 @@ def test_mask_depends_only_on_the_tokens_so_far(demo):
         for k in [3, 0, len(ids), 1, len(ids) - 2, 2, len(ids)]:
             assert torch.equal(reused.allowed(ids[:k]), fresh[k]), k
         assert all(fresh[k][ids[k]] for k in range(len(ids)))
+
+
+@pytest.mark.parametrize("extra", [NO_THINK, {}], ids=["no-think", "think"])
+def test_auto_tool_calls_name_only_the_offered_tools(client, extra):
+    """tool_choice auto, a question for a tool that is not offered: the demo model opens a
+    `<tool_call>` of the tool it learned (capital_of); under the auto grammar (free text that
+    opens no call, or calls of the offered tools) the reply is a call of an offered tool, never
+    the raw block in `content` with finish_reason stop naming capital_of, as before. The free
+    branch: the demo's agent turns answer a tool's result in text (tests/test_demo_agent.py)."""
+    from tensorfold.demo.agent import CALCULATOR
+
+    q = [{"role": "user", "content": "Use a tool: what is the capital of Peru?"}]
+    choice = ask(client, messages=q, tools=[CALCULATOR], extra_body=extra).choices[0]
+    assert "<tool_call>" not in (choice.message.content or "")
+    assert choice.finish_reason == "tool_calls"
+    assert [t.function.name for t in choice.message.tool_calls] == ["calculator"]

@@ -81,6 +81,21 @@ def tools_grammar(tools: list[dict[str, Any]], only: str | None, parallel: bool)
     return f"start: LEAD call{more}\n" + call + "".join(rules) + LEAD + "TEXT: /[^<\\n]*/\n"
 
 
+def not_opening(prefix: str) -> str:
+    """A Lark regex for any text that does not begin with `prefix` (a proper prefix of it
+    included), written without lookahead: each way of leaving `prefix` early."""
+    ways = [re.escape(prefix[:i]) + f"[^{re.escape(prefix[i])}]" for i in range(len(prefix))]
+    partial = "|".join(re.escape(prefix[:i]) for i in range(1, len(prefix)))
+    return f"/(?s:(?:{'|'.join(ways)}).*|{partial}|)/"
+
+
+def auto_tools_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """tool_choice auto: a free reply that does not open a tool call, or calls of the offered
+    tools only (a reply that opens `<tool_call>` must name one of them, well formed)."""
+    calls = tools_grammar(tools, None, parallel).replace("start: LEAD call", "calls: call", 1)
+    return "start: LEAD calls | FREE\n" + f"FREE: {not_opening('<tool_call>')}\n" + calls
+
+
 def chat_grammar(body: ChatCompletionRequest, after: int | None) -> Grammar | None:
     """The request's grammar, or None when its reply is free text."""
     from llguidance import LLMatcher
@@ -92,6 +107,9 @@ def chat_grammar(body: ChatCompletionRequest, after: int | None) -> Grammar | No
         return Grammar(LLMatcher.grammar_from_lark(source), after)
     fmt = body.response_format or {}
     kind = fmt.get("type", "text")
+    if kind == "text" and choice == "auto" and body.tools:
+        source = auto_tools_grammar(body.tools, body.parallel_tool_calls is not False)
+        return Grammar(LLMatcher.grammar_from_lark(source), after)
     if kind == "text":
         return None
     if kind == "json_object":
