@@ -4,12 +4,11 @@ them from the network, so offline they were blank."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from importlib import resources
-
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse
+
+from .page import add_asset_routes, load_assets
 
 # URL path -> (file of fastapi_offline/static, media type)
 ASSETS = {
@@ -21,25 +20,9 @@ ASSETS = {
 ASSET_PATHS = tuple(ASSETS)  # open without an API key, as the pages are
 
 
-@dataclass(frozen=True)
-class Asset:
-    body: bytes
-    media_type: str
-
-
-def _assets() -> dict[str, Asset]:
-    """Every file read once at start, so a request never touches the file system."""
-    folder = resources.files("fastapi_offline") / "static"
-    return {
-        path: Asset(folder.joinpath(name).read_bytes(), media)
-        for path, (name, media) in ASSETS.items()
-    }
-
-
 def mount_docs(app: FastAPI, title: str) -> None:
     """/docs and /redoc over /openapi.json, every file they load from this server. The app must
     be made with docs_url=None and redoc_url=None."""
-    assets = _assets()
 
     async def swagger() -> HTMLResponse:
         return get_swagger_ui_html(
@@ -59,13 +42,6 @@ def mount_docs(app: FastAPI, title: str) -> None:
             with_google_fonts=False,
         )
 
-    def serve(asset: Asset):
-        async def send() -> Response:
-            return Response(asset.body, media_type=asset.media_type)
-
-        return send
-
     app.add_api_route("/docs", swagger, methods=["GET"], include_in_schema=False)
     app.add_api_route("/redoc", redoc, methods=["GET"], include_in_schema=False)
-    for path, asset in assets.items():
-        app.add_api_route(path, serve(asset), methods=["GET"], include_in_schema=False)
+    add_asset_routes(app, load_assets(ASSETS, "fastapi_offline", "static"))

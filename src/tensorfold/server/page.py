@@ -33,23 +33,28 @@ class Asset:
     media_type: str
 
 
-def load_assets() -> dict[str, Asset]:
-    """Every file read once at start, so a request never touches the file system."""
-    folder = resources.files("tensorfold.server") / "web"
+def load_assets(table: dict[str, tuple[str, str]], package: str, folder: str) -> dict[str, Asset]:
+    """Every file of `table` (URL path -> (file, media type)) under `folder` of `package`, read
+    once at start, so a request never touches the file system."""
+    root = resources.files(package) / folder
     return {
-        path: Asset(folder.joinpath(name).read_bytes(), media)
-        for path, (name, media) in ASSETS.items()
+        path: Asset(root.joinpath(name).read_bytes(), media)
+        for path, (name, media) in table.items()
     }
 
 
-def mount_page(app: FastAPI) -> None:
-    assets = load_assets()
+def add_asset_routes(app: FastAPI, assets: dict[str, Asset], headers: dict | None = None) -> None:
+    """GET (and HEAD) of each asset at its path, kept out of the OpenAPI document."""
 
     def route(asset: Asset):
         async def serve() -> Response:
-            return Response(asset.body, media_type=asset.media_type, headers=HEADERS)
+            return Response(asset.body, media_type=asset.media_type, headers=headers)
 
         return serve
 
     for path, asset in assets.items():
         app.add_api_route(path, route(asset), methods=["GET", "HEAD"], include_in_schema=False)
+
+
+def mount_page(app: FastAPI) -> None:
+    add_asset_routes(app, load_assets(ASSETS, "tensorfold.server", "web"), HEADERS)
