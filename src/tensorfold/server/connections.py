@@ -5,7 +5,6 @@ uvicorn alone waits forever for a half-sent request and answers its own cap in p
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -161,18 +160,10 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def _timeout_response(seconds: float) -> bytes:
-    """A 408 with an OpenAI-style error body, written straight to the socket: the app is still
-    waiting for the body, so no response of its own has begun."""
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"the request body did not arrive within {seconds:g} s (--body-timeout)",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "body_timeout",
-            }
-        }
-    ).encode()
+    """A 408 with the API's error body (APIError's), written straight to the socket: the app is
+    still waiting for the body, so no response of its own has begun."""
+    message = f"the request body did not arrive within {seconds:g} s (--body-timeout)"
+    body = APIError(408, message, code="body_timeout").response().body
     head = "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
     head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     return head.encode() + body
