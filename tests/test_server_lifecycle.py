@@ -208,6 +208,11 @@ def test_a_reply_that_sets_no_limit_ends_at_the_servers(hf_tiny, tmp_path):
         server.stop()
     assert short["choices"][0]["finish_reason"] == "length"
     assert short["usage"]["completion_tokens"] == 5 and own["usage"]["completion_tokens"] == 9
-    assert reply_limit(None, tmp_path) == DEFAULT_MAX_TOKENS == 8192
+    from tensorfold.server.serving import SamplingDefaults
+
+    def limit(flag):
+        return reply_limit(flag, SamplingDefaults.from_checkpoint(tmp_path))
+
+    assert limit(None) == DEFAULT_MAX_TOKENS == 8192
     (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 123}))
-    assert reply_limit(None, tmp_path) == 123 and reply_limit(0, tmp_path) == 0
+    assert limit(None) == 123 and limit(0) == 0

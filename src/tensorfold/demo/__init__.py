@@ -25,3 +25,9 @@ def demo_checkpoint(kind: str = "bf16") -> Path:
             + (" and scripts/convert_demo_mlx.py" if kind == "mlx-4bit" else "")
         )
     return path
+
+
+def is_demo(path: str | Path) -> bool:
+    """Whether `path` is one of the shipped demo checkpoint folders (any spelling of it)."""
+    here = Path(__file__).resolve().parent
+    return Path(path).resolve() in {(here / folder).resolve() for folder in KINDS.values()}

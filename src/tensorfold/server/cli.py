@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import time
@@ -20,15 +19,13 @@ SHUTDOWN_BACKSTOP_S = 5.0  # after the grace: how long cancelled streams get to 
 DEFAULT_MAX_TOKENS = 8192  # a reply that sets no limit ends here, not at --context (a runaway)
 
 
-def reply_limit(flag: int | None, path: Path) -> int:
+def reply_limit(flag: int | None, defaults) -> int:
     """The reply limit of requests that set none: the flag, else the checkpoint's
-    generation_config max_new_tokens, else DEFAULT_MAX_TOKENS (0: the rest of the context)."""
+    generation_config max_new_tokens (`defaults`: its SamplingDefaults), else DEFAULT_MAX_TOKENS
+    (0: the rest of the context)."""
     if flag is not None:
         return flag
-    f = Path(path) / "generation_config.json"
-    raw = json.loads(f.read_text()) if f.is_file() else {}
-    value = raw.get("max_new_tokens")
-    return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_TOKENS
+    return defaults.max_new_tokens or DEFAULT_MAX_TOKENS
 
 
 def add_parser(sub) -> None:
@@ -130,10 +127,9 @@ DEMO_NAME = "tensorfold-demo"
 
 def served_name(path: Path) -> str:
     """The model name a checkpoint is served under: the demo's, named or not, else its folder's."""
-    from ..demo import KINDS
+    from ..demo import is_demo
 
-    demos = {(Path(__file__).resolve().parents[1] / "demo" / k).resolve() for k in KINDS.values()}
-    return DEMO_NAME if Path(path).resolve() in demos else Path(path).name
+    return DEMO_NAME if is_demo(path) else Path(path).name
 
 
 def _build(args: argparse.Namespace):
@@ -178,6 +174,7 @@ def _build(args: argparse.Namespace):
             args.context,
             model.config.max_position_embeddings,
         )
+    defaults = SamplingDefaults.from_checkpoint(path)
     config = EngineConfig(
         parallel=args.parallel,
         context=args.context,
@@ -185,14 +182,14 @@ def _build(args: argparse.Namespace):
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         max_queue=args.max_queue,
-        max_tokens=reply_limit(args.max_tokens, path) or None,
+        max_tokens=reply_limit(args.max_tokens, defaults) or None,
         prompt_cache_bytes=int(args.prompt_cache_gib * (1 << 30)),
         draft=args.draft,
         draft_tokens=args.draft_tokens,
         gdn_form=args.gdn_form,
     )
     engine = Engine(model, tokenizer, config)
-    defaults, memory = SamplingDefaults.from_checkpoint(path), engine.memory()
+    memory = engine.memory()
     log.info(
         "loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
         "sampling defaults %s",

@@ -41,14 +41,18 @@ class SamplingDefaults:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    max_new_tokens: int | None = None  # the checkpoint's reply limit (the server's --max-tokens)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> SamplingDefaults:
         f = Path(path) / "generation_config.json"
         raw = json.loads(f.read_text()) if f.is_file() else {}
+        limit = raw.get("max_new_tokens")
+        limit = limit if isinstance(limit, int) and limit > 0 else None
         if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
-            return cls(temperature=0.0)
-        return cls(**{k.name: raw[k.name] for k in fields(cls) if raw.get(k.name) is not None})
+            return cls(temperature=0.0, max_new_tokens=limit)
+        picked = {k.name: raw[k.name] for k in fields(cls) if raw.get(k.name) is not None}
+        return cls(**(picked | {"max_new_tokens": limit}))
 
 
 @dataclass
