@@ -18,6 +18,8 @@ so a K/V block is loaded once for its G heads. Two launch plans compute the one 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -262,9 +264,15 @@ def _block_m(group: int, rows: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
+    """The card's SM count, read once per device (every launch asks)."""
     if device.type != "cuda":
         return 8  # the interpreter's runs on the CPU
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 PARTIAL_BYTES = 1 << 30  # short chunks over long lanes take the split plan within this
