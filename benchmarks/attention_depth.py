@@ -28,11 +28,14 @@ KV_BYTES = HKV * D * 2 * 2  # K and V of one position, one layer
 # (name, module constants) of each launch variant; the first is the module's default
 DECODE_VARIANTS = [
     ("default", {}),
+    ("fold 1 at a time", {"FOLD_CHUNK": 1}),
+    ("fold chunk 4", {"FOLD_CHUNK": 4}),
+    ("fold chunk 16", {"FOLD_CHUNK": 16}),
+    ("fold chunk 16 cols 32", {"FOLD_CHUNK": 16, "FOLD_COLS": 32}),
+    ("waves 2", {"SPLIT_WAVES": 2}),
     ("waves 4", {"SPLIT_WAVES": 4}),
+    ("waves 16", {"SPLIT_WAVES": 16}),
     ("stages 3", {"SPLIT_STAGES": 3}),
-    ("fold stages 8", {"FOLD_STAGES": 8}),
-    ("fold stages 16", {"FOLD_STAGES": 16}),
-    ("fold cols 32 stages 8", {"FOLD_COLS": 32, "FOLD_STAGES": 8}),
 ]
 PROMPT_VARIANTS = [
     ("default", {}),
@@ -107,21 +110,32 @@ def time_case(label: str, run, base, variants, rows, failures, rate):
         print(json.dumps(rows[-1]), flush=True)
 
 
+def module(path: str, name: str):
+    """A kernel module loaded from a file, or None."""
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--keys", default="1024,8192,32768,131072")
     p.add_argument("--prompt-keys", default="8192,32768,65536,131072")
     p.add_argument("--variant-keys", default="8192,32768", help="prompt keys of the variants")
     p.add_argument("--old", default="", help="a previous kernel module file, timed as 'before'")
+    p.add_argument(
+        "--prev",
+        default="",
+        help="a previous kernel module of the same arithmetic: timed as 'previous', bytes checked",
+    )
     args = p.parse_args()
     keys = [int(k) for k in args.keys.split(",")]
     prompt_keys = [int(k) for k in args.prompt_keys.split(",")]
-    variant_keys = {int(k) for k in args.variant_keys.split(",")}
-    old = None
-    if args.old:
-        spec = importlib.util.spec_from_file_location("old_attention", args.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+    variant_keys = {int(k) for k in args.variant_keys.split(",") if k}
+    old, prev = module(args.old, "old_attention"), module(args.prev, "prev_attention")
     kc, vc, table = cache(max(keys + prompt_keys))
     rows, failures = [], []
     for k in keys:
@@ -134,11 +148,12 @@ def main() -> None:
             gbps = lambda t: {"GB/s": lanes * k * KV_BYTES / t / 1e9}  # noqa: E731
             picked = DECODE_VARIANTS if lanes == 1 or k == 8192 else DECODE_VARIANTS[:1]
             time_case(f"decode {lanes}x{k}", run, base, picked, rows, failures, gbps)
-            if old is not None:
-                before = lambda: old.paged_attention(q, kc, vc, tiles, SCALE)  # noqa: E731
-                time_case(
-                    f"decode {lanes}x{k}", before, None, [("before", {})], rows, failures, gbps
-                )
+            for mod, name, check in ((prev, "previous", base), (old, "before", None)):
+                if mod is not None:
+                    then = lambda: mod.paged_attention(q, kc, vc, tiles, SCALE)  # noqa: E731
+                    time_case(
+                        f"decode {lanes}x{k}", then, check, [(name, {})], rows, failures, gbps
+                    )
     for k in prompt_keys:
         n = 4096
         q = (torch.randn(n, HQ, D, device="cuda") * 4).to(torch.bfloat16)

@@ -37,7 +37,8 @@ SERIAL_COLS = 128  # value columns a serial program holds (at most D): fewer reg
 SPLIT_ROWS = 16  # packed rows a split program holds
 SPLIT_WAVES = 8  # split programs per SM a launch aims at
 FOLD_COLS = 64  # value columns a fold program holds
-FOLD_STAGES = 3  # stored super-blocks a fold program has in flight
+FOLD_STAGES = 3  # software-pipelining depth of the fold's loop
+FOLD_CHUNK = 8  # stored super-blocks a fold step loads at once (the fold is one chain of merges)
 # Planted faults, for the registry's controls only (0 in every real launch)
 FAULT_LANE_SUM = 1  # a split's row sum reduced across the threads that hold it (follows warps)
 FAULT_MERGE_ORDER = 2  # the fold of stored super-blocks in descending order
@@ -185,8 +186,10 @@ def _split_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each stored as an fp32 part;
-    a lane with one super-block is finished here (merged into empty, exactly the serial fold)."""
+    """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each folded from empty and
+    stored as an fp32 part; a lane with one super-block is finished here (merged into empty,
+    exactly the serial fold). One loop over all the program's splits, so the loads of the next
+    super-block are in flight while the last splits of this one are reduced."""
     tile, y, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kvh, rows, heads, pos, valid, last, live = _packed_rows(
         row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
@@ -198,25 +201,44 @@ def _split_kernel(
         q_off = rows[:, None] * stride_q + heads[:, None] * D + o_d[None, :]
         q = tl.load(q_ptr + q_off, mask=valid[:, None], other=0.0)
         kv_ptr = table_ptr + tl.load(base_ptr + tile)
-        for j in range(z, blocks, Z):
-            m_j, l_j, acc_j = _super_block(
-                q, k_ptr, v_ptr, kv_ptr, j * span, span, last, pos, kvh, stride_kv, scale, o_d,
-                D, BLOCK_M, BLOCK_N, D, FAULT,
+        ones = tl.full((BLOCK_N, 16), 1.0, v_ptr.dtype.element_ty)
+        per = span // BLOCK_N  # splits a super-block
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for it in range(0, tl.cdiv(blocks - z, Z) * per):
+            j = z + (it // per) * Z
+            start = j * span + (it % per) * BLOCK_N
+            fresh = it % per == 0  # a super-block's fold starts from empty
+            m = tl.where(fresh, float("-inf"), m)
+            l = tl.where(fresh, 0.0, l)
+            acc = tl.where(fresh, 0.0, acc)
+            m_b, l_b, o_b = _split(
+                q, k_ptr, v_ptr, kv_ptr, start, last, pos, kvh, stride_kv, scale, ones, o_d, D,
+                BLOCK_N, FAULT,
             )  # fmt: skip
-            if blocks == 1:
-                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l = tl.zeros((BLOCK_M,), tl.float32)
-                acc = tl.zeros((BLOCK_M, D), tl.float32)
-                m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
-                _finish(
-                    acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr,
-                    stride_gh, D, GATED,
-                )  # fmt: skip
-            else:
-                slot = (rows * HQ + heads) * NSB + j
-                tl.store(part_ptr + slot[:, None] * D + o_d[None, :], acc_j, mask=valid[:, None])
-                tl.store(ml_ptr + slot * 2, m_j, mask=valid)
-                tl.store(ml_ptr + slot * 2 + 1, l_j, mask=valid)
+            m_n, l_n, acc_n = _merge(m, l, acc, m_b, l_b, o_b)
+            reach = start <= last  # splits past the lane's last key are not folded
+            m, l, acc = (
+                tl.where(reach, m_n, m),
+                tl.where(reach, l_n, l),
+                tl.where(reach, acc_n, acc),
+            )
+            end = reach & ((it % per == per - 1) | (start + BLOCK_N > last)) & (blocks > 1)
+            slot = (rows * HQ + heads) * NSB + j
+            keep = tl.where(end, valid, False)
+            tl.store(part_ptr + slot[:, None] * D + o_d[None, :], acc, mask=keep[:, None])
+            tl.store(ml_ptr + slot * 2, m, mask=keep)
+            tl.store(ml_ptr + slot * 2 + 1, l, mask=keep)
+        if blocks == 1:
+            m0 = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+            l0 = tl.zeros((BLOCK_M,), tl.float32)
+            acc0 = tl.zeros((BLOCK_M, D), tl.float32)
+            m, l, acc = _merge(m0, l0, acc0, m, l, acc)
+            _finish(
+                acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr, stride_gh,
+                D, GATED,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -225,6 +247,7 @@ def _fold_kernel(
     part_ptr, ml_ptr, HQ, NSB,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Program (tile, y, c): the stored super-blocks of its rows folded in ascending order, for
     value columns [c * COLS, (c + 1) * COLS) (each column's fold is its own)."""
@@ -238,17 +261,24 @@ def _fold_kernel(
         m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, COLS), tl.float32)
-        for i in range(0, blocks):
-            j = i
-            if FAULT == 2:  # planted: the fold in descending order
-                j = blocks - 1 - i
-            slot = (rows * HQ + heads) * NSB + j
-            m_j = tl.load(ml_ptr + slot * 2, mask=valid, other=float("-inf"))
-            l_j = tl.load(ml_ptr + slot * 2 + 1, mask=valid, other=0.0)
-            acc_j = tl.load(
-                part_ptr + slot[:, None] * D + cols[None, :], mask=valid[:, None], other=0.0
-            )
-            m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
+        for i0 in range(0, blocks, CHUNK):
+            # CHUNK stored super-blocks a step, unrolled: their loads are independent of the
+            # fold, so they are in flight together while the fold goes on in order
+            for t in tl.static_range(CHUNK):
+                i = i0 + t
+                j = i
+                if FAULT == 2:  # planted: the fold in descending order
+                    j = blocks - 1 - i
+                ok = i < blocks
+                slot = (rows * HQ + heads) * NSB + j
+                there = tl.where(ok, valid, False)
+                m_j = tl.load(ml_ptr + slot * 2, mask=there, other=float("-inf"))
+                l_j = tl.load(ml_ptr + slot * 2 + 1, mask=there, other=0.0)
+                acc_j = tl.load(
+                    part_ptr + slot[:, None] * D + cols[None, :], mask=there[:, None], other=0.0
+                )
+                m_n, l_n, acc_n = _merge(m, l, acc, m_j, l_j, acc_j)
+                m, l, acc = tl.where(ok, m_n, m), tl.where(ok, l_n, l), tl.where(ok, acc_n, acc)
         _finish(
             acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D, GATED
         )
@@ -334,7 +364,7 @@ def paged_attention(
         cols = min(FOLD_COLS, d)
         _fold_kernel[grid + (d // cols,)](
             out, tiles.row0, tiles.rows, tiles.pos0, q.stride(0), g, g.stride(0), g.stride(1),
-            sub, part, ml, hq, blocks, COLS=cols, **consts, num_warps=WARPS,
+            sub, part, ml, hq, blocks, COLS=cols, CHUNK=FOLD_CHUNK, **consts, num_warps=WARPS,
             num_stages=FOLD_STAGES,
         )  # fmt: skip
     return out
