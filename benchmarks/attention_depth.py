@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
+from pathlib import Path
 
 import torch
 import triton
@@ -31,12 +33,22 @@ DECODE_VARIANTS = [
     ("fold 1 at a time", {"FOLD_CHUNK": 1}),
     ("fold chunk 4", {"FOLD_CHUNK": 4}),
     ("fold chunk 16", {"FOLD_CHUNK": 16}),
-    ("fold chunk 16 cols 32", {"FOLD_CHUNK": 16, "FOLD_COLS": 32}),
-    ("waves 2", {"SPLIT_WAVES": 2}),
+    ("fold cols 32", {"FOLD_COLS": 32}),
+    ("fold cols 128", {"FOLD_COLS": 128}),
+    ("fold 2 warps cols 128", {"FOLD_COLS": 128, "FOLD_WARPS": 2}),
+    ("fold stages 1", {"FOLD_STAGES": 1}),
     ("waves 4", {"SPLIT_WAVES": 4}),
-    ("waves 16", {"SPLIT_WAVES": 16}),
-    ("stages 3", {"SPLIT_STAGES": 3}),
 ]
+
+
+class _NoLaunch:
+    """A kernel that launches nothing (to time the launches before it alone)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+SPLIT_ALONE = ("split launch alone", {"_fold_kernel": _NoLaunch()})
 PROMPT_VARIANTS = [
     ("default", {}),
     ("256 cols", {"SERIAL_COLS": 256}),
@@ -66,30 +78,32 @@ def graph_time(fn) -> float:
 class Variant:
     """Module constants set for the duration of a call."""
 
-    def __init__(self, values: dict) -> None:
-        self.values = values
+    def __init__(self, values: dict, mod=attention) -> None:
+        self.values, self.mod = values, mod
 
     def __call__(self, fn):
-        saved = {k: getattr(attention, k) for k in self.values}
+        saved = {k: getattr(self.mod, k) for k in self.values}
         for k, v in self.values.items():
-            setattr(attention, k, v)
+            setattr(self.mod, k, v)
         try:
             return fn()
         finally:
             for k, v in saved.items():
-                setattr(attention, k, v)
+                setattr(self.mod, k, v)
 
 
-def registers() -> str:
+def registers(mods) -> str:
     """Registers and spills of every compiled variant of the attention kernels."""
     out = []
-    for name in ("_serial_kernel", "_split_kernel", "_fold_kernel"):
+    for (label, mod), name in itertools.product(
+        mods, ("_serial_kernel", "_split_kernel", "_fold_kernel")
+    ):
         try:
-            for cache_ in getattr(attention, name).device_caches.values():
+            for cache_ in getattr(mod, name).device_caches.values():
                 for k in cache_[0].values():
                     m = k.metadata
                     out.append(
-                        f"{name} warps {m.num_warps} stages {m.num_stages}: {k.n_regs} regs, {k.n_spills} spills"
+                        f"{label} {name} warps {m.num_warps} stages {m.num_stages}: {k.n_regs} regs, {k.n_spills} spills"
                     )
         except Exception as e:  # noqa: BLE001 - Triton's internals differ by version
             out.append(f"{name}: registers not read ({type(e).__name__})")
@@ -129,13 +143,14 @@ def main() -> None:
     p.add_argument(
         "--prev",
         default="",
-        help="a previous kernel module of the same arithmetic: timed as 'previous', bytes checked",
+        help="kernel module files of the same arithmetic (comma-separated): timed, bytes checked",
     )
     args = p.parse_args()
     keys = [int(k) for k in args.keys.split(",")]
     prompt_keys = [int(k) for k in args.prompt_keys.split(",")]
     variant_keys = {int(k) for k in args.variant_keys.split(",") if k}
-    old, prev = module(args.old, "old_attention"), module(args.prev, "prev_attention")
+    old = module(args.old, "old_attention")
+    same = [(Path(f).stem, module(f, Path(f).stem)) for f in args.prev.split(",") if f]
     kc, vc, table = cache(max(keys + prompt_keys))
     rows, failures = [], []
     for k in keys:
@@ -148,12 +163,23 @@ def main() -> None:
             gbps = lambda t: {"GB/s": lanes * k * KV_BYTES / t / 1e9}  # noqa: E731
             picked = DECODE_VARIANTS if lanes == 1 or k == 8192 else DECODE_VARIANTS[:1]
             time_case(f"decode {lanes}x{k}", run, base, picked, rows, failures, gbps)
-            for mod, name, check in ((prev, "previous", base), (old, "before", None)):
+            others = [(name, mod, base) for name, mod in same] + [("before", old, None)]
+            for name, mod, check in others:
                 if mod is not None:
                     then = lambda: mod.paged_attention(q, kc, vc, tiles, SCALE)  # noqa: E731
                     time_case(
                         f"decode {lanes}x{k}", then, check, [(name, {})], rows, failures, gbps
                     )
+            # the first launch alone: what the fold of the stored super-blocks adds is the rest
+            time_case(f"decode {lanes}x{k}", run, None, [SPLIT_ALONE], rows, failures, gbps)
+            for name, mod in same:
+                then = lambda: Variant(SPLIT_ALONE[1], mod)(  # noqa: E731
+                    lambda: mod.paged_attention(q, kc, vc, tiles, SCALE)
+                )
+                time_case(
+                    f"decode {lanes}x{k}", then, None, [(f"{name} split alone", {})], rows,
+                    failures, gbps,
+                )  # fmt: skip
     for k in prompt_keys:
         n = 4096
         q = (torch.randn(n, HQ, D, device="cuda") * 4).to(torch.bfloat16)
@@ -175,7 +201,7 @@ def main() -> None:
         if old is not None:
             before = lambda: old.paged_attention(q, kc, vc, tiles, SCALE)  # noqa: E731
             time_case(f"prompt 4096 at {k}", before, None, [("before", {})], rows, failures, tflops)
-    print(registers())
+    print(registers([("default", attention)] + same))
     print("\n| what | variant | time | rate |\n| --- | --- | --- | --- |")
     for r in rows:
         if "error" in r:

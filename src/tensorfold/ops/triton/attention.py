@@ -36,7 +36,8 @@ SERIAL_WARPS = 4
 SERIAL_COLS = 128  # value columns a serial program holds (at most D): fewer registers than D
 SPLIT_ROWS = 16  # packed rows a split program holds
 SPLIT_WAVES = 8  # split programs per SM a launch aims at
-FOLD_COLS = 64  # value columns a fold program holds
+FOLD_COLS = 64  # value columns a fold program holds (its one row's)
+FOLD_WARPS = 1
 FOLD_STAGES = 3  # software-pipelining depth of the fold's loop
 FOLD_CHUNK = 8  # stored super-blocks a fold step loads at once (the fold is one chain of merges)
 # Planted faults, for the registry's controls only (0 in every real launch)
@@ -186,10 +187,8 @@ def _split_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each folded from empty and
-    stored as an fp32 part; a lane with one super-block is finished here (merged into empty,
-    exactly the serial fold). One loop over all the program's splits, so the loads of the next
-    super-block are in flight while the last splits of this one are reduced."""
+    """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each stored as an fp32 part;
+    a lane with one super-block is finished here (merged into empty, exactly the serial fold)."""
     tile, y, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kvh, rows, heads, pos, valid, last, live = _packed_rows(
         row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
@@ -201,77 +200,64 @@ def _split_kernel(
         q_off = rows[:, None] * stride_q + heads[:, None] * D + o_d[None, :]
         q = tl.load(q_ptr + q_off, mask=valid[:, None], other=0.0)
         kv_ptr = table_ptr + tl.load(base_ptr + tile)
-        ones = tl.full((BLOCK_N, 16), 1.0, v_ptr.dtype.element_ty)
-        per = span // BLOCK_N  # splits a super-block
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
-        for it in range(0, tl.cdiv(blocks - z, Z) * per):
-            j = z + (it // per) * Z
-            start = j * span + (it % per) * BLOCK_N
-            fresh = it % per == 0  # a super-block's fold starts from empty
-            m = tl.where(fresh, float("-inf"), m)
-            l = tl.where(fresh, 0.0, l)
-            acc = tl.where(fresh, 0.0, acc)
-            m_b, l_b, o_b = _split(
-                q, k_ptr, v_ptr, kv_ptr, start, last, pos, kvh, stride_kv, scale, ones, o_d, D,
-                BLOCK_N, FAULT,
+        for j in range(z, blocks, Z):
+            m_j, l_j, acc_j = _super_block(
+                q, k_ptr, v_ptr, kv_ptr, j * span, span, last, pos, kvh, stride_kv, scale, o_d,
+                D, BLOCK_M, BLOCK_N, D, FAULT,
             )  # fmt: skip
-            m_n, l_n, acc_n = _merge(m, l, acc, m_b, l_b, o_b)
-            reach = start <= last  # splits past the lane's last key are not folded
-            m, l, acc = (
-                tl.where(reach, m_n, m),
-                tl.where(reach, l_n, l),
-                tl.where(reach, acc_n, acc),
-            )
-            end = reach & ((it % per == per - 1) | (start + BLOCK_N > last)) & (blocks > 1)
-            slot = (rows * HQ + heads) * NSB + j
-            keep = tl.where(end, valid, False)
-            tl.store(part_ptr + slot[:, None] * D + o_d[None, :], acc, mask=keep[:, None])
-            tl.store(ml_ptr + slot * 2, m, mask=keep)
-            tl.store(ml_ptr + slot * 2 + 1, l, mask=keep)
-        if blocks == 1:
-            m0 = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            l0 = tl.zeros((BLOCK_M,), tl.float32)
-            acc0 = tl.zeros((BLOCK_M, D), tl.float32)
-            m, l, acc = _merge(m0, l0, acc0, m, l, acc)
-            _finish(
-                acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr, stride_gh,
-                D, GATED,
-            )  # fmt: skip
+            if blocks == 1:
+                m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+                l = tl.zeros((BLOCK_M,), tl.float32)
+                acc = tl.zeros((BLOCK_M, D), tl.float32)
+                m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
+                _finish(
+                    acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr,
+                    stride_gh, D, GATED,
+                )  # fmt: skip
+            else:
+                slot = (rows * HQ + heads) * NSB + j
+                tl.store(part_ptr + slot[:, None] * D + o_d[None, :], acc_j, mask=valid[:, None])
+                tl.store(ml_ptr + slot * 2, m_j, mask=valid)
+                tl.store(ml_ptr + slot * 2 + 1, l_j, mask=valid)
 
 
 @triton.jit
 def _fold_kernel(
-    o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, SUB,
-    part_ptr, ml_ptr, HQ, NSB,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
-    CHUNK: tl.constexpr,
+    o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, part_ptr,
+    ml_ptr, HQ, NSB, TS,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUPER: tl.constexpr,
+    GATED: tl.constexpr, FAULT: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile, y, c): the stored super-blocks of its rows folded in ascending order, for
-    value columns [c * COLS, (c + 1) * COLS) (each column's fold is its own)."""
+    """Program (tile, y, c): the stored super-blocks of one row (token y // HQ of the tile, query
+    head y % HQ) folded in ascending order, for value columns [c * COLS, (c + 1) * COLS). A row a
+    program: the fold is one chain of merges, so chains run side by side rather than padded rows
+    in one chain. The merges are those of the split program of TS tokens that stored them (its
+    super-blocks past the row's position are empty parts: exact no-ops)."""
     tile, y, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    kvh, rows, heads, pos, valid, last, live = _packed_rows(
-        row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
-    )
-    blocks = tl.where(live, tl.cdiv(last + 1, _span(last, SUPER, BLOCK_N, FAULT)), 0)
+    row0, nrows, pos0 = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile), tl.load(pos0_ptr + tile)
+    tok, head = y // HQ, y % HQ
+    last = pos0 + tl.minimum(nrows, (tok // TS) * TS + TS) - 1  # the storing program's reach
+    blocks = tl.where(tok < nrows, tl.cdiv(last + 1, _span(last, SUPER, BLOCK_N, FAULT)), 0)
     if blocks > 1:
+        o_m = tl.arange(0, 1)
+        rows = (row0 + tok + o_m).to(tl.int64)
+        heads = head + o_m
+        valid = o_m == 0
         cols = c * COLS + tl.arange(0, COLS)
-        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, COLS), tl.float32)
+        m = tl.full((1,), float("-inf"), tl.float32)
+        l = tl.zeros((1,), tl.float32)
+        acc = tl.zeros((1, COLS), tl.float32)
+        base = (rows * HQ + heads) * NSB
         for i0 in range(0, blocks, CHUNK):
-            # CHUNK stored super-blocks a step, unrolled: their loads are independent of the
-            # fold, so they are in flight together while the fold goes on in order
+            # CHUNK stored super-blocks a step, unrolled: their loads do not wait on the fold
             for t in tl.static_range(CHUNK):
                 i = i0 + t
                 j = i
                 if FAULT == 2:  # planted: the fold in descending order
                     j = blocks - 1 - i
                 ok = i < blocks
-                slot = (rows * HQ + heads) * NSB + j
                 there = tl.where(ok, valid, False)
+                slot = base + j
                 m_j = tl.load(ml_ptr + slot * 2, mask=there, other=float("-inf"))
                 l_j = tl.load(ml_ptr + slot * 2 + 1, mask=there, other=0.0)
                 acc_j = tl.load(
@@ -362,9 +348,11 @@ def paged_attention(
     )
     if blocks > 1:
         cols = min(FOLD_COLS, d)
-        _fold_kernel[grid + (d // cols,)](
+        tokens = min(tiles.size, tiles.longest)
+        _fold_kernel[(grid[0], tokens * hq, d // cols)](
             out, tiles.row0, tiles.rows, tiles.pos0, q.stride(0), g, g.stride(0), g.stride(1),
-            sub, part, ml, hq, blocks, COLS=cols, CHUNK=FOLD_CHUNK, **consts, num_warps=WARPS,
-            num_stages=FOLD_STAGES,
+            part, ml, hq, blocks, packed_rows(group, block_m), D=d, BLOCK_N=BLOCK_N, COLS=cols,
+            SUPER=SUPER_BLOCK, GATED=gate is not None, FAULT=fault, CHUNK=FOLD_CHUNK,
+            num_warps=FOLD_WARPS, num_stages=FOLD_STAGES,
         )  # fmt: skip
     return out
