@@ -114,6 +114,11 @@ def hf_tiny_c(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hf_uneven(checkpoint_root: Path, tokenizer_dir: Path) -> Path:
+    return _hf("hf_uneven", checkpoint_root, tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
 def mlx_q4(checkpoint_root: Path, hf_tiny_b: Path) -> Path:
     return _mlx("mlx_q4", checkpoint_root, hf_tiny_b)
 

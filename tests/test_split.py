@@ -19,7 +19,7 @@ from split_util import free_port, split_results, whole_results
 from tensorfold.cli import main
 from tensorfold.config import ModelConfig
 from tensorfold.errors import NonFiniteLogits, SplitRefused
-from tensorfold.models.split import plan_shard
+from tensorfold.models.split import plan_shard, row_ranges, row_widths
 from tensorfold.ops.collective import split_argmax
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -32,6 +32,7 @@ PROMPT = [501, 84, 82, 298, 198, 406, 290, 220, 17, 285, 220, 18, 30, 502, 198, 
         ("hf_tiny", 2),  # tied, GQA 2, GDN key heads 2 -> value heads 4
         ("hf_tiny_b", 2),  # untied, GQA 3, one GDN head per rank, sharded files
         ("hf_tiny", 4),  # one query head per rank: KV heads and GDN key heads replicated
+        ("hf_uneven", 4),  # vocabulary 515 and MLP width 130 cut unevenly (129/129/129/128)
         ("mlx_mixed", 2),  # MLX per-module bits, packed rows split
         ("mlx_moe_q4", 2),  # MoE: experts split by expert (packed stacks), shared expert by rows
     ],
@@ -71,15 +72,26 @@ def test_split_argmax_is_the_whole_argmax():
     rows[1, 5] = rows[1, 40] = 9.0  # a tie across ranks: the lower id
     rows[2, 3] = rows[2, 4] = 9.0  # a tie inside a rank
     rows[3, 50] = rows[3, 10] = 9.0
-    for parts in (1, 2, 4):
-        assert split_argmax(rows, parts) == rows.argmax(-1).tolist()
-    assert split_argmax(rows, 2)[1:4] == [5, 3, 10]
+    for widths in ((64,), (32, 32), (16,) * 4, (22, 21, 21), (5, 40, 19), row_widths(64, 6)):
+        assert split_argmax(rows, widths) == rows.argmax(-1).tolist(), widths
+    assert split_argmax(rows, (32, 32))[1:4] == [5, 3, 10]
+    assert split_argmax(rows, (5, 40, 19))[1:4] == [5, 3, 10]  # ties across uneven slices
     rows[4, 7] = float("nan")
     with pytest.raises(NonFiniteLogits, match="row 4"):
-        split_argmax(rows, 2)
+        split_argmax(rows, (32, 32))
     rows[4, 7] = float("inf")
     with pytest.raises(NonFiniteLogits):
-        split_argmax(rows, 2)
+        split_argmax(rows, (21, 43))
+
+
+def test_uneven_row_cuts_cover_the_rows_in_order():
+    assert row_ranges(395, 2) == ((0, 198), (198, 395))
+    assert row_widths(248320, 3) == (82774, 82773, 82773)
+    for total, world in ((395, 2), (248320, 6), (130, 4), (7, 7)):
+        cuts = row_ranges(total, world)
+        assert cuts[0][0] == 0 and cuts[-1][1] == total
+        assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+        assert max(row_widths(total, world)) - min(row_widths(total, world)) <= 1
 
 
 def _env() -> dict:

@@ -83,7 +83,7 @@ class QueueFull(TensorFoldError):
 
 
 class SplitRefused(TensorFoldError, ValueError):
-    """A tensor split that cannot give the whole model's bits (heads or vocabulary not divisible
+    """A tensor split that cannot give the whole model's bits (heads or experts not divisible
     by the ranks, a dtype whose products are not column-invariant, ranks that disagree); raised
     before any weight is read."""
 

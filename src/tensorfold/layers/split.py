@@ -17,12 +17,23 @@ class RowSplit(Linear):
     value computed by one rank alone with the whole model's arithmetic (ops/linear.py)."""
 
     def __init__(
-        self, weight: Weight, dtype: torch.dtype, group: Group, gather_input: bool, book=None
+        self,
+        weight: Weight,
+        dtype: torch.dtype,
+        group: Group,
+        gather_input: bool,
+        book=None,
+        widths: tuple[int, ...] | None = None,
+        input_widths: tuple[int, ...] | None = None,
     ) -> None:
-        super().__init__(weight, dtype, book, weight.shape[0] * group.world)
+        """`widths`: every rank's output rows (None: this rank's on each); `input_widths`: every
+        rank's columns of a gathered input (None: equal)."""
+        whole = sum(widths) if widths is not None else weight.shape[0] * group.world
+        super().__init__(weight, dtype, book, whole)
         self.group, self.gather_input = group, gather_input
+        self.widths, self.input_widths = widths, input_widths
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gather_input:
-            x = self.group.gather_cols(x)
-        return self.group.gather_cols(super().__call__(x))
+            x = self.group.gather_cols(x, self.input_widths)
+        return self.group.gather_cols(super().__call__(x), self.widths)

@@ -19,7 +19,7 @@ from ..ops.collective import Group
 from ..ops.moe import Experts, ExpertStack
 from .checkpoint import Checkpoint
 from .qwen3_5 import DecoderLayer, Qwen35Model
-from .split import Ranges, Shard, plan_shard, take_rows
+from .split import Ranges, Shard, plan_shard, row_widths, take_rows
 from .weights import WeightMap
 
 PROGRESS_BYTES = 1 << 30  # show a progress bar from 1 GiB of weights
@@ -127,19 +127,39 @@ class _Builder:
         n = (whole if isinstance(whole, torch.Tensor) else whole[0]).shape[0]
         return Linear(self.weight(stem, rows), self.dtype, self.book, n)
 
-    def gathered(self, stem: str, rows: Ranges | None = None, gather_input: bool = True) -> Linear:
+    def gathered(
+        self,
+        stem: str,
+        rows: Ranges | None = None,
+        gather_input: bool = True,
+        total: int | None = None,
+        input_total: int | None = None,
+    ) -> Linear:
         """A projection whose output the split gathers (its input too, when the rank holds only
-        its heads' or inner columns of it); a plain projection when the model is whole."""
+        its heads' or inner columns of it); a plain projection when the model is whole. `total`
+        and `input_total`: the whole widths of an output or input cut by `row_ranges` (uneven
+        pieces), None where every rank's piece is equal."""
         if self.group is None:
             return self.linear(stem)
-        return RowSplit(self.weight(stem, rows), self.dtype, self.group, gather_input, self.book)
+        world = self.group.world
+        widths = row_widths(total, world) if total else None
+        inputs = row_widths(input_total, world) if input_total else None
+        w = self.weight(stem, rows)
+        return RowSplit(w, self.dtype, self.group, gather_input, self.book, widths, inputs)
 
     def mlp(self, p: str, shared: bool = False) -> MLP:
         inter = self.rows(lambda s: (s.shared,) if shared else (s.inter,))
         return MLP(
             self.linear(p + "gate_proj", inter),
             self.linear(p + "up_proj", inter),
-            self.gathered(p + "down_proj", self.rows(lambda s: (s.hidden,))),
+            self.gathered(
+                p + "down_proj",
+                self.rows(lambda s: (s.hidden,)),
+                total=self.cfg.hidden_size,
+                input_total=self.cfg.moe.shared_intermediate_size
+                if shared
+                else self.cfg.intermediate_size,
+            ),
         )
 
     def stack(self, raw) -> ExpertStack:
@@ -183,7 +203,7 @@ class _Builder:
             self.linear(p + "q_proj", self.rows(lambda s: s.q_rows(c.head_dim))),
             self.linear(p + "k_proj", kv),
             self.linear(p + "v_proj", kv),
-            self.gathered(p + "o_proj", self.rows(lambda s: (s.hidden,))),
+            self.gathered(p + "o_proj", self.rows(lambda s: (s.hidden,)), total=c.hidden_size),
             self.norm(p + "q_norm.weight"),
             self.norm(p + "k_norm.weight"),
             s.q_heads.count if s else c.num_heads,
@@ -216,7 +236,7 @@ class _Builder:
             self.tensor(p + "A_log", None, gates),
             self.tensor(p + "dt_bias", None, gates),
             GatedRMSNorm(norm_w, c.rms_norm_eps),
-            self.gathered(p + "out_proj", self.rows(lambda s: (s.hidden,))),
+            self.gathered(p + "out_proj", self.rows(lambda s: (s.hidden,)), total=c.hidden_size),
         )
 
     def head(self, embed: Embedding) -> Linear:
@@ -224,7 +244,7 @@ class _Builder:
         each rank's logits gathered in rank order into whole rows."""
         vocab = self.rows(lambda s: (s.vocab,))
         if not self.cfg.tie_word_embeddings:
-            return self.gathered("lm_head", vocab, gather_input=False)
+            return self.gathered("lm_head", vocab, False, total=self.cfg.vocab_size)
         if self.group is None:
             return embed.as_linear(self.book)
         w = embed.weight
@@ -237,7 +257,8 @@ class _Builder:
                 w.group_size,
             )
         )
-        return RowSplit(part, self.dtype, self.group, False, self.book)
+        widths = row_widths(self.cfg.vocab_size, self.group.world)
+        return RowSplit(part, self.dtype, self.group, False, self.book, widths)
 
     def layer(self, n: int, kind: str, cache_index: int) -> DecoderLayer:
         p = f"layers.{n}."

@@ -4,8 +4,9 @@ Every product is split by output rows with the whole K on each rank, so a rank c
 output values with the whole model's arithmetic; nothing is ever summed across ranks
 (docs/exactness.md, 'Tensor split'). Attention heads and Gated DeltaNet heads are split with
 their conv channels, gates and states; key/value heads are replicated where there are fewer
-of them than ranks. Whatever cannot be split exactly is refused here, by name, before any
-weight is read.
+of them than ranks. Output rows (hidden, the MLP's inner width, the vocabulary) may be cut
+unevenly: the gathers concatenate pieces of any widths. Whatever cannot be split exactly is
+refused here, by name, before any weight is read.
 """
 
 from __future__ import annotations
@@ -94,13 +95,31 @@ def _heads(total: int, rank: int, world: int, what: str, replicate: bool) -> Hea
     )
 
 
-def _rows(total: int, rank: int, world: int, what: str) -> tuple[int, int]:
+def row_ranges(total: int, world: int) -> tuple[tuple[int, int], ...]:
+    """Each rank's [start, stop) of `total` output rows, in rank order: total // world each, one
+    more on the first total % world ranks. Any cut of output rows is exact (a value is computed
+    by one rank with the whole K, and the gather only concatenates), so uneven cuts are allowed."""
+    per, extra = divmod(total, world)
+    starts = [r * per + min(r, extra) for r in range(world + 1)]
+    return tuple(zip(starts[:-1], starts[1:]))
+
+
+def row_widths(total: int, world: int) -> tuple[int, ...]:
+    """The ranks' numbers of rows under `row_ranges`."""
+    return tuple(b - a for a, b in row_ranges(total, world))
+
+
+def _rows(total: int, rank: int, world: int) -> tuple[int, int]:
+    return row_ranges(total, world)[rank]
+
+
+def _experts(total: int, rank: int, world: int) -> tuple[int, int]:
+    """Routed experts split evenly: every rank's expert outputs are gathered as equal pieces."""
     if total % world:
         raise SplitRefused(
-            f"--tensor-parallel {world}: {what} ({total}) is not divisible by {world}"
+            f"--tensor-parallel {world}: num_experts ({total}) is not divisible by {world}"
         )
-    per = total // world
-    return rank * per, (rank + 1) * per
+    return _rows(total, rank, world)
 
 
 def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> Shard:
@@ -124,13 +143,11 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
         kv,
         hk,
         hv,
-        _rows(cfg.hidden_size, rank, world, "hidden_size"),
-        _rows(cfg.intermediate_size, rank, world, "intermediate_size"),
-        _rows(cfg.vocab_size, rank, world, "vocab_size"),
-        _rows(moe.num_experts, rank, world, "num_experts") if moe else (0, 0),
-        _rows(moe.shared_intermediate_size, rank, world, "shared_expert_intermediate_size")
-        if moe
-        else (0, 0),
+        _rows(cfg.hidden_size, rank, world),
+        _rows(cfg.intermediate_size, rank, world),
+        _rows(cfg.vocab_size, rank, world),
+        _experts(moe.num_experts, rank, world) if moe else (0, 0),
+        _rows(moe.shared_intermediate_size, rank, world) if moe else (0, 0),
     )
 
 

@@ -29,12 +29,16 @@ class Group:
     calls: int = 0
     stopped: bool = False  # rank 0 has told the others to stop
 
-    def gather_cols(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., n] on every rank -> [..., world*n]: the ranks' columns side by side, in rank order."""
+    def gather_cols(self, x: torch.Tensor, widths: tuple[int, ...] | None = None) -> torch.Tensor:
+        """[..., n] on every rank -> [..., sum of widths]: the ranks' columns side by side, in rank
+        order. `widths` are the ranks' n (None: all equal); a narrower piece travels padded to
+        the widest and is cut back, so only copies touch the values."""
         import torch.distributed as dist
 
         start = time.perf_counter()
-        x = x.contiguous()
+        n = x.shape[-1]
+        most = n if widths is None else max(widths)
+        x = torch.nn.functional.pad(x, (0, most - n)) if most > n else x.contiguous()
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))  # the ranks' pieces stacked
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         try:
@@ -43,10 +47,13 @@ class Group:
             raise RankLost(f"an all-gather across {self.world} ranks failed: {exc}") from exc
         self.seconds += time.perf_counter() - start
         self.calls += 1
+        pieces = out.view(self.world, *x.shape)  # [world, ..., most]
+        if widths is not None and min(widths) < most:
+            return torch.cat([pieces[r, ..., :w] for r, w in enumerate(widths)], dim=-1)
         if self.world == 1:
             return out
-        pieces = out.view(self.world, *x.shape).movedim(0, -2)  # [..., world, n]
-        return pieces.reshape(*x.shape[:-1], self.world * x.shape[-1])
+        pieces = pieces.movedim(0, -2)  # [..., world, n]
+        return pieces.reshape(*x.shape[:-1], self.world * most)
 
     def take_time(self) -> tuple[float, int]:
         """(seconds, calls) in collectives since the last call."""
@@ -55,17 +62,19 @@ class Group:
         return out
 
 
-def split_argmax(rows: torch.Tensor, parts: int) -> list[int]:
+def split_argmax(rows: torch.Tensor, widths: tuple[int, ...]) -> list[int]:
     """The greedy token of each row [R, V] as the split picks it: each rank's argmax over its
-    vocabulary slice (the first maximum), then the largest of those, the lowest rank (so the
-    lowest id) on ties. Equal to the whole row's first maximum; a NaN or inf fails closed.
-    One transfer to the host for all rows."""
-    r, v = rows.shape
-    pieces = rows.view(r, parts, v // parts)
-    local = pieces.argmax(-1)  # [R, parts] each rank's first maximum
-    values = pieces.gather(-1, local[..., None]).squeeze(-1)
+    vocabulary slice (`widths`: the slices' sizes in rank order; the first maximum), then the
+    largest of those, the lowest rank (so the lowest id) on ties. Equal to the whole row's first
+    maximum; a NaN or inf fails closed. One transfer to the host for all rows."""
+    starts = torch.tensor([0, *widths]).cumsum(0)[:-1].to(rows.device)
+    pieces = rows.split(list(widths), dim=-1)
+    local = torch.stack([p.argmax(-1) for p in pieces], -1)  # [R, parts] each rank's first max
+    values = torch.stack(
+        [p.gather(-1, i[:, None]).squeeze(-1) for p, i in zip(pieces, local.T)], -1
+    )
     rank = values.argmax(-1)  # the first rank holding the largest value
-    picks = rank * (v // parts) + local.gather(-1, rank[:, None]).squeeze(-1)
+    picks = starts[rank] + local.gather(-1, rank[:, None]).squeeze(-1)
     finite = torch.isfinite(rows).all(-1)
     out, ok = torch.stack([picks, finite.long()]).tolist()
     if not all(ok):

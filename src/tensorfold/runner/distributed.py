@@ -25,6 +25,7 @@ import torch
 from ..cache import KVPool, ModelCaches, StatePool
 from ..errors import RankLost, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
+from ..models.split import row_widths
 from ..ops.collective import Group, split_argmax
 from ..util import rss_bytes
 from .model_runner import ModelRunner, tensor_bytes
@@ -185,6 +186,7 @@ class SplitRunner(ModelRunner):
         super().__init__(model, caches, *args)
         self.group: Group = model.group
         self.world = self.group.world
+        self.vocab_widths = row_widths(model.config.vocab_size, self.world)  # the head's cut
         self.log = CacheLog(caches)
         pools = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots)
         self._send(Plan((), "hello", body=(identity(model), *pools, *args)))
@@ -225,7 +227,7 @@ class SplitRunner(ModelRunner):
         return out
 
     def greedy(self, rows: torch.Tensor) -> list[int]:
-        return split_argmax(rows, self.world)
+        return split_argmax(rows, self.vocab_widths)
 
     def fingerprint(self, req, logits: torch.Tensor | None) -> str:
         """The whole model's fingerprint of the lane, from every rank's part of its states."""
