@@ -199,3 +199,30 @@ def test_every_python_block_runs_as_printed(place):
         assert done.returncode == 0, f"{block}\n{done.stderr[-2000:]}"
         for expected in re.findall(r"print\(.*\)\s+# (\S+)", block):
             assert expected in done.stdout, (block, done.stdout)
+
+
+# the demo's right answers to the chat page's example prompts
+PAGE_ANSWERS = {
+    "What is 17 × 23?": "391",
+    "Reverse the word planet.": "tenalp",
+    "What is the capital of Japan?": "Tokyo",
+}
+
+
+def test_the_chat_pages_examples_get_the_right_answers(place):
+    """As the page sends them by default: thinking on, the server's sampling (greedy for the
+    demo); the answer, apart from the trace, is the right one."""
+    _here, port, _env = place
+    page = (ROOT / "src/tensorfold/server/web/index.html").read_text()
+    examples = re.findall(r'<button type="button" class="example">([^<]+)</button>', page)
+    assert examples and set(examples) <= set(PAGE_ANSWERS), examples
+    for prompt in examples:
+        body = {
+            "model": "tensorfold-demo",
+            "messages": [{"role": "user", "content": prompt}],
+            "chat_template_kwargs": {"enable_thinking": True},
+        }
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        message = reply.json()["choices"][0]["message"]
+        assert PAGE_ANSWERS[prompt] in message["content"], (prompt, message)
