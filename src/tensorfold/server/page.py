@@ -12,6 +12,8 @@ from fastapi.responses import Response
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/web/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/web/markdown.js": ("markdown.js", "text/javascript; charset=utf-8"),
+    "/web/chats.js": ("chats.js", "text/javascript; charset=utf-8"),
     "/web/sha256.js": ("sha256.js", "text/javascript; charset=utf-8"),
     "/web/style.css": ("style.css", "text/css; charset=utf-8"),
     "/web/favicon.svg": ("favicon.svg", "image/svg+xml"),

@@ -278,6 +278,11 @@ function renderMessage(msg, index) {
   view.dataset.index = index;
   view.querySelector(".role").textContent = msg.role === "user" ? "You" : "TensorFold";
   view.querySelector(".replay").addEventListener("click", () => replay(index, view));
+  view.querySelector(".copy-msg").replaceWith(
+    markdown.copyButton(() => page.messages[index]?.content || "", "copy-msg"));
+  const edit = view.querySelector(".edit");
+  edit.hidden = msg.role !== "user";
+  edit.addEventListener("click", () => editFrom(index));
   $("messages").append(view);
   showBody(view, msg);
   if (msg.stats) showStats(view, msg);
@@ -290,45 +295,11 @@ function showBody(view, msg, stillThinking = false) {
   block.classList.toggle("live", stillThinking);
   view.querySelector(".thinking-text").textContent = msg.reasoning || "";
   block.querySelector("summary").textContent = stillThinking ? "Thinking…" : "Thinking";
-  renderAnswer(view.querySelector(".answer"), msg.content || "");
+  markdown.render(view.querySelector(".answer"), msg.content || "");
   renderTools(view.querySelector(".tools"), toolCalls(msg));
   const error = view.querySelector(".error");
   error.hidden = !msg.error;
   error.textContent = msg.error ? `(${msg.error})` : "";
-}
-
-// Replies that are JSON are shown indented; fenced code blocks as code; the rest as text.
-function renderAnswer(el, text) {
-  el.replaceChildren();
-  const json = asJson(text);
-  if (json !== null) {
-    el.append(codeBlock(JSON.stringify(json, null, 2), "json"));
-    return;
-  }
-  const pieces = text.replace(/<tool_call>[\s\S]*?(<\/tool_call>|$)/g, "").split(/```(\w*)\n?/);
-  for (let i = 0; i < pieces.length; i++) {
-    if (i % 2 === 1) continue;                          // a fence's language name
-    const inside = i > 0 && (i / 2) % 2 === 1;
-    if (inside) el.append(codeBlock(pieces[i].replace(/\n$/, ""), pieces[i - 1]));
-    else if (pieces[i]) el.append(document.createTextNode(pieces[i]));
-  }
-}
-
-function asJson(text) {
-  const body = text.trim().replace(/^```json\s*\n([\s\S]*?)\n?```$/, "$1");
-  if (!/^[[{]/.test(body)) return null;
-  try {
-    return JSON.parse(body);
-  } catch {
-    return null;
-  }
-}
-
-function codeBlock(text, language) {
-  const pre = document.createElement("pre");
-  pre.className = `code ${language || ""}`.trim();
-  pre.textContent = text;
-  return pre;
 }
 
 // Tool calls: the API's tool_calls, or Qwen's <tool_call> blocks in the text (JSON or XML form).
@@ -341,7 +312,7 @@ function toolCalls(msg) {
 }
 
 function parseToolCall(text) {
-  const json = asJson(text);
+  const json = markdown.asJson(text);
   if (json && json.name) {
     return { name: json.name, arguments: json.arguments ?? json.parameters ?? {} };
   }
@@ -362,9 +333,9 @@ function renderTools(el, calls) {
     name.className = "tool-name";
     name.textContent = `tool call: ${call.name}`;
     let args = call.arguments;
-    if (typeof args === "string") args = asJson(args) ?? args;
+    if (typeof args === "string") args = markdown.asJson(args) ?? args;
     const text = typeof args === "string" ? args : JSON.stringify(args, null, 2);
-    card.append(name, codeBlock(text, "json"));
+    card.append(name, markdown.codeBlock(text, "json"));
     return card;
   }));
 }
@@ -439,11 +410,54 @@ async function regenerate() {
   await generate();
 }
 
-function newChat() {
-  if (page.abort) page.abort.abort();
-  page.messages = [];
+// The message back in the composer, it and everything after it gone: sending asks again.
+function editFrom(index) {
+  if (page.abort) return;
+  $("prompt").value = page.messages[index].content;
+  page.messages = page.messages.slice(0, index);
   saveChat();
   renderAll();
+  $("prompt").focus();
+}
+
+function openChat(id) {
+  if (page.abort) page.abort.abort();
+  page.messages = chats.switchTo(page.messages, id);
+  saveChat();
+  renderAll();
+  renderChats();
+}
+
+function newChat() {
+  openChat(null);
+}
+
+function renderChats() {
+  $("chats").replaceChildren(...chats.list().map((c) => {
+    const item = document.createElement("li");
+    const open = document.createElement("button");
+    open.type = "button";
+    open.className = "chat-open";
+    open.textContent = c.title;
+    open.title = `${c.messages.length} messages`;
+    open.addEventListener("click", () => openChat(c.id));
+    const drop = document.createElement("button");
+    drop.type = "button";
+    drop.className = "chat-delete";
+    drop.textContent = "×";
+    drop.title = "delete this conversation";
+    drop.addEventListener("click", () => {
+      chats.remove(c.id);
+      renderChats();
+    });
+    item.append(open, drop);
+    return item;
+  }));
+}
+
+function toggleSettings() {
+  const open = document.body.classList.toggle("settings-open");
+  $("settings-toggle").setAttribute("aria-expanded", String(open));
 }
 
 async function connect() {
@@ -471,6 +485,7 @@ function wire() {
   $("stop").addEventListener("click", () => page.abort?.abort());
   $("regenerate").addEventListener("click", regenerate);
   $("new-chat").addEventListener("click", newChat);
+  $("settings-toggle").addEventListener("click", toggleSettings);
   $("key-form").addEventListener("submit", keyEntered);
   $("key-dialog").addEventListener("cancel", (e) => e.preventDefault());
   for (const id of SETTING_IDS) $(id).addEventListener("change", saveSettings);
@@ -484,4 +499,5 @@ wire();
 restoreSettings();
 page.messages = load(STORE.chat, []);
 renderAll();
+renderChats();
 connect();
