@@ -124,13 +124,6 @@ class Qwen35Model:
                 layer.mixer.form = form
 
     @property
-    def graph_safe(self) -> bool:
-        """Whether a decode pass may be captured as a CUDA graph: every layer's GPU path runs with
-        no host sync (the MoE layers build their expert tiles on the device, sized from the row
-        count alone), checked on the H200 by tests/test_gpu_moe.py."""
-        return True
-
-    @property
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
         weights = {id(w): w for w in [self.embed.weight] + [lin.weight for lin in self.linears()]}

@@ -164,9 +164,8 @@ def _build(args: argparse.Namespace):
     args.chunk = args.chunk or (2048 if device.type == "cuda" else 128)
     start = time.monotonic()
     log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
+    # a following rank of a split follows rank 0 inside load_split and exits there at its stop
     model, device = load_split(path, dtype, device, args.tensor_parallel, progress=True)
-    if model is None:  # a following rank of a split: it followed rank 0 until its stop
-        return None, None
     tokenizer = Tokenizer(path) if Tokenizer.exists(path) else None
     if args.context > model.config.max_position_embeddings:
         log.warning(
@@ -249,8 +248,6 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     app, name = _build(args)
-    if app is None:
-        return 0
     log.info(
         "serving %r: parallel %d, context %d, chunk %d, queue %d",
         name,

@@ -80,9 +80,8 @@ def run_command(args) -> int:
         print(note, file=sys.stderr)
     check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)  # before any read
     dtype = resolve_dtype(args.dtype, device)
+    # a following rank of a split follows rank 0 inside load_split and exits there at its stop
     model, device = load_split(path, dtype, device, args.tensor_parallel)
-    if model is None:  # a following rank of a split: rank 0 printed the result
-        return 0
     tok = Tokenizer(path) if Tokenizer.exists(path) else None
     ids = _prompt_ids(args, tok)
     context = args.context or max(4096, len(ids) + args.max_tokens)
