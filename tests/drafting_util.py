@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import save_file
 
 from tensorfold.config import ModelConfig
+from tensorfold.engine.drafters import Drafter, LaneDrafter
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.dflash import read_config, tensor_shapes
 from tensorfold.models.mtp import mtp_shapes
 
 
-class Script:
+class Script(Drafter, LaneDrafter):
     """A drafter that knows each prompt's plain reply and proposes it, every token for which
     `wrong(position)` holds turned into another token."""
 

@@ -16,9 +16,12 @@ import torch
 from ..cache import KVPool, ModelCaches
 from ..models.dflash import DFlashModel, load_dflash
 from ..models.qwen3_5 import Qwen35Model
+from .drafters import Drafter, LaneDrafter
 
 
-class DFlashDrafter:
+class DFlashDrafter(Drafter):
+    reads_states = True
+
     def __init__(self, target: Qwen35Model, caches: ModelCaches, path, model=None) -> None:
         self.target = target
         self.model: DFlashModel = model or load_dflash(path, target)
@@ -45,7 +48,7 @@ class DFlashDrafter:
         return DFlashLane(self, req)
 
 
-class DFlashLane:
+class DFlashLane(LaneDrafter):
     def __init__(self, drafter: DFlashDrafter, req) -> None:
         self.drafter, self.req = drafter, req
         self.done = 0  # positions whose context K/V hold the target's features

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..errors import InvalidRequest, NotStockDrafter, SplitRefused
 from ..models.mtp import check_mtp_head
-from .drafters import Drafter, NgramDrafter, PredictionDrafter, check_drafter_path, make_drafter
+from .drafters import (
+    LaneDrafter,
+    NgramDrafter,
+    PredictionDrafter,
+    check_drafter_path,
+    make_drafter,
+)
 from .request import Request, TokenEvent
 
 MAX_DRAFT_TOKENS = 32
@@ -86,10 +92,10 @@ class Gate:
 class LaneDraft:
     """One request's drafting: its proposal in flight and where its state copy is."""
 
-    drafters: tuple[Drafter, ...]
+    drafters: tuple[LaneDrafter, ...]
     gate: Gate = field(default_factory=Gate)
     proposal: list[int] = field(default_factory=list)
-    source: Drafter | None = None  # the drafter of the proposal in flight
+    source: LaneDrafter | None = None  # the drafter of the proposal in flight
     start: int = -1  # num_computed when the state was copied (-1: no verify in flight)
     spare: int = -1  # the spare state slot holding the copy
     forked: int = 0  # committed rows the pass feeds the copy too (its state then follows them)
@@ -156,7 +162,7 @@ class Drafting:
         """The request's drafting, or None when it drafts nothing (watched for every row's
         logits: those are a plain pass's rows)."""
         watched = req.watch is not None and req.watch.keep_logits
-        drafters: list[Drafter] = []
+        drafters: list[LaneDrafter] = []
         if prediction:
             drafters.append(PredictionDrafter(tuple(prediction)))
         if self.default is not None:
@@ -259,13 +265,13 @@ class Drafting:
         """The runner replays passes from CUDA graphs: verify passes are aligned to them, and a
         drafter with steps of its own (the MTP head) records those too."""
         self.align = True
-        if hasattr(self.default, "use_graphs"):
+        if self.default is not None:
             self.default.use_graphs(context, self.config.tokens)
 
     @property
     def wants_hidden(self) -> bool:
         """The drafter reads the target's states after each pass (mtp, dflash)."""
-        return hasattr(self.default, "features")
+        return self.default is not None and self.default.reads_states
 
     def features(self, target):
         return self.default.features(target) if self.wants_hidden else None
@@ -278,8 +284,7 @@ class Drafting:
             if d is None or req.slot < 0:
                 continue
             for drafter in d.drafters:
-                if hasattr(drafter, "observe"):
-                    drafter.observe(start, hidden[row0 : row0 + n])
+                drafter.observe(start, hidden[row0 : row0 + n])
 
     def behind(self, req: Request) -> int:
         """Committed rows a finishing lane has not computed (a plain lane has none)."""
@@ -297,7 +302,7 @@ class Drafting:
     def spare_bytes(self) -> int:
         """Memory kept for drafting: one spare state slot per lane (once any lane drafted) and a
         drafter's own cache (the MTP head's KV rows)."""
-        own = getattr(self.default, "nbytes", 0)
+        own = self.default.nbytes if self.default is not None else 0
         if self.fork:
             return own + self.lanes * self.states.slot_nbytes
         return own + (self.spares.nbytes if self.spares is not None else 0)

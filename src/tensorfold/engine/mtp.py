@@ -21,6 +21,7 @@ from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from ..runner.mtp_graph import MTPGraphs
+from .drafters import Drafter, LaneDrafter
 
 
 def head_dtype(target: Qwen35Model) -> torch.dtype:
@@ -31,7 +32,9 @@ def head_dtype(target: Qwen35Model) -> torch.dtype:
     return torch.float32 if target.device.type == "cpu" and small else target.dtype
 
 
-class MTPDrafter:
+class MTPDrafter(Drafter):
+    reads_states = True
+
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
         if head is None:
             head = load_mtp(target, target.path, head_dtype(target))
@@ -80,7 +83,7 @@ class MTPDrafter:
             )
 
 
-class MTPLane:
+class MTPLane(LaneDrafter):
     """One request's head state: how far its KV rows are written, the target states observed but
     not yet run through the head, and the last row's output."""
 
