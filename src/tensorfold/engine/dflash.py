@@ -16,7 +16,7 @@ import torch
 from ..cache import KVPool, ModelCaches
 from ..models.dflash import DFlashModel, load_dflash
 from ..models.qwen3_5 import Qwen35Model
-from .drafters import Drafter, LaneDrafter
+from .drafter import Drafter, LaneDrafter
 
 
 class DFlashDrafter(Drafter):

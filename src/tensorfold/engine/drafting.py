@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..errors import InvalidRequest, NotStockDrafter, SplitRefused
 from ..models.mtp import check_mtp_head
+from .drafter import LaneDrafter
 from .drafters import (
-    LaneDrafter,
     NgramDrafter,
     PredictionDrafter,
     check_drafter_path,
