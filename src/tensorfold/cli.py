@@ -6,36 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .engine.flags import add_model_flags
 from .errors import TensorFoldError
-from .runner.launch import add_flag as add_split_flag
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "checkpoint",
-        nargs="?",
-        default=None,
-        help="checkpoint folder (default: the bundled demo model)",
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
-    p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
-    p.add_argument(
-        "--context", type=int, default=None, help="prompt + generation limit per request"
-    )
-    p.add_argument("--chunk", type=int, default=128, help="prompt rows per lane per pass")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
-    )
-    add_split_flag(p)
 
 
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="generate from one prompt, offline")
-    _add_model_args(p)
+    add_model_flags(
+        p, None, "prompt + generation limit (default: the prompt and --max-tokens, at least 4096)"
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="raw text prompt")
     src.add_argument("--chat", help="a user message, rendered with the chat template")

@@ -318,14 +318,6 @@ def add_flags(p) -> None:
         "without (default: off)",
     )
     p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
-    p.add_argument(
-        "--gdn-form",
-        choices=("recurrence", "chunk"),
-        default="recurrence",
-        help="the gated delta rule's exact form: recurrence (one token at a time; fastest "
-        "decode) or chunk (64-row grid chunks; faster prompts, slower decode for now); "
-        "each keeps every invariant, and the two round differently",
-    )
 
 
 def refuse_split_draft() -> str:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..engine.drafting import add_flags as add_draft_flags
-from ..runner.launch import add_flag as add_split_flag
+from ..engine.flags import add_model_flags, chunk_for
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -30,36 +30,15 @@ def reply_limit(flag: int | None, defaults) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    p.add_argument(
-        "checkpoint",
-        nargs="?",
-        default=None,
-        help="checkpoint folder (default: the bundled demo model)",
-    )
+    add_model_flags(p, 65536, "prompt + generation limit per request")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
-    p.add_argument(
-        "--context", type=int, default=65536, help="prompt + generation limit per request"
-    )
-    p.add_argument(
-        "--chunk",
-        type=int,
-        default=None,
-        help="prompt rows per lane per pass (default 2048 on a GPU, 128 on the CPU)",
-    )
     p.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="on a GPU, replay decode and verify passes as CUDA graphs (same kernels and bits, one launch "
         "per pass)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
     )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument(
@@ -75,9 +54,6 @@ def add_parser(sub) -> None:
         default=1.0,
         help="memory for the prompt cache, on top of the lanes' (0 turns it off)",
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
-    add_split_flag(p)
     p.add_argument(
         "--served-model-name",
         default=None,
@@ -159,9 +135,7 @@ def _build(args: argparse.Namespace):
     if note:
         log.info("%s", note)
     dtype = resolve_dtype(args.dtype, device)
-    # a GPU reads long prompts fastest in large passes (as vLLM's 2,048-token default); the CPU's
-    # passes stay short so decoding lanes are not held up behind a prompt
-    args.chunk = args.chunk or (2048 if device.type == "cuda" else 128)
+    args.chunk = chunk_for(args.chunk, device)
     start = time.monotonic()
     log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
     # a following rank of a split follows rank 0 inside load_split and exits there at its stop

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..engine.drafting import check as check_draft
 from ..engine.drafting import resolve_auto
 from ..engine.engine import Engine, EngineConfig
+from ..engine.flags import chunk_for
 from ..engine.request import SamplingParams, Watch
 from ..runner.launch import load_split
 from ..tokenizer import Tokenizer
@@ -75,6 +76,7 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
 def run_command(args) -> int:
     path = default_checkpoint(args.checkpoint)
     device = resolve_device(args.device)
+    args.chunk = chunk_for(args.chunk, device)
     args.draft, note = resolve_auto(args.draft, path, args.tensor_parallel, device.type)
     if note:
         print(note, file=sys.stderr)

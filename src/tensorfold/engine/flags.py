@@ -1,0 +1,50 @@
+"""The model and engine flags `run` and `serve` share: one definition, one set of defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..runner.launch import add_flag as add_split_flag
+
+GPU_CHUNK = 2048  # a GPU reads long prompts fastest in large passes (vLLM's default too)
+CPU_CHUNK = 128  # the CPU's passes stay short so decoding lanes are not held up behind a prompt
+
+
+def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_help: str) -> None:
+    """The checkpoint, device, dtype, lanes, context, chunk, threads, GDN form and split."""
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default=None,
+        help="checkpoint folder (default: the bundled demo model)",
+    )
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"])
+    p.add_argument("--parallel", type=int, default=4, help="lanes served at once")
+    p.add_argument("--context", type=int, default=context, help=context_help)
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help=f"prompt rows per lane per pass (default {GPU_CHUNK} on a GPU, {CPU_CHUNK} on the CPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (rounded down to a power of two; default: 1 for small models, else all)",
+    )
+    p.add_argument(
+        "--gdn-form",
+        choices=("recurrence", "chunk"),
+        default="recurrence",
+        help="the gated delta rule's exact form: recurrence (one token at a time; fastest "
+        "decode) or chunk (64-row grid chunks; faster prompts, slower decode for now); "
+        "each keeps every invariant, and the two round differently",
+    )
+    add_split_flag(p)
+
+
+def chunk_for(chunk: int | None, device) -> int:
+    """--chunk as given, else the device's default."""
+    return chunk or (GPU_CHUNK if device.type == "cuda" else CPU_CHUNK)
