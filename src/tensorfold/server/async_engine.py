@@ -128,6 +128,11 @@ class AsyncEngine:
     def memory(self) -> MemoryReport:
         return self.engine.memory()
 
+    def grammar_error(self, grammar) -> str:
+        """Why a reply's grammar does not compile against the served vocabulary ("" if it does);
+        validating reads only the grammar book's tokenizer, so a worker thread may ask."""
+        return self.engine.grammars.check(grammar)
+
     def _withdraw(self, ids: list[str], admitted: list[Request]) -> None:
         with self._lock:
             for rid in ids:

@@ -240,7 +240,7 @@ async def grammar_for(
     grammar = chat_grammar(body, end)
     if grammar is None:
         return None
-    why = await s.text.run(s.engine.engine.grammars.check, grammar)
+    why = await s.text.run(s.engine.grammar_error, grammar)
     if why:
         forced = tool_choice(body) == "required" or isinstance(body.tool_choice, dict)
         raise APIError(
