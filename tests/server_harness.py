@@ -87,6 +87,20 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = 60.0):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def process_up(url: str, proc, timeout: float = 120.0) -> None:
+    """Waits until a server started as its own process answers /health with 200; fails if the
+    process exits first or the time runs out."""
+
+    def up() -> bool:
+        assert proc.poll() is None, "the server exited"
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, f"{url} to become healthy", timeout)
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """The value of one sample in Prometheus text (0 when absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())

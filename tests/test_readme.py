@@ -14,14 +14,14 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from server_harness import process_up
+from split_util import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -82,25 +82,6 @@ def commands(block: str) -> list[str]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(port: int, proc: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become healthy")
-
-
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
     """A folder that sees the checkout's src/ and .venv/ (files the blocks write land here), and
@@ -120,7 +101,7 @@ def place(tmp_path_factory):
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        healthy(port, proc)
+        process_up(f"http://127.0.0.1:{port}", proc)
         yield here, port, env
     finally:
         proc.terminate()

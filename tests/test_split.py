@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from server_harness import process_up
 from split_util import free_port, split_results, whole_results
 
 from tensorfold.cli import main
@@ -160,7 +161,7 @@ def test_served_split_and_a_lost_rank(hf_tiny):
     url, body = f"http://127.0.0.1:{port}", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     server = subprocess.Popen(args + ["--tensor-parallel", "2"], env=_env())
     try:
-        _wait_up(url, server)
+        process_up(url, server)
         split = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
         memory = httpx.get(f"{url}/memory", timeout=30).json()
         assert [r["rank"] for r in memory["ranks"]] == [0, 1]
@@ -186,25 +187,12 @@ def test_served_split_and_a_lost_rank(hf_tiny):
         server.wait(timeout=30)
     whole_server = subprocess.Popen(args, env=_env())
     try:
-        _wait_up(url, whole_server)
+        process_up(url, whole_server)
         whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
     finally:
         whole_server.terminate()
         whole_server.wait(timeout=30)
     assert split["choices"][0]["text"] == whole["choices"][0]["text"]
-
-
-def _wait_up(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not come up")
 
 
 def test_llm_tensor_parallel_gives_the_whole_tokens(hf_tiny_c):
