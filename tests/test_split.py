@@ -33,7 +33,10 @@ PROMPT = [501, 84, 82, 298, 198, 406, 290, 220, 17, 285, 220, 18, 30, 502, 198, 
         ("hf_tiny", 2),  # tied, GQA 2, GDN key heads 2 -> value heads 4
         ("hf_tiny_b", 2),  # untied, GQA 3, one GDN head per rank, sharded files
         ("hf_tiny", 4),  # one query head per rank: KV heads and GDN key heads replicated
-        ("hf_uneven", 4),  # vocabulary 515 and MLP width 130 cut unevenly (129/129/129/128)
+        ("hf_uneven", 2),  # KV and GDN key heads 2/1 (query and value heads 4/2)
+        # vocabulary 515 and MLP width 130 cut 129/129/129/128; KV and GDN key heads held by
+        # 2/1/1 ranks (one replicated over two), their query and value heads 1+1/2/2
+        ("hf_uneven", 4),
         ("mlx_mixed", 2),  # MLX per-module bits, packed rows split
         ("mlx_moe_q4", 2),  # MoE: experts split by expert (packed stacks), shared expert by rows
     ],
@@ -50,21 +53,50 @@ def test_split_equals_whole(fixture, world, request):
     assert whole["decode_128"] == whole["decode_37"]
 
 
-def test_refusals_name_the_split(hf_tiny, hf_tiny_b):
-    cfg = ModelConfig.from_dir(hf_tiny_b)
-    with pytest.raises(SplitRefused, match="num_attention_heads \\(6\\) is not divisible by 4"):
+def test_refusals_name_the_split(hf_tiny, hf_tiny_b, hf_moe):
+    cfg = ModelConfig.from_dir(hf_tiny_b)  # one GDN value head per key head: not 2 ranks each
+    with pytest.raises(SplitRefused, match="linear_num_value_heads \\(2\\) cannot give each rank"):
         plan_shard(cfg, 0, 4, torch.float32)
     with pytest.raises(SplitRefused, match="float64"):
         plan_shard(ModelConfig.from_dir(hf_tiny), 0, 2, torch.float64)
-    with pytest.raises(SplitRefused, match="not divisible by 3"):
-        plan_shard(ModelConfig.from_dir(hf_tiny), 0, 3, torch.float32)
+    with pytest.raises(SplitRefused, match="num_experts \\(16\\) is not divisible by 3"):
+        plan_shard(ModelConfig.from_dir(hf_moe), 0, 3, torch.float32)
+    with pytest.raises(SplitRefused, match="num_attention_heads \\(4\\) cannot give each rank"):
+        plan_shard(ModelConfig.from_dir(hf_tiny), 0, 5, torch.float32)
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 6, 8, 16])
+def test_the_9b_heads_split_over_any_rank_count(world):
+    """Every head on some rank, in order; a replicated key head counted once; each rank's query
+    (value) heads an equal share of its KV (GDN key) heads, as in the whole model."""
+    from tensorfold.models.split import plan_split
+    from tensorfold.tools.shapes import text_config
+
+    cfg = ModelConfig.from_dict(dict(text_config("9b"), model_type="qwen3_5_text"))
+    plans = plan_split(cfg, world, torch.bfloat16)
+    for groups, members, total in (
+        ("kv_heads", "q_heads", cfg.num_heads),
+        ("k_heads", "v_heads", cfg.linear_num_value_heads),
+    ):
+        held = [getattr(s, members) for s in plans]
+        assert [h.first for h in held] == [0, *[h.first + h.count for h in held[:-1]]]
+        assert sum(h.count for h in held) == total
+        owned = [getattr(s, groups) for s in plans if getattr(s, groups).owner]
+        assert [g.first for g in owned] == [0, *[g.first + g.count for g in owned[:-1]]]
+        per = total // sum(g.count for g in owned)
+        for s in plans:
+            g, m = getattr(s, groups), getattr(s, members)
+            assert g.first <= m.first // per and (m.first + m.count - 1) // per < g.first + g.count
+            assert m.count % g.count == 0 and (g.count == 1 or m.count == g.count * per)
 
 
 def test_cli_refuses_before_any_rank_starts(hf_tiny_b, capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = ["run", str(hf_tiny_b), "--device", "cpu", "--tokens", "[1, 2]", "--tensor-parallel"]
     assert main(args + ["4"]) == 2
-    assert "SplitRefused: --tensor-parallel 4: num_attention_heads (6)" in capsys.readouterr().err
+    assert (
+        "SplitRefused: --tensor-parallel 4: linear_num_value_heads (2)" in capsys.readouterr().err
+    )
 
 
 def test_split_argmax_is_the_whole_argmax():

@@ -19,7 +19,7 @@ from ..ops.collective import Group
 from ..ops.moe import Experts, ExpertStack
 from .checkpoint import Checkpoint
 from .qwen3_5 import DecoderLayer, Qwen35Model
-from .split import Ranges, Shard, plan_shard, row_widths, take_rows
+from .split import Ranges, Shard, plan_shard, plan_split, row_widths, take_rows
 from .weights import WeightMap
 
 PROGRESS_BYTES = 1 << 30  # show a progress bar from 1 GiB of weights
@@ -100,6 +100,17 @@ class _Builder:
             self.book = TileBook()
         self.acc = torch.float64 if dtype == torch.float64 else torch.float32
 
+    def input_widths(self, total: int) -> tuple[int, ...] | None:
+        """Every rank's columns of an input cut by `row_ranges`; None when whole."""
+        return row_widths(total, self.group.world) if self.group is not None else None
+
+    def head_widths(self, heads, width: int) -> tuple[int, ...] | None:
+        """Every rank's columns of an input made of its heads (`heads(shard)`, `width` each)."""
+        if self.shard is None:
+            return None
+        plans = plan_split(self.cfg, self.shard.world, self.dtype)
+        return tuple(heads(s).count * width for s in plans)
+
     def rows(self, ranges) -> Ranges | None:
         """`ranges(shard)` on a split rank; None (every row) otherwise."""
         return ranges(self.shard) if self.shard is not None else None
@@ -133,17 +144,15 @@ class _Builder:
         rows: Ranges | None = None,
         gather_input: bool = True,
         total: int | None = None,
-        input_total: int | None = None,
+        inputs: tuple[int, ...] | None = None,
     ) -> Linear:
         """A projection whose output the split gathers (its input too, when the rank holds only
-        its heads' or inner columns of it); a plain projection when the model is whole. `total`
-        and `input_total`: the whole widths of an output or input cut by `row_ranges` (uneven
-        pieces), None where every rank's piece is equal."""
+        its heads' or inner columns of it); a plain projection when the model is whole. `total`:
+        the whole width of an output cut by `row_ranges`; `inputs`: every rank's input columns
+        (None: equal pieces)."""
         if self.group is None:
             return self.linear(stem)
-        world = self.group.world
-        widths = row_widths(total, world) if total else None
-        inputs = row_widths(input_total, world) if input_total else None
+        widths = row_widths(total, self.group.world) if total else None
         w = self.weight(stem, rows)
         return RowSplit(w, self.dtype, self.group, gather_input, self.book, widths, inputs)
 
@@ -156,9 +165,9 @@ class _Builder:
                 p + "down_proj",
                 self.rows(lambda s: (s.hidden,)),
                 total=self.cfg.hidden_size,
-                input_total=self.cfg.moe.shared_intermediate_size
-                if shared
-                else self.cfg.intermediate_size,
+                inputs=self.input_widths(
+                    self.cfg.moe.shared_intermediate_size if shared else self.cfg.intermediate_size
+                ),
             ),
         )
 
@@ -203,7 +212,12 @@ class _Builder:
             self.linear(p + "q_proj", self.rows(lambda s: s.q_rows(c.head_dim))),
             self.linear(p + "k_proj", kv),
             self.linear(p + "v_proj", kv),
-            self.gathered(p + "o_proj", self.rows(lambda s: (s.hidden,)), total=c.hidden_size),
+            self.gathered(
+                p + "o_proj",
+                self.rows(lambda s: (s.hidden,)),
+                total=c.hidden_size,
+                inputs=self.head_widths(lambda s: s.q_heads, c.head_dim),
+            ),
             self.norm(p + "q_norm.weight"),
             self.norm(p + "k_norm.weight"),
             s.q_heads.count if s else c.num_heads,
@@ -236,7 +250,12 @@ class _Builder:
             self.tensor(p + "A_log", None, gates),
             self.tensor(p + "dt_bias", None, gates),
             GatedRMSNorm(norm_w, c.rms_norm_eps),
-            self.gathered(p + "out_proj", self.rows(lambda s: (s.hidden,)), total=c.hidden_size),
+            self.gathered(
+                p + "out_proj",
+                self.rows(lambda s: (s.hidden,)),
+                total=c.hidden_size,
+                inputs=self.head_widths(lambda s: s.v_heads, c.linear_value_head_dim),
+            ),
         )
 
     def head(self, embed: Embedding) -> Linear:

@@ -2,11 +2,13 @@
 
 Every product is split by output rows with the whole K on each rank, so a rank computes whole
 output values with the whole model's arithmetic; nothing is ever summed across ranks
-(docs/exactness.md, 'Tensor split'). Attention heads and Gated DeltaNet heads are split with
-their conv channels, gates and states; key/value heads are replicated where there are fewer
-of them than ranks. Output rows (hidden, the MLP's inner width, the vocabulary) may be cut
-unevenly: the gathers concatenate pieces of any widths. Whatever cannot be split exactly is
-refused here, by name, before any weight is read.
+(docs/exactness.md, 'Tensor split'). Heads come in groups (a key/value head with its query
+heads; a Gated DeltaNet key head with its value heads) and are split with their conv channels,
+gates and states: with fewer ranks than groups each rank holds whole groups, with more each
+group is held by several ranks (its key head replicated), its members cut among them. Any cut
+may be uneven (9B heads over 3 or 6 ranks), and so may output rows (hidden, the MLP's inner
+width, the vocabulary): the gathers concatenate pieces of any widths. Whatever cannot be split
+exactly is refused here, by name, before any weight is read.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ Ranges = tuple[tuple[int, int], ...]  # row ranges [start, stop) of a weight, in
 
 @dataclass(frozen=True)
 class HeadSplit:
-    """Heads [first, first + count) on this rank; `copies` ranks hold each one (1: split)."""
+    """Heads [first, first + count) on this rank; `owner`: no earlier rank holds them (a
+    replicated head is counted once, from its first holder)."""
 
     first: int
     count: int
-    copies: int = 1
+    owner: bool = True
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Shard:
     def owns(self, heads: HeadSplit) -> bool:
         """Whether this rank is the first of the ranks holding these heads: the one whose copy
         counts when the ranks' states are put back together."""
-        return self.rank % heads.copies == 0
+        return heads.owner
 
     def q_rows(self, head_dim: int) -> Ranges:
         """q_proj: 2*head_dim rows per head (the query, then its output gate)."""
@@ -82,17 +85,26 @@ class Shard:
         return ((self.v_heads.first, self.v_heads.first + self.v_heads.count),)
 
 
-def _heads(total: int, rank: int, world: int, what: str, replicate: bool) -> HeadSplit:
-    if total % world == 0:
-        per = total // world
-        return HeadSplit(rank * per, per)
-    if replicate and world % total == 0:  # fewer heads than ranks: each held by world/total
-        copies = world // total
-        return HeadSplit(rank // copies, 1, copies)
-    raise SplitRefused(
-        f"--tensor-parallel {world}: {what} ({total}) is not divisible by {world}"
-        + (f" and {world} is not a multiple of it" if replicate else "")
-    )
+def _grouped(
+    groups: int, members: int, rank: int, world: int, names: tuple[str, str]
+) -> tuple[HeadSplit, HeadSplit]:
+    """This rank's group heads and member heads (`members` in `groups` equal groups, a member
+    belonging to group member // (members / groups)). Each rank's members then share its
+    groups as evenly as the whole model's do, so a layer runs on a rank as on the whole."""
+    per = members // groups
+    if world <= groups:  # whole groups, cut as rows are
+        a, b = row_ranges(groups, world)[rank]
+        return HeadSplit(a, b - a), HeadSplit(a * per, (b - a) * per)
+    holders = row_ranges(world, groups)  # the ranks holding each group, in order
+    group = next(g for g, (a, b) in enumerate(holders) if a <= rank < b)
+    first, stop = holders[group]
+    if stop - first > per:
+        raise SplitRefused(
+            f"--tensor-parallel {world}: {names[1]} ({members}) cannot give each rank one: "
+            f"{stop - first} ranks would share the {per} of one of the {groups} {names[0]}"
+        )
+    a, b = row_ranges(per, stop - first)[rank - first]
+    return HeadSplit(group, 1, rank == first), HeadSplit(group * per + a, b - a)
 
 
 def row_ranges(total: int, world: int) -> tuple[tuple[int, int], ...]:
@@ -131,10 +143,20 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
             f"--tensor-parallel {world}: float64 products are not column-position invariant on "
             "the CPU's BLAS, so a split float64 model would not give the whole model's bits"
         )
-    q = _heads(cfg.num_heads, rank, world, "num_attention_heads", replicate=False)
-    kv = _heads(cfg.num_kv_heads, rank, world, "num_key_value_heads", replicate=True)
-    hv = _heads(cfg.linear_num_value_heads, rank, world, "linear_num_value_heads", False)
-    hk = _heads(cfg.linear_num_key_heads, rank, world, "linear_num_key_heads", replicate=True)
+    kv, q = _grouped(
+        cfg.num_kv_heads,
+        cfg.num_heads,
+        rank,
+        world,
+        ("num_key_value_heads", "num_attention_heads"),
+    )
+    hk, hv = _grouped(
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        rank,
+        world,
+        ("linear_num_key_heads", "linear_num_value_heads"),
+    )
     moe = cfg.moe
     return Shard(
         rank,
@@ -149,6 +171,11 @@ def plan_shard(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> S
         _experts(moe.num_experts, rank, world) if moe else (0, 0),
         _rows(moe.shared_intermediate_size, rank, world) if moe else (0, 0),
     )
+
+
+def plan_split(cfg: ModelConfig, world: int, dtype: torch.dtype) -> tuple[Shard, ...]:
+    """Every rank's shard, in rank order."""
+    return tuple(plan_shard(cfg, r, world, dtype) for r in range(world))
 
 
 def take_rows(t: torch.Tensor, ranges: Ranges | None) -> torch.Tensor:
