@@ -4,7 +4,7 @@ only the tokens the target itself would have chosen are kept (docs/exactness.md,
 A verify pass feeds the lane's uncomputed committed rows and then its k drafted tokens, as one
 segment of a shared pass; each row is computed with the arithmetic of any other row, so a row
 whose input was right has the bytes a plain decode row would have. Row j's logits choose the token
-at its position with the request's own rule (`Engine.choose_token`); the draft is accepted while
+at its position with the request's own rule (`Sampler.choose_token`); the draft is accepted while
 it equals that choice, and the first choice it misses is the bonus token.
 
 The lane's Gated DeltaNet state cannot be cut back by arithmetic, so it is copied to a spare
@@ -222,17 +222,18 @@ class Drafting:
             self.states.copy_slots(src, dst, into=self.spares)
         return forks
 
-    def verify(self, engine, req: Request, logits) -> list[TokenEvent]:
+    def verify(self, req: Request, logits, sampler, output) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain
-        path (each choice sees the tokens before it), then settles the lane's state."""
+        path (each choice sees the tokens before it), then settles the lane's state. The
+        engine finishes the request when the last event says it ended."""
         d, events = req.draft, []
         proposal, k = d.proposal, len(d.proposal)
         req.num_computed = req.num_tokens + k  # the state covers every fed row for now
         accepted = 0
-        picks = engine.greedy_picks(req, logits[: k + 1])
+        picks = sampler.greedy_picks(req, logits[: k + 1])
         for j in range(k + 1):
-            token = picks[j] if picks else engine.choose_token(req, logits[j])
-            event = engine.emit(req, logits[j], token)
+            token = picks[j] if picks else sampler.choose_token(req, logits[j])
+            event = output.commit(req, logits[j], token)
             events.append(event)
             if j < k and accepts(proposal[j], token):
                 accepted += 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,13 +19,14 @@ from ..cache.budget import check_fits
 from ..cache.prefix_cache import PrefixCache
 from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.sampling import sample_row, token_rank, top_logprobs, uniform
+from ..ops.sampling import token_rank, top_logprobs
 from ..runner.distributed import SplitRunner
 from ..runner.model_runner import ModelRunner
-from .constraints import GrammarBook, apply_mask
+from .constraints import GrammarBook
 from .drafting import DraftConfig, Drafting, refuse_split_draft
-from .logits_rules import shape_logits, shapes_logits
+from .output import Output
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
+from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
 
@@ -101,6 +101,8 @@ class Engine:
                 self.drafting.use_graphs(config.context)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
+        self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)
+        self.output = Output(tokenizer, self.eos_ids)
         self._inbox: deque[Request] = deque()
         self._cancels: deque[str] = deque()
         self._requests: dict[str, Request] = {}
@@ -201,75 +203,17 @@ class Engine:
         ready = []
         for i, w in enumerate(work):
             if w.request.drafting:
-                events += self.drafting.verify(self, w.request, logits[i])
+                done = self.drafting.verify(w.request, logits[i], self.sampler, self.output)
+                events += done
+                if done[-1].finished:  # the row of the token that ended it
+                    self._finish(w.request, done[-1].finish_reason, logits[i][len(done) - 1])
             elif self._advance(w.request, w.rows, logits.get(i)):
                 ready.append((w.request, logits[i][-1]))
-        for (req, row), token in zip(ready, self._choose(ready)):
-            events.append(self._emit(req, row, token))
+        for (req, row), token in zip(ready, self.sampler.choose(ready)):
+            events.append(self._commit(req, row, token))
         if self.drafting.wants_hidden:
             self.drafting.observe(spans, hidden)
         return events
-
-    def _choose(self, ready) -> list[int]:
-        """Next tokens of the lanes that produce one: plain greedy rows in one argmax (one device
-        sync); a row with its own rule (penalties, bias, grammar) or sampled through
-        `choose_token`, the one rule drafting accepts by too."""
-        plain = [i for i, (req, _) in enumerate(ready) if self._plain_greedy(req)]
-        batched = set(plain)
-        tokens: list[int] = [0] * len(ready)
-        if plain:
-            picks = self.runner.greedy(torch.stack([ready[i][1] for i in plain]))
-            for i, t in zip(plain, picks):
-                tokens[i] = t
-        for i, (req, row) in enumerate(ready):
-            if i not in batched:
-                tokens[i] = self.choose_token(req, row)
-        return tokens
-
-    @classmethod
-    def _plain_greedy(cls, req: Request) -> bool:
-        """Greedy with no rule of its own: its rows' choices are one argmax, batched."""
-        return req.params.temperature <= 0.0 and not cls._custom(req)
-
-    @staticmethod
-    def _custom(req: Request) -> bool:
-        return req.params.grammar is not None or shapes_logits(req.params)
-
-    def rule_row(self, req: Request, output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
-        """The row the request samples from after `output_ids` (its reply so far, or any prefix
-        of it: a drafted position): its own rule, then its grammar's mask (fp32). A function of
-        the request's parameters, prompt, `output_ids` and `row` alone."""
-        p = req.params
-        if not self._custom(req):
-            return row
-        x = shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
-        if p.grammar is None:
-            return x
-        if req.matcher is None:
-            try:
-                req.matcher = self.grammars.matcher(p.grammar)
-            except InvalidRequest:  # checked at admission; should it still fail, only end
-                only_end = torch.ones_like(x, dtype=torch.bool)
-                only_end[sorted(self.eos_ids)] = False
-                return x.masked_fill(only_end, float("-inf"))
-        return apply_mask(x, req.matcher.allowed(output_ids))
-
-    def choose_token(self, req: Request, logits: torch.Tensor) -> int:
-        """The token the request chooses from one row of logits at its next position
-        (req.num_tokens): its own rule first (`rule_row` after its reply so far), then greedy's
-        first maximum or a draw keyed by (seed, choice, position). Plain decoding and the
-        drafting acceptance rule both choose through here."""
-        p = req.params
-        row = self.rule_row(req, req.output_ids, logits)
-        if p.temperature <= 0.0:
-            return int(torch.argmax(row))
-        u = uniform(req.seed, req.num_tokens, req.choice)
-        return sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p, u)
-
-    def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
-        """choose_token of every row at once (one device sync) for a plain greedy request, whose
-        choice does not depend on the tokens before it; else [] (choose row by row)."""
-        return self.runner.greedy(rows) if self._plain_greedy(req) else []
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -306,43 +250,11 @@ class Engine:
                 logprob, top = top_logprobs(row, ids[nxt], k)
                 req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
 
-    def emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
-        """Commits one chosen token: text, stops, and the finish if it ends the request."""
-        return self._emit(req, logits, token)
-
-    def _emit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
-        p = req.params
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-        req.output_ids.append(token)
-        lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
-        reason = self._stop_reason(req, token)
-        text, stop_hit = self._new_text(req, final=reason is not None)
-        if stop_hit:
-            reason = "stop"
-        event = TokenEvent(req.request_id, [token], text, logprobs=lp)
-        if p.prompt_logprobs is not None and len(req.output_ids) == 1:
-            event.prompt_logprobs = [None, *req.prompt_logprobs]
-        if reason is not None:
-            self._finish(req, reason, logits)
-            event.finished, event.finish_reason = True, reason
+    def _commit(self, req: Request, row: torch.Tensor, token: int) -> TokenEvent:
+        event = self.output.commit(req, row, token)
+        if event.finished:
+            self._finish(req, event.finish_reason, row)
         return event
-
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if len(req.output_ids) <= p.min_tokens and len(req.output_ids) < req.max_tokens:
-            return None  # min_tokens: no stop yet (its rule forbids the stop tokens too)
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
-            return "stop"
-        if len(req.output_ids) >= req.max_tokens:
-            return "length"
-        return None
-
-    def _new_text(self, req: Request, final: bool) -> tuple[str, bool]:
-        if self.tokenizer is None:
-            return "", False
-        stops = req.params.stop if len(req.output_ids) > req.params.min_tokens else ()
-        return req.reply.advance(self.tokenizer, req.output_ids, stops, final)
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""

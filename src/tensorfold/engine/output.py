@@ -1,0 +1,52 @@
+"""Committing a chosen token: the reply's ids, its new text, logprobs, and whether it ends the
+request (a stop token, a stop string, the length). The engine finishes a request whose event
+says so; this step touches no lane."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..ops.sampling import top_logprobs
+from .request import Request, TokenEvent
+
+
+class Output:
+    def __init__(self, tokenizer, eos_ids: set[int]) -> None:
+        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+
+    def commit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
+        """Appends `token` (chosen from `logits`) to the reply; the event carries its text and
+        logprobs, and `finished` with its reason when it ends the request."""
+        p = req.params
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        req.output_ids.append(token)
+        lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
+        reason = self.stop_reason(req, token)
+        text, stop_hit = self.new_text(req, final=reason is not None)
+        if stop_hit:
+            reason = "stop"
+        event = TokenEvent(req.request_id, [token], text, logprobs=lp)
+        if p.prompt_logprobs is not None and len(req.output_ids) == 1:
+            event.prompt_logprobs = [None, *req.prompt_logprobs]
+        if reason is not None:
+            event.finished, event.finish_reason = True, reason
+        return event
+
+    def stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if len(req.output_ids) <= p.min_tokens and len(req.output_ids) < req.max_tokens:
+            return None  # min_tokens: no stop yet (its rule forbids the stop tokens too)
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return "stop"
+        if len(req.output_ids) >= req.max_tokens:
+            return "length"
+        return None
+
+    def new_text(self, req: Request, final: bool) -> tuple[str, bool]:
+        if self.tokenizer is None:
+            return "", False
+        stops = req.params.stop if len(req.output_ids) > req.params.min_tokens else ()
+        return req.reply.advance(self.tokenizer, req.output_ids, stops, final)
