@@ -54,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="exact step count (overrides --minutes)")
     p.add_argument("--batch", type=int, default=24, help="sequences per step")
     p.add_argument("--agent-rate", type=float, default=0.4)
+    p.add_argument(
+        "--json-object-rate", type=float, default=0.0, help="share of agent samples: json_object"
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -77,9 +80,21 @@ def lr_at(progress: float, step: int, a: argparse.Namespace) -> float:
     return a.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def micro_batches(enc: Encoded, idx: np.ndarray, device: str, pad_id: int):
-    """(input_ids, labels) per length group of rows idx: right-padded, labels -100 outside the
-    replies."""
+def forced_leads(tok: Tokenizer, samples, enc: Encoded) -> np.ndarray:
+    """Per sample, the position of a reply token a grammar forces (not learned), or -1."""
+    lead = np.full(len(samples), -1, dtype=np.int64)
+    for i, s in enumerate(samples):
+        if isinstance(s, AgentSample) and s.forced_lead:
+            before = tok.encode(s.trace_text(), add_special_tokens=False).ids
+            at = int(enc.prompt_lens[i])
+            assert list(enc.ids[i, at : at + len(before)]) == before, "the trace's ids merge"
+            lead[i] = at + len(before)
+    return lead
+
+
+def micro_batches(enc: Encoded, lead: np.ndarray, idx: np.ndarray, device: str, pad_id: int):
+    """(input_ids, labels, leads) per length group of rows idx: right-padded, labels -100
+    outside the replies and at a forced lead; leads the (row, position) of each forced lead."""
     long = enc.prompt_lens[idx] > TOOL_PROMPT
     for rows in (idx[long], idx[~long]):
         if len(rows) == 0:
@@ -89,26 +104,41 @@ def micro_batches(enc: Encoded, idx: np.ndarray, device: str, pad_id: int):
         pos = torch.arange(width)
         lengths = torch.from_numpy(enc.lengths[rows])[:, None]
         in_reply = (pos >= torch.from_numpy(enc.prompt_lens[rows])[:, None]) & (pos < lengths)
+        in_reply &= pos != torch.from_numpy(lead[rows])[:, None]
         labels = torch.where(in_reply, ids, torch.full_like(ids, -100))
         ids = torch.where(pos < lengths, ids, torch.full_like(ids, pad_id))
-        yield ids.to(device), labels.to(device)
+        at = torch.from_numpy(lead[rows])
+        leads = torch.stack([torch.nonzero(at >= 0)[:, 0], at[at >= 0]], 1)
+        yield ids.to(device), labels.to(device), leads.to(device)
 
 
-def train_step(model, opt, batches, lr: float) -> tuple[float, int]:
+def lead_loss(logits: torch.Tensor, ids: torch.Tensor, leads: torch.Tensor, lead_ids):
+    """At each forced lead, the loss of its token among the tokens the grammar allows there
+    (`lead_ids`: the newlines a reply may open with, the brace): the model learns to prefer the
+    brace to a newline once the grammar has ruled out its plain answer, and nothing else."""
+    if len(leads) == 0:
+        return logits.new_zeros(())
+    rows = logits[leads[:, 0], leads[:, 1] - 1][:, lead_ids].float()
+    want = (ids[leads[:, 0], leads[:, 1]][:, None] == lead_ids[None]).float().argmax(1)
+    return torch.nn.functional.cross_entropy(rows, want, reduction="sum")
+
+
+def train_step(model, opt, batches, lr: float, lead_ids: torch.Tensor) -> tuple[float, int]:
     """One optimizer step over the micro-batches: the mean loss over all their reply tokens."""
     for group in opt.param_groups:
         group["lr"] = lr
     batches = list(batches)
-    count = sum(int((labels[:, 1:] != -100).sum()) for _, labels in batches)
+    count = sum(int((labels[:, 1:] != -100).sum()) + len(leads) for _, labels, leads in batches)
     total = 0.0
-    for ids, labels in batches:
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+    for ids, labels, leads in batches:
+        full = model(input_ids=ids, use_cache=False).logits
+        logits = full[:, :-1]
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
             labels[:, 1:].reshape(-1),
             ignore_index=-100,
             reduction="sum",
-        )
+        ) + lead_loss(full, ids, leads, lead_ids)
         (loss / count).backward()
         total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -117,7 +147,9 @@ def train_step(model, opt, batches, lr: float) -> tuple[float, int]:
     return total / count, count
 
 
-def train(model, enc: Encoded, a: argparse.Namespace, pad_id: int) -> dict:
+def train(
+    model, enc: Encoded, lead: np.ndarray, a: argparse.Namespace, pad_id: int, lead_ids
+) -> dict:
     model.train()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
@@ -147,7 +179,9 @@ def train(model, enc: Encoded, a: argparse.Namespace, pad_id: int) -> dict:
             idx = next(order)
         progress = step / a.steps if a.steps else now / budget
         lr = lr_at(progress, step, a)
-        loss, _ = train_step(model, opt, micro_batches(enc, idx, a.device, pad_id), lr)
+        loss, _ = train_step(
+            model, opt, micro_batches(enc, lead, idx, a.device, pad_id), lr, lead_ids
+        )
         window.append(loss)
         step += 1
         now = time.perf_counter() - start
@@ -191,13 +225,16 @@ def copy_source(src: Path, out: Path) -> None:
 # -- evaluation ---------------------------------------------------------------------------------
 
 
+AGENT_FAMILIES = ("tool_call", "tool_answer", "json", "json_object")
+
+
 def held_out_agent(per_family: int) -> list[AgentSample]:
     """per_family samples of each agent family, from a seed no training run uses."""
     import random
 
     rng, out, counts = random.Random(EVAL_SEED), [], defaultdict(int)
-    while min(counts[f] for f in ("tool_call", "tool_answer", "json")) < per_family:
-        s = agent_sample(rng, rng.random() < THINKING_RATE)
+    while min(counts[f] for f in AGENT_FAMILIES) < per_family:
+        s = agent_sample(rng, rng.random() < THINKING_RATE, json_object_rate=0.25)
         if counts[s.task.family] < per_family:
             counts[s.task.family] += 1
             out.append(s)
@@ -233,7 +270,19 @@ def agent_ok(s: AgentSample, reply: str) -> bool:
         return False
 
 
-def greedy_replies(path: Path, prompts: list[str], threads: int) -> list[str]:
+def json_object_grammar(tok, thinking: bool):
+    """The grammar the server gives a request with `response_format: json_object`."""
+    from llguidance import LLMatcher
+
+    from tensorfold.engine.constraints import Grammar
+    from tensorfold.server.structured import json_grammar
+
+    source = LLMatcher.grammar_from_lark(json_grammar({"type": "object"}))
+    return Grammar(source, tok.encode("</think>")[-1] if thinking else None)
+
+
+def greedy_replies(path: Path, samples: list, threads: int) -> list[str]:
+    """Each sample's greedy reply; a json_object one under the server's json_object grammar."""
     from tensorfold.engine.engine import Engine, EngineConfig
     from tensorfold.engine.request import SamplingParams
     from tensorfold.models.loader import load_model
@@ -245,10 +294,17 @@ def greedy_replies(path: Path, prompts: list[str], threads: int) -> list[str]:
         tok,
         EngineConfig(parallel=16, context=1024, chunk=256, threads=threads),
     )
-    params = SamplingParams(max_tokens=160, temperature=0.0)
+
+    def params(s) -> SamplingParams:
+        grammar = None
+        if getattr(s, "forced_lead", False):
+            grammar = json_object_grammar(tok, s.thinking)
+        return SamplingParams(max_tokens=160, temperature=0.0, grammar=grammar)
+
     reqs = []
-    for start in range(0, len(prompts), 32):  # the engine's queue holds 64
-        reqs += [engine.add_request(tok.encode(p), params) for p in prompts[start : start + 32]]
+    for start in range(0, len(samples), 32):  # the engine's queue holds 64
+        chunk = samples[start : start + 32]
+        reqs += [engine.add_request(tok.encode(s.prompt_text()), params(s)) for s in chunk]
         engine.run_until_done()
     return [
         tok.decode([t for t in r.output_ids if t not in tok.eos_ids], skip_special_tokens=False)
@@ -256,19 +312,31 @@ def greedy_replies(path: Path, prompts: list[str], threads: int) -> list[str]:
     ]
 
 
+def known_as_json_object(s) -> AgentSample:
+    """A known answer asked as a client asks it under `response_format: json_object` alone."""
+    from tensorfold.demo.agent import _json_value
+    from tensorfold.demo.data import Task
+
+    reply = json.dumps({"answer": _json_value(s.task.answer)}, ensure_ascii=False)
+    task = Task(s.task.prompt, reply, s.task.trace, "json_object")
+    return AgentSample(task, s.thinking, None, False, "", reply, forced_lead=True)
+
+
 def evaluate(path: Path, a: argparse.Namespace) -> dict:
     from tensorfold.demo.data import Sample
 
     start = time.perf_counter()
     known = [Sample(t, th) for th in (False, True) for t in KNOWN_ANSWERS]
+    known_json = [known_as_json_object(s) for s in known]
     agent = held_out_agent(a.eval_per_family)
-    replies = greedy_replies(
-        path, [s.prompt_text() for s in known + agent], a.threads or torch.get_num_threads()
-    )
-    known_ok = [_answer(r) == s.task.answer for s, r in zip(known, replies)]
+    replies = greedy_replies(path, known + known_json + agent, a.threads or torch.get_num_threads())
+    n, m = len(known), len(known_json)
+    plain, as_json, replies = replies[:n], replies[n : n + m], replies[n + m :]
+    known_ok = [_answer(r) == s.task.answer for s, r in zip(known, plain)]
+    json_ok = [agent_ok(s, r) for s, r in zip(known_json, as_json)]
     rates: dict[str, list[bool]] = defaultdict(list)
     failures = []
-    for s, r in zip(agent, replies[len(known) :]):
+    for s, r in zip(agent, replies):
         ok = agent_ok(s, r)
         rates[s.task.family].append(ok)
         rates[f"{s.task.family} {'think' if s.thinking else 'no-think'}"].append(ok)
@@ -286,9 +354,15 @@ def evaluate(path: Path, a: argparse.Namespace) -> dict:
         "known_answers_ok": f"{sum(known_ok)}/{len(known_ok)}",
         "known_wrong": [
             {"prompt": s.task.prompt, "thinking": s.thinking, "got": r}
-            for s, r, ok in zip(known, replies, known_ok)
+            for s, r, ok in zip(known, plain, known_ok)
             if not ok
         ],
+        "known_answers_json_object_ok": f"{sum(json_ok)}/{len(json_ok)}",
+        "known_json_object_wrong": [
+            {"prompt": s.task.prompt, "thinking": s.thinking, "got": r}
+            for s, r, ok in zip(known_json, as_json, json_ok)
+            if not ok
+        ][:12],
         "agent_greedy_ok": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(rates.items())},
         "agent_failures": failures,
         "fresh_exact_by_family": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(table.items())},
@@ -306,8 +380,11 @@ def main() -> None:
 
     start = time.perf_counter()
     tok = Tokenizer.from_file(str(a.src / "tokenizer.json"))
-    samples = generate(a.seed, a.examples, agent_rate=a.agent_rate)
+    samples = generate(
+        a.seed, a.examples, agent_rate=a.agent_rate, json_object_rate=a.json_object_rate
+    )
     enc = encode(tok, samples)
+    lead = forced_leads(tok, samples, enc)
     fams = defaultdict(int)
     for s in samples:
         fams[s.task.family if isinstance(s, AgentSample) else "original"] += 1
@@ -320,15 +397,18 @@ def main() -> None:
     print(f"data: {data}", flush=True)
     model = Qwen3_5ForCausalLM.from_pretrained(str(a.src), dtype=torch.float32).to(a.device)
     pad_id = tok.token_to_id("<|endoftext|>")
-    training = train(model, enc, a, pad_id)
+    lead_ids = torch.tensor([tok.token_to_id(t) for t in ("{", "Ċ", "ĊĊ")], device=a.device)
+    training = train(model, enc, lead, a, pad_id, lead_ids)
     copy_source(a.src, a.out)
     save_weights(model, a.src, a.out)
     import tokenizers
     import transformers
 
     log = json.loads((a.src / "train_log.json").read_text())
-    log["finetune"] = {
+    key = next(k for k in ("finetune", *(f"finetune_{n}" for n in range(2, 99))) if k not in log)
+    log[key] = {  # a run from weights already fine-tuned adds its own section
         "seed": a.seed,
+        "from": "the weights of the section before" if key != "finetune" else "the base run",
         "command": "PYTHONPATH=src python scripts/finetune_demo.py " + " ".join(sys.argv[1:]),
         "config": {k: str(v) for k, v in vars(a).items()},
         "data": data,
@@ -344,10 +424,10 @@ def main() -> None:
         "sequences_seen": training["steps"] * a.batch,
     }
     (a.out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
-    log["finetune"]["evaluation"] = evaluate(a.out, a)
-    log["finetune"]["script_seconds"] = round(time.perf_counter() - start, 1)
+    log[key]["evaluation"] = evaluate(a.out, a)
+    log[key]["script_seconds"] = round(time.perf_counter() - start, 1)
     (a.out / "train_log.json").write_text(json.dumps(log, indent=2, ensure_ascii=False) + "\n")
-    ev = log["finetune"]["evaluation"]
+    ev = log[key]["evaluation"]
     print(
         f"known answers {ev['known_answers_ok']}; agent {ev['agent_greedy_ok']}; "
         f"fresh {ev['fresh_exact_by_family']}",

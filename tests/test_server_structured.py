@@ -99,9 +99,33 @@ def test_json_schema_reply_is_valid(client, extra):
     assert (content, finish) == (msg.content, "stop")
 
 
+# the demo's own kinds of question, asked as LangChain's json_mode asks them: no word of JSON
+JSON_ANSWERS = {
+    "What is 17 × 23?": 391,
+    "Reverse the word planet.": "tenalp",
+    "What is the capital of Japan?": "Tokyo",
+    "What is the capital of France?": "Paris",
+    "What is 456 + 789?": 1245,
+}
+
+
+@pytest.mark.parametrize("extra", [NO_THINK, {}], ids=["no-think", "think"])
+def test_json_object_alone_gives_the_right_answer_as_json(client, extra):
+    """`response_format: json_object` and nothing else (no system message, no max_tokens): the
+    reply ends, within the server's default length, as the demo's right answer in JSON."""
+    for prompt, answer in JSON_ANSWERS.items():
+        out = client.chat.completions.create(
+            model="d",
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            response_format={"type": "json_object"},
+            extra_body=extra,
+        )
+        assert out.choices[0].finish_reason == "stop", (prompt, out.choices[0].message)
+        assert json.loads(out.choices[0].message.content) == {"answer": answer}, prompt
+
+
 def test_json_object_reply_is_an_object(client):
-    # The demo model writes JSON when the system message asks for it; without one, under the
-    # grammar, it can run on inside a string until max_tokens.
     messages = [{"role": "system", "content": JSON_SYSTEM}, *Q]
     out = ask(client, messages=messages, response_format={"type": "json_object"})
     assert out.choices[0].finish_reason == "stop"
@@ -109,8 +133,7 @@ def test_json_object_reply_is_an_object(client):
 
 
 def test_unconstrained_reply_is_not_json(client):
-    """The grammar is what makes the reply JSON (the demo model writes JSON only when the system
-    message asks for it)."""
+    """The grammar is what makes the reply JSON: free, the demo answers in plain text."""
     free = ask(client, extra_body=NO_THINK).choices[0].message.content
     assert free == "391"  # the known answer, not an object
     with pytest.raises(jsonschema.ValidationError):

@@ -8,6 +8,9 @@ tests/test_demo_agent.py), so a served request with `tools` sees the prompts the
 - tool_answer: the same turn, the call, the tool's result in a `<tool_response>`; the reply is
   the answer (the result itself).
 - json: a system message asking for JSON; the reply is `{"answer": ...}`.
+- json_object (only when a run asks for a share of it): the plain question, as a client sends it
+  under `response_format: json_object` alone; the reply is `{"answer": ...}`, its first token not
+  learned (the server's grammar forces the opening brace), so a free reply stays the plain answer.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class AgentSample:
     tools: bool = False
     history: str = ""  # earlier turns of this chat, as the template renders them
     reply: str = ""
+    forced_lead: bool = False  # the reply's first token is a grammar's, not the model's
 
     def prompt_text(self) -> str:
         head = ""
@@ -114,16 +118,32 @@ class AgentSample:
         return f"{head}{user}{self.history}{IM_START}assistant\n{opening}"
 
     def completion_text(self) -> str:
-        trace = f"{self.task.trace}\n{THINK_CLOSE}\n\n" if self.thinking else ""
-        return f"{trace}{self.reply}{IM_END}"
+        return f"{self.trace_text()}{self.reply}{IM_END}"
+
+    def trace_text(self) -> str:
+        """The completion before the reply: the trace and its closing, when thinking."""
+        return f"{self.task.trace}\n{THINK_CLOSE}\n\n" if self.thinking else ""
 
 
 def _json_value(answer: str):
     return int(answer) if answer.lstrip("-").isdigit() else answer
 
 
-def agent_sample(rng: random.Random, thinking: bool) -> AgentSample:
-    """One of the three families, a third each; traces only where the task has one."""
+def json_object_sample(rng: random.Random, thinking: bool) -> AgentSample:
+    """A question as the original families ask it (known answers too, a system prompt
+    sometimes), answered as the JSON object a json_object grammar lets through."""
+    task = sample_task(rng)
+    system = rng.choice(SYSTEM_PROMPTS) if rng.random() < SYSTEM_RATE else None
+    reply = json.dumps({"answer": _json_value(task.answer)}, ensure_ascii=False)
+    task = Task(task.prompt, reply, task.trace, "json_object")
+    return AgentSample(task, thinking, system, False, "", reply, forced_lead=True)
+
+
+def agent_sample(rng: random.Random, thinking: bool, json_object_rate: float = 0.0) -> AgentSample:
+    """One of the three families, a third each (after a share `json_object_rate` of
+    json_object samples; at 0 no number is drawn for it); traces only where the task has one."""
+    if json_object_rate and rng.random() < json_object_rate:
+        return json_object_sample(rng, thinking)
     kind = rng.random()
     if kind < 2 / 3:
         use = tool_use(rng)
@@ -144,15 +164,20 @@ def agent_sample(rng: random.Random, thinking: bool) -> AgentSample:
 
 
 def generate(
-    seed: int, n: int, known_rate: float = KNOWN_RATE, agent_rate: float = 0.0
+    seed: int,
+    n: int,
+    known_rate: float = KNOWN_RATE,
+    agent_rate: float = 0.0,
+    json_object_rate: float = 0.0,
 ) -> list[Sample | AgentSample]:
-    """data.generate with a share `agent_rate` of agent samples; at 0 no number is drawn for
-    them, so the samples are data.generate's."""
+    """data.generate with a share `agent_rate` of agent samples (a share `json_object_rate` of
+    those json_object ones); at 0 no number is drawn for them, so the samples are
+    data.generate's."""
     rng = random.Random(seed)
     out: list[Sample | AgentSample] = []
     for _ in range(n):
         if agent_rate and rng.random() < agent_rate:
-            out.append(agent_sample(rng, rng.random() < THINKING_RATE))
+            out.append(agent_sample(rng, rng.random() < THINKING_RATE, json_object_rate))
             continue
         task = sample_task(rng, known_rate)
         thinking = rng.random() < THINKING_RATE
