@@ -10,18 +10,15 @@ import os
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..batch import CHUNK
-from ..cache import KVPool, ModelCaches, StatePool
-from ..cache.budget import check_fits
 from ..cache.prefix_cache import PrefixCache
+from ..cache.sizing import PoolPlan
 from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
-from ..models.qwen3_5 import Qwen35Model
 from ..ops.sampling import token_rank, top_logprobs
-from ..runner.distributed import SplitRunner
-from ..runner.model_runner import ModelRunner
+from ..runner.launch import make_runner
 from .constraints import GrammarBook
 from .drafting import DraftConfig, Drafting, refuse_split_draft
 from .output import Output
@@ -29,6 +26,9 @@ from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
 from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
+
+if TYPE_CHECKING:  # the engine takes any loaded model; only the type is named
+    from ..models.qwen3_5 import Qwen35Model
 
 PAGE_SIZE = 16
 
@@ -50,42 +50,23 @@ class Engine:
         self, model: Qwen35Model, tokenizer=None, config: EngineConfig = EngineConfig()
     ) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        cfg, widths = model.config, model.cache_widths  # a split rank holds its heads only
-        page_bytes = (
-            2
-            * len(cfg.full_layers)
-            * config.page_size
-            * widths.kv_heads
-            * cfg.head_dim
-            * torch.empty((), dtype=model.dtype).element_size()
-        )
-        # Lanes reserve whole contexts; the prompt cache's pages come on top, within its budget.
-        pages = config.parallel * -(-config.context // config.page_size)
-        pages += config.prompt_cache_bytes // max(1, page_bytes)
-        # a drafter configured: a spare slot per lane in the same pool (verify passes fork)
-        spares = config.parallel if config.draft and model.group is None else 0
-        slots = (len(cfg.linear_layers), config.parallel + spares, cfg.conv_kernel)
-        slots += (widths.conv_dim, widths.v_heads, cfg.linear_key_head_dim)
-        slots += (cfg.linear_value_head_dim, model.dtype)
-        tail = CHUNK if config.gdn_form == "chunk" else 0
-        state_bytes = StatePool(*slots, torch.device("meta"), tail_rows=tail).nbytes
-        check_fits(pages * page_bytes, state_bytes, config.parallel, config.context, model.device)
-        kv = KVPool(
-            len(cfg.full_layers),
-            pages,
+        cfg = model.config
+        plan = PoolPlan.for_model(
+            model,
+            config.parallel,
+            config.context,
             config.page_size,
-            widths.kv_heads,
-            cfg.head_dim,
-            model.dtype,
-            model.device,
+            config.prompt_cache_bytes,
+            spares=bool(config.draft) and model.group is None,
+            chunk_form=config.gdn_form == "chunk",
         )
+        self.caches = plan.build(model.device, config.parallel, config.context)
         model.set_gdn_form(config.gdn_form)
-        states = StatePool(*slots, model.device, tail_rows=tail)
-        self.caches = ModelCaches(kv, states)
-        self.prefix_cache = PrefixCache(kv, config.prompt_cache_bytes)
-        runner = ModelRunner if model.group is None else SplitRunner  # a split: rank 0 leads
-        self.runner = runner(model, self.caches, config.threads, config.cuda_graphs, config.context)
-        self.scheduler = Scheduler(config, kv, states, self.prefix_cache)
+        self.prefix_cache = PrefixCache(self.caches.kv, config.prompt_cache_bytes)
+        self.runner = make_runner(
+            model, self.caches, config.threads, config.cuda_graphs, config.context
+        )
+        self.scheduler = Scheduler(config, self.caches.kv, self.caches.states, self.prefix_cache)
         if model.group is not None and config.draft:
             raise SplitRefused(refuse_split_draft())
         self.drafting = Drafting(

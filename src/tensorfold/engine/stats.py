@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..cache import ModelCaches
 from ..cache.prefix_cache import PrefixCache
-from ..models.qwen3_5 import Qwen35Model
 from ..util import rss_bytes
+
+if TYPE_CHECKING:  # the engine takes any loaded model; only the type is named
+    from ..models.qwen3_5 import Qwen35Model
 
 
 @dataclass(frozen=True)

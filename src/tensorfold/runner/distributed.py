@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cache import KVPool, ModelCaches, StatePool
+from ..cache import ModelCaches
+from ..cache.sizing import PoolPlan
 from ..errors import RankLost, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
 from ..models.split import row_widths
@@ -427,19 +428,8 @@ def _report_memory(model: Qwen35Model, held: list[ModelCaches], group: Group) ->
 
 def build_caches(model: Qwen35Model, pages: int, page_size: int, slots: int) -> ModelCaches:
     """The pools of a following rank: the leader's page and slot counts, its own heads' widths."""
-    cfg, w = model.config, model.cache_widths
-    kv = KVPool(
-        len(cfg.full_layers), pages, page_size, w.kv_heads, cfg.head_dim, model.dtype, model.device
+    w = model.cache_widths
+    plan = PoolPlan(
+        model.config, w.kv_heads, w.conv_dim, w.v_heads, model.dtype, pages, page_size, slots, 0
     )
-    states = StatePool(
-        len(cfg.linear_layers),
-        slots,
-        cfg.conv_kernel,
-        w.conv_dim,
-        w.v_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-        model.dtype,
-        model.device,
-    )
-    return ModelCaches(kv, states)
+    return plan.allocate(model.device)

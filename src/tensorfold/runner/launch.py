@@ -22,9 +22,17 @@ from ..config import ModelConfig
 from ..errors import SplitRefused
 from ..models.loader import load_model
 from ..models.split import plan_shard
-from .distributed import follow, init_group
+from .distributed import SplitRunner, follow, init_group
+from .model_runner import ModelRunner
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def make_runner(model, caches, threads: int | None, graphs: bool, context: int) -> ModelRunner:
+    """The runner of a loaded model: a split's leader (its passes travel to the other ranks
+    first) when the model is one rank's part, else the plain one."""
+    runner = ModelRunner if model.group is None else SplitRunner
+    return runner(model, caches, threads, graphs, context)
 
 
 def add_flag(p) -> None:

@@ -1,0 +1,98 @@
+"""How big a model's pools are: pages for `lanes` whole contexts plus the prompt cache's budget,
+a state slot per lane (and a spare per lane when drafting forks), sized from the model's shape
+and checked against the device before anything is allocated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..batch import CHUNK
+from . import KVPool, ModelCaches, StatePool
+from .budget import check_fits
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The two pools of one process (a rank of a split: the widths of its heads)."""
+
+    cfg: object  # config.ModelConfig
+    kv_heads: int
+    conv_dim: int
+    v_heads: int
+    dtype: torch.dtype
+    pages: int
+    page_size: int
+    slots: int
+    tail_rows: int  # CHUNK for the chunk form of the gated delta rule, else 0
+
+    @classmethod
+    def for_model(
+        cls,
+        model,
+        lanes: int,
+        context: int,
+        page_size: int,
+        prompt_cache_bytes: int = 0,
+        spares: bool = False,
+        chunk_form: bool = False,
+    ) -> PoolPlan:
+        """Lanes reserve whole contexts; the prompt cache's pages come on top, within its
+        budget; `spares`: a spare state slot per lane in the same pool (verify passes fork)."""
+        w = model.cache_widths
+        plan = cls(
+            model.config,
+            w.kv_heads,
+            w.conv_dim,
+            w.v_heads,
+            model.dtype,
+            0,
+            page_size,
+            lanes * (2 if spares else 1),
+            CHUNK if chunk_form else 0,
+        )
+        pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_bytes)
+        return cls(**{**plan.__dict__, "pages": pages})
+
+    @property
+    def page_bytes(self) -> int:
+        """K and V of one page in every attention layer."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        rows = len(self.cfg.full_layers) * self.page_size
+        return 2 * rows * self.kv_heads * self.cfg.head_dim * item
+
+    def states(self, device: torch.device) -> StatePool:
+        c = self.cfg
+        return StatePool(
+            len(c.linear_layers),
+            self.slots,
+            c.conv_kernel,
+            self.conv_dim,
+            self.v_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+            self.dtype,
+            device,
+            tail_rows=self.tail_rows,
+        )
+
+    def build(self, device: torch.device, lanes: int, context: int) -> ModelCaches:
+        """The pools, once CacheTooLarge has been ruled out (it names --parallel and
+        --context: `lanes` and `context`)."""
+        state_bytes = self.states(torch.device("meta")).nbytes
+        check_fits(self.pages * self.page_bytes, state_bytes, lanes, context, device)
+        return self.allocate(device)
+
+    def allocate(self, device: torch.device) -> ModelCaches:
+        c = self.cfg
+        kv = KVPool(
+            len(c.full_layers),
+            self.pages,
+            self.page_size,
+            self.kv_heads,
+            c.head_dim,
+            self.dtype,
+            device,
+        )
+        return ModelCaches(kv, self.states(device))
