@@ -118,6 +118,21 @@ def test_config_refusals_name_the_field(case, hf_tiny, tmp_path, no_reads):
     assert field in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "name, text, why",
+    [
+        ("config.json", "{not json", "config.json: not JSON"),
+        ("config.json", "[1, 2]", "config.json: must hold a JSON object"),
+        ("generation_config.json", '{"eos_token_id": ', "generation_config.json: not JSON"),
+    ],
+)
+def test_a_settings_file_that_is_not_json_is_named(name, text, why, hf_tiny, tmp_path, no_reads):
+    folder = _copy(hf_tiny, tmp_path)
+    (folder / name).write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        load_model(folder)
+
+
 def test_nested_config_field_is_named_with_its_path(hf_tiny_nested, tmp_path, no_reads):
     folder = _copy(hf_tiny_nested, tmp_path)
     _edit_config(folder, lambda t, top: t.update(num_key_value_heads=3))

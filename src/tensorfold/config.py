@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,14 +107,10 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ConfigError(f"{path}: no config.json (is this a checkpoint folder?)")
-        raw = json.loads(cfg_file.read_text())
-        gen_file = path / "generation_config.json"
-        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
-        return cls.from_dict(raw, generation_config=gen)
+        from .checkpoint_info import CheckpointInfo
+
+        info = CheckpointInfo.open(path)
+        return cls.from_dict(info.config, generation_config=info.generation)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation_config: dict | None = None) -> "ModelConfig":

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .checkpoint_info import generation_config
 from .errors import ConfigError
 
 
@@ -23,10 +23,8 @@ class Tokenizer:
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = [self.hf.eos_token_id] if self.hf.eos_token_id is not None else []
-        gen = self.path / "generation_config.json"
-        if gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids += [eos] if isinstance(eos, int) else list(eos or [])
+        eos = generation_config(self.path).get("eos_token_id")
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
         return tuple(dict.fromkeys(ids))
 
     def encode(self, text: str) -> list[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import uuid
 from dataclasses import dataclass, fields
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from fastapi import Request
 
+from ..checkpoint_info import generation_config
 from ..engine.constraints import Grammar
 from ..engine.reasoning import thinking_open
 from ..engine.request import SamplingParams
@@ -45,8 +45,7 @@ class SamplingDefaults:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> SamplingDefaults:
-        f = Path(path) / "generation_config.json"
-        raw = json.loads(f.read_text()) if f.is_file() else {}
+        raw = generation_config(path)
         limit = raw.get("max_new_tokens")
         limit = limit if isinstance(limit, int) and limit > 0 else None
         if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
