@@ -52,7 +52,7 @@ peer() {  # llama.cpp's kit: llama-bench at the depths of the decode runs
 
 for p in $PHASES; do
     case $p in
-        check)   phase check 240 python3 -m tensorfold.ops.triton.registry --only attention ;;
+        check)   phase check 240 python3 -m tensorfold.checks.registry --only attention ;;
         probe)   phase probe "${PROBE_LIMIT:-240}" python3 benchmarks/attention_depth.py ${PROBE_ARGS:-} ;;
         depth)   phase depth "${DEPTH_LIMIT:-300}" python3 benchmarks/h200.py --out /tmp/bench \
                      --shape "${SHAPE:-9b}" --models "${MODELS:-4bit,bf16}" --lanes "" --sizes "" --in-memory \

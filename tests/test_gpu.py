@@ -28,7 +28,7 @@ VOCAB = 248320
 
 
 def test_kernel_registry_and_controls():
-    from tensorfold.ops.triton.registry import run_all
+    from tensorfold.checks.registry import run_all
 
     lines, ok = run_all(small=False)
     print("\n".join(lines))

@@ -73,7 +73,7 @@ def test_moe_cuda_graph_decode_equals_eager(moe):
 
 def test_moe_registry_entries_and_controls():
     """The MoE kernels against their references at the 35B-A3B shape, each planted fault red."""
-    from tensorfold.ops.triton.registry import run_all
+    from tensorfold.checks.registry import run_all
 
     lines, ok = run_all(only="moe.")
     assert ok, "\n".join(lines)

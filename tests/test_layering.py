@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lower number = lower layer. A module may import its own subpackage and any lower layer.
 LAYERS = {
     "errors": 0,
+    "checkpoint_info": 0.5,  # a folder's JSON files, below the config that reads them
     "config": 1,
     "batch": 1,
     "tokenizer": 1,
@@ -19,6 +20,7 @@ LAYERS = {
     "ops": 3,
     "cache": 3,
     "layers": 4,
+    "checks": 4,  # the kernels' checks: over ops, beside the layers
     "models": 5,
     "runner": 6,
     "engine": 7,

@@ -79,7 +79,7 @@ def main() -> None:
 def near(a, b) -> bool:
     """Equal but for the last bit of a few values. numpy's matmul, which the interpreter's dots
     run on, rounds a row differently with other rows beside it, so the card's bitwise rules
-    (ops/triton/registry_attention.py) are checked here as near-equality."""
+    (checks/attention.py) are checked here as near-equality."""
     return rel(a, b) < 2e-4 and float((a.float() - b.float()).abs().max()) < 4e-3
 
 

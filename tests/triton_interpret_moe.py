@@ -4,9 +4,10 @@ their planted faults caught."""
 
 import torch
 
+from tensorfold.checks import moe as registry_moe
 from tensorfold.ops import moe as ref_moe
 from tensorfold.ops.quant import quantize
-from tensorfold.ops.triton import moe, moe_rows, registry_moe
+from tensorfold.ops.triton import moe, moe_rows
 
 
 def expert_stack(e: int, n: int, k: int, bits: int | None) -> ref_moe.ExpertStack:

@@ -1,7 +1,7 @@
 """One function per op: the Triton kernel for CUDA tensors, the plain-torch reference otherwise.
 
 The layers call only these, so each layer has one body. A kernel and its reference keep the same
-arithmetic contract (docs/exactness.md); the registry (ops/triton/registry.py) checks each kernel
+arithmetic contract (docs/exactness.md); the registry (checks/registry.py) checks each kernel
 against its reference. Triton is imported only when a CUDA tensor arrives: the CPU path needs none.
 """
 

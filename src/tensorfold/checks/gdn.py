@@ -7,12 +7,12 @@ from typing import Callable
 
 import torch
 
-from ...batch import CHUNK, GDNState, Segment
-from .. import gated_delta as ref_gdn
-from .. import norm as ref_norm
-from ..dispatch import lane_index
-from . import gdn, gdn_chunk
-from .registry_moe import rel as _rel
+from ..batch import CHUNK, GDNState, Segment
+from ..ops import gated_delta as ref_gdn
+from ..ops import norm as ref_norm
+from ..ops.dispatch import lane_index
+from ..ops.triton import gdn, gdn_chunk
+from .moe import rel as _rel
 
 
 def _gdn_inputs(t: int, small: bool):

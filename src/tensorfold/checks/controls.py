@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import fused, linear
+from ..ops.triton import fused, linear
 
 
 def _conv_no_state(x, states, weight, slots, taps, keep):
@@ -38,8 +38,8 @@ def _fla_chunked(q, k, v, g, beta, states, slots, cu):
 def _chunks_follow_the_pass(x, g, beta, states, shape, lanes):
     """Planted: chunks start at each pass's first row (no grid, no tail); the state after the
     pass's last row is kept."""
-    from .gdn_chunk import _fla_index, assemble
-    from .gdn_fla import chunk_forward
+    from ..ops.triton.gdn_chunk import _fla_index, assemble
+    from ..ops.triton.gdn_fla import chunk_forward
 
     n = torch.arange(x.shape[0], device=x.device)
     q, k, v, gg, bb = assemble(x, g, beta, states, shape, n, n * 0 - 1)
@@ -54,7 +54,7 @@ def _chunks_follow_the_pass(x, g, beta, states, shape, lanes):
 def _short_passes_other_row_sum(x, g, beta, states, shape, lanes):
     """Planted: passes of few rows normalise q and k with another reduction tree (the sum split
     in two halves, as a kernel with its warps split along the row would)."""
-    from .gdn_chunk import eager_lanes
+    from ..ops.triton.gdn_chunk import eager_lanes
 
     return eager_lanes(x, g, beta, states, shape, lanes.gdn, halves=x.shape[0] <= 8)
 

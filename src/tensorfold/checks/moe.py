@@ -1,4 +1,4 @@
-"""The registry's mixture-of-experts entries (ops/triton/registry.py runs them): the routing kernel,
+"""The registry's mixture-of-experts entries (checks/registry.py runs them): the routing kernel,
 the tile table, the grouped expert products and the weighted sum, each with planted faults that
 its check must catch."""
 
@@ -8,9 +8,9 @@ from typing import Callable
 
 import torch
 
-from .. import moe as ref_moe
-from ..quant import dequantize, quantize
-from . import moe, moe_rows
+from ..ops import moe as ref_moe
+from ..ops.quant import dequantize, quantize
+from ..ops.triton import moe, moe_rows
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

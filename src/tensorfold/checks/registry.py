@@ -1,7 +1,7 @@
 """The GPU kernel registry: every kernel with its plain-torch reference, the shapes it serves, its
 rule, and planted faulty variants that the checks must catch.
 
-    python -m tensorfold.ops.triton.registry [--small]
+    python -m tensorfold.checks.registry [--small]
 
 Rules: "ref" = relative error against the reference in fp32/fp64 under a bound; "rows" = a row's
 bytes equal alone and among 2, 7, 64 or 4,000 other rows at any position; "chunks" = bytes equal
@@ -17,15 +17,19 @@ from typing import Callable
 import torch
 from triton.runtime.errors import OutOfResources
 
-from ...batch import Segment
-from .. import conv as ref_conv
-from .. import gates as ref_gates
-from .. import norm as ref_norm
-from ..dispatch import lane_index
-from ..quant import dequantize, quantize
-from . import fused, linear, norm, registry_attention, registry_gdn, registry_gluon, registry_moe
+from ..batch import Segment
+from ..ops import conv as ref_conv
+from ..ops import gates as ref_gates
+from ..ops import norm as ref_norm
+from ..ops.dispatch import lane_index
+from ..ops.quant import dequantize, quantize
+from ..ops.triton import fused, linear, norm
+from . import attention as registry_attention
+from . import gdn as registry_gdn
+from . import gluon as registry_gluon
+from . import moe as registry_moe
 from .controls import CONTROLS as DENSE_CONTROLS
-from .registry_moe import rel as _rel
+from .moe import rel as _rel
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ def check_norms(impl_pair, small: bool) -> list[str]:
 
 
 def _check_norm_rope() -> list[str]:
-    from ..rope import apply_rope, rope_tables
+    from ..ops.rope import apply_rope, rope_tables
 
     weight = torch.randn(256, device="cuda") * 0.1
     pos = torch.arange(40, device="cuda") * 97

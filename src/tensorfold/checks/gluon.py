@@ -1,4 +1,4 @@
-"""The registry's entries for the Gluon few-row products, 4- and 8-bit (ops/triton/registry.py runs
+"""The registry's entries for the Gluon few-row products, 4- and 8-bit (checks/registry.py runs
 them): their fp32 segment sums must be the Triton kernels' bit for bit, whatever the rows' company,
 with two planted faults each check must catch. Listed only where the kernel runs (Hopper, a
 Triton with Gluon)."""
@@ -11,9 +11,9 @@ from typing import Callable
 import torch
 import triton
 
-from ..quant import dequantize, quantize
-from . import linear
-from .registry_moe import rel
+from ..ops.quant import dequantize, quantize
+from ..ops.triton import linear
+from .moe import rel
 
 
 def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:

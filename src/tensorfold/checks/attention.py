@@ -10,11 +10,11 @@ from typing import Callable
 
 import torch
 
-from ...batch import Segment
-from .. import attention as ref_attention
-from ..attention import SUPER_BLOCK, AttentionTiles
-from . import attention
-from .registry_moe import rel as _rel
+from ..batch import Segment
+from ..ops import attention as ref_attention
+from ..ops.attention import SUPER_BLOCK, AttentionTiles
+from ..ops.triton import attention
+from .moe import rel as _rel
 
 S = SUPER_BLOCK
 
