@@ -116,7 +116,7 @@ def test_aligned_short_proposals_are_padded_to_a_graph_pass(hf_tiny_b):
     eng.runner.execute = lambda work: passes.append([n for _, n in work]) or execute(work)
     req = eng.add_request(prompt, GREEDY, prediction=want.output_ids[:6])
     real, verify = [], eng.drafting.verify
-    eng.drafting.verify = lambda e, r, lg: real.append(r.draft.real) or verify(e, r, lg)
+    eng.drafting.verify = lambda r, *rest: real.append(r.draft.real) or verify(r, *rest)
     eng.run_until_done()
     assert req.output_ids == want.output_ids
     replies = [rows for (rows,) in passes[1:]]  # after the prompt's pass
