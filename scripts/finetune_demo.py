@@ -36,7 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_demo import Encoded, encode, fla_status, teacher_forced  # noqa: E402
 
 from tensorfold.demo import demo_checkpoint  # noqa: E402
-from tensorfold.demo.agent import TOOLS, AgentSample, agent_sample, generate  # noqa: E402
+from tensorfold.demo.agent import (  # noqa: E402
+    TOOLS,
+    AgentSample,
+    agent_sample,
+    as_json_object,
+    generate,
+)
 from tensorfold.demo.data import KNOWN_ANSWERS, THINKING_RATE  # noqa: E402
 
 EVAL_SEED = 7_000_003  # held-out agent prompts: no training run draws from it
@@ -312,22 +318,12 @@ def greedy_replies(path: Path, samples: list, threads: int) -> list[str]:
     ]
 
 
-def known_as_json_object(s) -> AgentSample:
-    """A known answer asked as a client asks it under `response_format: json_object` alone."""
-    from tensorfold.demo.agent import _json_value
-    from tensorfold.demo.data import Task
-
-    reply = json.dumps({"answer": _json_value(s.task.answer)}, ensure_ascii=False)
-    task = Task(s.task.prompt, reply, s.task.trace, "json_object")
-    return AgentSample(task, s.thinking, None, False, "", reply, forced_lead=True)
-
-
 def evaluate(path: Path, a: argparse.Namespace) -> dict:
     from tensorfold.demo.data import Sample
 
     start = time.perf_counter()
     known = [Sample(t, th) for th in (False, True) for t in KNOWN_ANSWERS]
-    known_json = [known_as_json_object(s) for s in known]
+    known_json = [as_json_object(s.task, s.thinking) for s in known]
     agent = held_out_agent(a.eval_per_family)
     replies = greedy_replies(path, known + known_json + agent, a.threads or torch.get_num_threads())
     n, m = len(known), len(known_json)

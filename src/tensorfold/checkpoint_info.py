@@ -27,12 +27,6 @@ class CheckpointInfo:
             raise ConfigError(f"{path}: no config.json (is this a checkpoint folder?)")
         return cls(path, _read(path / "config.json"), generation_config(path))
 
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        """generation_config's eos_token_id (one id or a list), in order."""
-        eos = self.generation.get("eos_token_id")
-        return tuple([eos] if isinstance(eos, int) else list(eos or []))
-
 
 def generation_config(path: str | Path) -> dict[str, Any]:
     """A folder's generation_config.json, or {} without one (a tokenizer folder may lack the

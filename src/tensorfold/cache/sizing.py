@@ -4,7 +4,7 @@ and checked against the device before anything is allocated."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,7 +53,7 @@ class PoolPlan:
             CHUNK if chunk_form else 0,
         )
         pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_bytes)
-        return cls(**{**plan.__dict__, "pages": pages})
+        return replace(plan, pages=pages)
 
     @property
     def page_bytes(self) -> int:

@@ -129,14 +129,20 @@ def _json_value(answer: str):
     return int(answer) if answer.lstrip("-").isdigit() else answer
 
 
-def json_object_sample(rng: random.Random, thinking: bool) -> AgentSample:
-    """A question as the original families ask it (known answers too, a system prompt
-    sometimes), answered as the JSON object a json_object grammar lets through."""
-    task = sample_task(rng)
-    system = rng.choice(SYSTEM_PROMPTS) if rng.random() < SYSTEM_RATE else None
+def as_json_object(task: Task, thinking: bool, system: str | None = None) -> AgentSample:
+    """`task` asked as a client asks it under `response_format: json_object` alone, answered
+    as the JSON object that grammar lets through."""
     reply = json.dumps({"answer": _json_value(task.answer)}, ensure_ascii=False)
     task = Task(task.prompt, reply, task.trace, "json_object")
     return AgentSample(task, thinking, system, False, "", reply, forced_lead=True)
+
+
+def json_object_sample(rng: random.Random, thinking: bool) -> AgentSample:
+    """A question as the original families ask it (known answers too, a system prompt
+    sometimes), in the json_object family."""
+    task = sample_task(rng)
+    system = rng.choice(SYSTEM_PROMPTS) if rng.random() < SYSTEM_RATE else None
+    return as_json_object(task, thinking, system)
 
 
 def agent_sample(rng: random.Random, thinking: bool, json_object_rate: float = 0.0) -> AgentSample:

@@ -93,6 +93,7 @@ class _Builder:
     ) -> None:
         self.cfg, self.wm, self.dtype, self.device, self.bar = cfg, wm, dtype, device, bar
         self.shard, self.group = shard, group  # a tensor split: this rank's rows (models/split.py)
+        self.plans: tuple[Shard, ...] | None = None  # every rank's, when a layer needs them
         self.book = None
         if device.type == "cuda":  # GPU launch shapes, timed once and shared by all layers
             from ..ops.triton.linear import TileBook
@@ -108,8 +109,9 @@ class _Builder:
         """Every rank's columns of an input made of its heads (`heads(shard)`, `width` each)."""
         if self.shard is None:
             return None
-        plans = plan_split(self.cfg, self.shard.world, self.dtype)
-        return tuple(heads(s).count * width for s in plans)
+        if self.plans is None:  # every rank's shard, planned once for all layers
+            self.plans = plan_split(self.cfg, self.shard.world, self.dtype)
+        return tuple(heads(s).count * width for s in self.plans)
 
     def rows(self, ranges) -> Ranges | None:
         """`ranges(shard)` on a split rank; None (every row) otherwise."""
