@@ -37,7 +37,7 @@ class ChunkedGDN(GatedDeltaNet):
         k = k.reshape(n, s.num_k_heads, s.k_head_dim)
         v = v.reshape(n, s.num_v_heads, s.v_head_dim)
         if n == lanes.slots.shape[0]:
-            from tensorfold.ops.triton.gdn import gated_delta_lanes
+            from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 
             return gated_delta_lanes(
                 q, k, v, g, beta, state.recurrent, lanes.slots, lanes.cu_seqlens

@@ -20,7 +20,7 @@ from h200 import (
 
 from tensorfold.ops.quant import quantize
 from tensorfold.ops.triton import linear
-from tensorfold.ops.triton.gdn import gated_delta_lanes
+from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 from tensorfold.tools.shapes import text_config
 
 

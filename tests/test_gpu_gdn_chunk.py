@@ -15,7 +15,7 @@ from tensorfold.cache.state_pool import StatePool  # noqa: E402
 from tensorfold.ops import gated_delta as ref  # noqa: E402
 from tensorfold.ops.dispatch import lane_index  # noqa: E402
 from tensorfold.ops.norm import l2_norm  # noqa: E402
-from tensorfold.ops.triton import gdn_chunk  # noqa: E402
+from tensorfold.ops.triton import gated_delta_chunk  # noqa: E402
 
 SHAPE = ref.GDNShape(16, 32, 128, 128)  # the 9B's Gated DeltaNet heads
 CONV = 2 * SHAPE.key_dim + SHAPE.value_dim
@@ -44,7 +44,7 @@ def _eager(pool, lanes, x, g, beta):
         segs.append(Segment(slot, start, row0, n, torch.arange(start + n, device=DEV)))
         row0 += n
     index = lane_index(tuple(segs), DEV, 4, chunked=True)
-    return gdn_chunk.gated_delta_lanes(x, g, beta, pool.layer(0), SHAPE, index)
+    return gated_delta_chunk.gated_delta_lanes(x, g, beta, pool.layer(0), SHAPE, index)
 
 
 def _cut(cuts, x, g, beta, slot=1, graph_rows=None):
@@ -54,7 +54,9 @@ def _cut(cuts, x, g, beta, slot=1, graph_rows=None):
         r = slice(start, start + c)
         if graph_rows:
             slots, tails = torch.tensor([slot], device=DEV), torch.tensor([start % 64], device=DEV)
-            o = gdn_chunk.graph_lanes(x[r], g[r], beta[r], pool.layer(0), SHAPE, slots, tails, c)
+            o = gated_delta_chunk.graph_lanes(
+                x[r], g[r], beta[r], pool.layer(0), SHAPE, slots, tails, c
+            )
         else:
             o = _eager(pool, [(slot, start, c)], x[r], g[r], beta[r])
         outs.append(o)

@@ -166,26 +166,27 @@ def fused_kernels() -> None:
     from tensorfold.ops import conv as ref_conv
     from tensorfold.ops import gates as ref_gates
     from tensorfold.ops.dispatch import lane_index
-    from tensorfold.ops.triton import fused
+    from tensorfold.ops.triton import conv as tconv
+    from tensorfold.ops.triton import gates as tgates
 
     weight, x = torch.randn(64, 4).half() * 0.3, torch.randn(9, 64).half()
     segs = (Segment(2, 5, 0, 4, torch.arange(9)), Segment(0, 0, 4, 5, torch.arange(5)))
     meta = lane_index(segs, "cpu", 4)
     states = torch.randn(3, 3, 64).half()
     ref_states = states.clone()
-    y = fused.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
+    y = tconv.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
     ref = ref_conv.causal_conv_lanes(
         x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep
     )
     assert rel(y, ref) < 2e-3 and torch.equal(states, ref_states)
     a, b = torch.randn(5, 8).half(), torch.randn(5, 8).half()
     a_log, dt = torch.randn(8), torch.randn(8).half()
-    g, beta = fused.gdn_gates(a, b, a_log, dt)
+    g, beta = tgates.gdn_gates(a, b, a_log, dt)
     rg, rbeta = ref_gates.gdn_gates(a, b, a_log, dt, torch.float32)
     assert rel(g, rg) < 1e-5 and rel(beta, rbeta) < 2e-3
     gu = torch.randn(5, 96).half()
     assert (
-        rel(fused.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:]))
+        rel(tgates.silu_mul(gu[:, :48], gu[:, 48:]), ref_gates.silu_mul(gu[:, :48], gu[:, 48:]))
         < 2e-3
     )
 
@@ -196,7 +197,8 @@ def experts() -> None:
     from triton_interpret_moe import expert_stack  # this folder's script
 
     from tensorfold.ops import moe as ref_moe
-    from tensorfold.ops.triton import fused, moe
+    from tensorfold.ops.triton import gates as tgates
+    from tensorfold.ops.triton import moe
 
     x = torch.randn(40, 128).half()
     ids = torch.sort(torch.rand(40, 6).argsort(-1)[:, :2], -1).values
@@ -211,7 +213,7 @@ def experts() -> None:
         y = moe.expert_swiglu(x, ids, ex)
         for r, j in ((0, 0), (17, 1), (39, 1)):
             e, xe = int(ids[r, j]), x[r : r + 1]
-            h = fused.silu_mul(
+            h = tgates.silu_mul(
                 linear.matmul(xe, ex.gate.expert(e)), linear.matmul(xe, ex.up.expert(e))
             )
             assert torch.equal(linear.matmul(h, ex.down.expert(e))[0], y[r, j]), (bits, r, j)
@@ -238,7 +240,7 @@ def experts() -> None:
 
 def recurrence() -> None:
     from tensorfold.ops import gated_delta as ref_gdn
-    from tensorfold.ops.triton.gdn import gated_delta_lanes
+    from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 
     t, hk, hv, dk = 23, 2, 4, 32
     q, k, v = (

@@ -33,7 +33,9 @@ class LaneIndex:
     conv_keep: torch.Tensor  # [lanes, K-1] the rows that become each lane's next conv state
     attention: object = None  # ops.triton.attention.AttentionTiles on CUDA; None on the CPU
     tails: torch.Tensor | None = None  # [lanes] rows since each lane's last 64-row boundary
-    gdn: object = None  # ops.triton.gdn_chunk.LanePlan of an eager CUDA pass; None otherwise
+    gdn: object = (
+        None  # ops.triton.gated_delta_chunk.LanePlan of an eager CUDA pass; None otherwise
+    )
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.triton import fused, linear
+from ..ops.triton import conv as tconv
+from ..ops.triton import linear
 
 
 def _conv_no_state(x, states, weight, slots, taps, keep):
     """Planted: the conv forgets to carry its window to the next call."""
     saved = states.clone()
-    out = fused.conv_lanes(x, states, weight, slots, taps, keep)
+    out = tconv.conv_lanes(x, states, weight, slots, taps, keep)
     states.copy_(saved)
     return out
 
@@ -38,8 +39,8 @@ def _fla_chunked(q, k, v, g, beta, states, slots, cu):
 def _chunks_follow_the_pass(x, g, beta, states, shape, lanes):
     """Planted: chunks start at each pass's first row (no grid, no tail); the state after the
     pass's last row is kept."""
-    from ..ops.triton.gdn_chunk import _fla_index, assemble
-    from ..ops.triton.gdn_fla import chunk_forward
+    from ..ops.triton.gated_delta_chunk import _fla_index, assemble
+    from ..ops.triton.gated_delta_fla import chunk_forward
 
     n = torch.arange(x.shape[0], device=x.device)
     q, k, v, gg, bb = assemble(x, g, beta, states, shape, n, n * 0 - 1)
@@ -54,9 +55,10 @@ def _chunks_follow_the_pass(x, g, beta, states, shape, lanes):
 def _short_passes_other_row_sum(x, g, beta, states, shape, lanes):
     """Planted: passes of few rows normalise q and k with another reduction tree (the sum split
     in two halves, as a kernel with its warps split along the row would)."""
-    from ..ops.triton.gdn_chunk import eager_lanes
+    from ..ops.triton.gated_delta_chunk import FAULT_HALVES, eager_lanes
 
-    return eager_lanes(x, g, beta, states, shape, lanes.gdn, halves=x.shape[0] <= 8)
+    fault = FAULT_HALVES if x.shape[0] <= 8 else 0
+    return eager_lanes(x, g, beta, states, shape, lanes.gdn, fault=fault)
 
 
 def _split_k(x, w, plan, out=None):
@@ -109,5 +111,5 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
     ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
-    ("fused.conv", "a conv window not carried over", _conv_no_state),
+    ("conv", "a conv window not carried over", _conv_no_state),
 ]

@@ -11,7 +11,7 @@ from ..batch import CHUNK, GDNState, Segment
 from ..ops import gated_delta as ref_gdn
 from ..ops import norm as ref_norm
 from ..ops.dispatch import lane_index
-from ..ops.triton import gdn, gdn_chunk
+from ..ops.triton import gated_delta, gated_delta_chunk
 from .moe import rel as _rel
 
 
@@ -171,4 +171,7 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shap
     ("gdn.recurrence", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv", "ref 1e-2, chunks, lanes", check_recurrence),
     ("gdn.chunk", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv ≤ 256 power of two", "ref 1e-2, chunks, decode, lanes", check_gdn),
 ]  # fmt: skip
-IMPLS = {"gdn.recurrence": gdn.gated_delta_lanes, "gdn.chunk": gdn_chunk.gated_delta_lanes}
+IMPLS = {
+    "gdn.recurrence": gated_delta.gated_delta_lanes,
+    "gdn.chunk": gated_delta_chunk.gated_delta_lanes,
+}

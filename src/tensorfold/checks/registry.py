@@ -23,7 +23,9 @@ from ..ops import gates as ref_gates
 from ..ops import norm as ref_norm
 from ..ops.dispatch import lane_index
 from ..ops.quant import dequantize, quantize
-from ..ops.triton import fused, linear, norm
+from ..ops.triton import conv as tconv
+from ..ops.triton import gates as tgates
+from ..ops.triton import linear, norm
 from . import attention as registry_attention
 from . import gdn as registry_gdn
 from . import gluon as registry_gluon
@@ -285,13 +287,13 @@ KERNELS = [
     ),
     Kernel("norm.rms+gated", "ops.norm (fp32)", "any width", "ref 1e-2, rows", check_norms),
     Kernel(
-        "fused.conv",
+        "conv",
         "ops.conv.causal_conv_lanes",
         "any lanes and rows, K = 4",
         "ref 1e-2, chunks",
         check_conv,
     ),
-    Kernel("fused.gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
+    Kernel("gates+silu", "ops.gates", "any width", "ref 1e-2, rows", check_small_fused),
 ]
 KERNELS += [
     Kernel(*entry)
@@ -311,8 +313,8 @@ IMPLS = {
     "linear.dense": linear.dense_matmul,
     "linear.affine": linear.affine_matmul,
     "norm.rms+gated": (norm.rms_norm, norm.gated_rms_norm),
-    "fused.conv": fused.conv_lanes,
-    "fused.gates+silu": (fused.gdn_gates, fused.silu_mul),
+    "conv": tconv.conv_lanes,
+    "gates+silu": (tgates.gdn_gates, tgates.silu_mul),
 }
 
 

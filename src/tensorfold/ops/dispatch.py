@@ -43,7 +43,7 @@ def lane_index(
     as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
     plan = None
     if torch.device(device).type == "cuda" and chunked:
-        from .triton.gdn_chunk import LanePlan
+        from .triton.gated_delta_chunk import LanePlan
 
         plan = LanePlan.build([(s.slot, s.start, s.length) for s in segments], device)
     return LaneIndex(
@@ -118,9 +118,9 @@ def norm_rope(
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.is_cuda:
-        from .triton import fused
+        from .triton import gates as tgates
 
-        return fused.silu_mul(gate, up)
+        return tgates.silu_mul(gate, up)
     return ref_gates.silu_mul(gate, up)
 
 
@@ -129,9 +129,9 @@ def gdn_gates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype."""
     if a.is_cuda:
-        from .triton import fused
+        from .triton import gates as tgates
 
-        return fused.gdn_gates(a, b, A_log, dt_bias)
+        return tgates.gdn_gates(a, b, A_log, dt_bias)
     return ref_gates.gdn_gates(a, b, A_log, dt_bias, acc)
 
 
@@ -140,9 +140,9 @@ def causal_conv(
 ) -> torch.Tensor:
     """silu(causal conv) of every lane's rows, each lane's conv state read and updated in place."""
     if x.is_cuda:
-        from .triton import fused
+        from .triton import conv as tconv
 
-        return fused.conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
+        return tconv.conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
     return ref_conv.causal_conv_lanes(
         x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep
     )
@@ -163,12 +163,12 @@ def gated_delta(
     rows from the state at its last boundary and the rows since (its tail)."""
     if form == "chunk":
         if x.is_cuda:
-            from .triton.gdn_chunk import gated_delta_lanes
+            from .triton.gated_delta_chunk import gated_delta_lanes
 
             return gated_delta_lanes(x, g, beta, states, shape, batch.lanes)
         return ref_gdn.gated_delta_lanes(x, g, beta, states, shape, batch.segments)
     if x.is_cuda:
-        from .triton.gdn import gated_delta_lanes
+        from .triton.gated_delta import gated_delta_lanes
 
         q, k, v = torch.split(x, [shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
         n = x.shape[0]

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..moe import Experts, ExpertStack
-from .fused import _swiglu, silu_mul
+from .gates import _swiglu, silu_mul
 from .linear import LinearPlan
 from .segments import _affine_whole, _dense_whole
 

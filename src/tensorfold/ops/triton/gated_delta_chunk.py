@@ -23,9 +23,10 @@ import triton.language as tl
 
 from ...batch import CHUNK, GDNState
 from ..gated_delta import GDNShape
-from .gdn_fla import chunk_forward
+from .gated_delta_fla import chunk_forward
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
+FAULT_HALVES = 1  # planted for the checks: q and k's squares summed in two halves
 
 
 @triton.jit
@@ -33,12 +34,12 @@ def _assemble(
     x_ptr, g_ptr, b_ptr, tail_ptr, tgates_ptr, src_x, src_tail,
     q_ptr, k_ptr, v_ptr, go_ptr, bo_ptr, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    HALVES: tl.constexpr,
+    FAULT: tl.constexpr,
 ):  # fmt: skip
     """One row of the packed sequence from the pass's row `src_x` or the tail row `src_tail`
     (-1: none, the row is zeros): q and k l2-normed per head in fp32 and rounded to the model
     dtype, v, g and beta copied. One program per row, one fixed layout: a row's bits never depend
-    on the other rows. HALVES (a planted fault only) sums the squares in two halves."""
+    on the other rows. FAULT == FAULT_HALVES (planted only) sums the squares in two halves."""
     r = tl.program_id(0).to(tl.int64)
     xi, ti = tl.load(src_x + r), tl.load(src_tail + r)
     conv: tl.constexpr = 2 * HK * DK + HV * DV
@@ -47,7 +48,7 @@ def _assemble(
     o_qk = tl.arange(0, 2 * HK)[:, None] * DK + tl.arange(0, DK)[None, :]
     qk = tl.load(x_ptr + xi * conv + o_qk, mask=(o_qk * 0 + xr) >= 0, other=0.0).to(tl.float32)
     qk += tl.load(tail_ptr + ti * conv + o_qk, mask=(o_qk * 0 + tr) >= 0, other=0.0).to(tl.float32)
-    if HALVES:
+    if FAULT == 1:  # FAULT_HALVES
         half = (tl.arange(0, DK) < DK // 2)[None, :]
         lo = tl.sum(tl.where(half, qk * qk, 0.0), axis=1)
         ss = lo + tl.sum(tl.where(half, 0.0, qk * qk), axis=1)
@@ -71,7 +72,7 @@ def _assemble(
     tl.store(bo_ptr + r * HV + o_h, beta)
 
 
-def assemble(x, g, beta, states: GDNState, s: GDNShape, src_x, src_tail, halves: bool = False):
+def assemble(x, g, beta, states: GDNState, s: GDNShape, src_x, src_tail, fault: int = 0):
     """fla's inputs [1, T, H, d] / [1, T, Hv] of a packed sequence whose row i is the pass's row
     src_x[i] or the tail row src_tail[i] (flat slot · 64 + row)."""
     t, dev = src_x.shape[0], x.device
@@ -85,7 +86,7 @@ def assemble(x, g, beta, states: GDNState, s: GDNShape, src_x, src_tail, halves:
     if t:
         _assemble[(t,)](
             x, g, beta, states.tail, states.tail_gates, src_x, src_tail, q, k, v, gg, bb, EPS,
-            s.num_k_heads, s.num_v_heads, s.k_head_dim, s.v_head_dim, halves, num_warps=4,
+            s.num_k_heads, s.num_v_heads, s.k_head_dim, s.v_head_dim, fault, num_warps=4,
         )  # fmt: skip
     return q, k, v, gg, bb
 
@@ -171,10 +172,10 @@ def _keep_tail(states: GDNState, x, g, beta, rows, dst) -> None:
 
 
 def eager_lanes(
-    x, g, beta, states: GDNState, s: GDNShape, plan: LanePlan, halves: bool = False
+    x, g, beta, states: GDNState, s: GDNShape, plan: LanePlan, fault: int = 0
 ) -> torch.Tensor:
     """An eager pass: the packed parts A, then parts B from A's boundary states."""
-    q, k, v, gg, bb = assemble(x, g, beta, states, s, plan.src_x, plan.src_tail, halves)
+    q, k, v, gg, bb = assemble(x, g, beta, states, s, plan.src_x, plan.src_tail, fault)
     o = torch.empty_like(v[0])
     rec, final_a = states.recurrent, None
     if plan.rows_a:

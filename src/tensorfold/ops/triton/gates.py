@@ -1,0 +1,92 @@
+"""The GDN gates and SwiGLU's silu-times-up on the GPU, one program per row (and column
+block): a row's arithmetic is the same code whatever else the pass holds.
+References: ops.gates.gdn_gates, ops.gates.silu_mul."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gates(
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dt_ptr,
+    g_ptr,
+    beta_ptr,
+    stride_a,
+    stride_b,
+    H: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    o = tl.arange(0, BLOCK)
+    mask = o < H
+    a = tl.load(a_ptr + r * stride_a + o, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + r * stride_b + o, mask=mask, other=0.0).to(tl.float32)
+    a_log = tl.load(alog_ptr + o, mask=mask, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + o, mask=mask, other=0.0).to(tl.float32)
+    z = a + dt
+    softplus = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(z)))  # torch's threshold
+    tl.store(g_ptr + r * H + o, -tl.exp(a_log) * softplus, mask=mask)
+    tl.store(
+        beta_ptr + r * H + o, (1.0 / (1.0 + tl.exp(-b))).to(beta_ptr.dtype.element_ty), mask=mask
+    )
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ops.gates.gdn_gates with fp32 g: a, b [rows, Hv] -> g fp32, beta in b's dtype."""
+    rows, h = a.shape
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        a, b = a.contiguous(), b.contiguous()
+    g = torch.empty((rows, h), dtype=torch.float32, device=a.device)
+    beta = torch.empty((rows, h), dtype=b.dtype, device=b.device)
+    _gates[(rows,)](
+        a,
+        b,
+        A_log,
+        dt_bias,
+        g,
+        beta,
+        a.stride(0),
+        b.stride(0),
+        H=h,
+        BLOCK=triton.next_power_of_2(h),
+        num_warps=1,
+    )
+    return g, beta
+
+
+@triton.jit
+def _silu_mul(g_ptr, u_ptr, y_ptr, W, stride_g, stride_u, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = o < W
+    g = tl.load(g_ptr + r * stride_g + o, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + r * stride_u + o, mask=mask, other=0.0)
+    tl.store(y_ptr + r * W + o, _swiglu(g, u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu(g, u):
+    """silu(g) · u in fp32 from g (fp32, read from the model dtype) and u (the model dtype): one
+    body for this kernel and the expert products' fused gate and up (ops/triton/moe.py)."""
+    act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # silu rounded to the model dtype
+    return act.to(tl.float32) * u.to(tl.float32)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """As ops.gates.silu_mul; gate and up [rows, W] may be column slices of one product."""
+    rows, w = gate.shape
+    if gate.stride(1) != 1 or up.stride(1) != 1:
+        gate, up = gate.contiguous(), up.contiguous()
+    y = torch.empty((rows, w), dtype=gate.dtype, device=gate.device)
+    _silu_mul[(rows, triton.cdiv(w, 2048))](
+        gate, up, y, w, gate.stride(0), up.stride(0), BLOCK=2048, num_warps=4
+    )
+    return y
