@@ -33,7 +33,7 @@ def decoded_logits(engine: Engine, ids: list[int], params: SamplingParams):
     watch = Watch(keep_logits=True)
     req = engine.add_request(ids, params, watch=watch)
     engine.run_until_done()
-    return req, torch.stack([watch.logits[p] for p in range(len(ids), req.num_computed)])
+    return req, torch.stack([watch.logits[p] for p in range(len(ids), req.lane.computed)])
 
 
 def finish_prints(engine: Engine, prints: dict[str, str]) -> Watch:

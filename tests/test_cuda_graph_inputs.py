@@ -8,10 +8,17 @@ import torch
 from drafting_util import Script
 from engine_util import make_engine, sample_prompt
 
+from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.runner.cuda_graph import PassGraph, graph_rows, lane_logits
+from tensorfold.runner.plan import PassPlan
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+
+def plan(*lanes) -> PassPlan:
+    """The pass plan of (request, rows) pairs, as the engine builds it."""
+    return PassPlan(tuple(req.rows(n, logit_rows(req, n)) for req, n in lanes))
 
 
 class _Capture:
@@ -42,7 +49,7 @@ def _same_batch(graph_batch, eager_batch) -> None:
         assert torch.equal(tiles.kv_rows[base : base + n], ref.kv_rows[ref_base : ref_base + n])
 
 
-def _check_pass(runner, work, rows: int, graphs: dict) -> None:
+def _check_pass(runner, work: PassPlan, rows: int, graphs: dict) -> None:
     """The graph's batch and logits rows for `work` equal the eager pass's."""
     key = (len(work), rows)
     if key not in graphs:  # one graph per shape, reused: its tables reload as lanes change
@@ -51,7 +58,7 @@ def _check_pass(runner, work, rows: int, graphs: dict) -> None:
         )
     graph = graphs[key]
     fake = graph.model
-    graph._load([req for req, _ in work])
+    graph._load(work)
     got = lane_logits(work, rows, graph._forward())
     eager, owners = runner.batch(work)
     _same_batch(fake.batch, eager)
@@ -66,7 +73,7 @@ def test_decode_graph_inputs_match_the_eager_batch(hf_tiny_b):
     reqs = [eng.add_request(sample_prompt(90 + i, 5 + 9 * i, 300), GREEDY) for i in range(3)]
     while any(r.in_prompt or not r.output_ids for r in reqs):
         eng.step()
-    work = [(r, 1) for r in reqs]
+    work = plan(*((r, 1) for r in reqs))
     assert graph_rows(work, frozenset({1})) == 1
     _check_pass(eng.runner, work, 1, {})
 
@@ -90,7 +97,7 @@ def test_verify_graph_inputs_match_the_eager_batch(hf_tiny_b, k):
         rows = graph_rows(work, runner.graph_rows)
         if rows is not None:
             _check_pass(runner, work, rows, graphs)
-            seen.append((rows, [req.num_tokens - req.num_computed for req, _ in work]))
+            seen.append((rows, [lane.logits.start + 1 for lane in work]))  # rows pending
         return execute(work)
 
     runner.execute = checked
@@ -113,22 +120,22 @@ def test_aligned_short_proposals_are_padded_to_a_graph_pass(hf_tiny_b):
     eng = make_engine(hf_tiny_b, context=256, draft_tokens=k)
     eng.drafting.align = True
     passes, execute = [], eng.runner.execute
-    eng.runner.execute = lambda work: passes.append([n for _, n in work]) or execute(work)
+    eng.runner.execute = lambda work: passes.append([x.rows for x in work]) or execute(work)
     req = eng.add_request(prompt, GREEDY, prediction=want.output_ids[:6])
     real, verify = [], eng.drafting.verify
-    eng.drafting.verify = lambda r, *rest: real.append(r.draft.real) or verify(r, *rest)
+    eng.drafting.verify = lambda r, *rest: real.append(r.lane.draft.real) or verify(r, *rest)
     eng.run_until_done()
     assert req.output_ids == want.output_ids
     replies = [rows for (rows,) in passes[1:]]  # after the prompt's pass
     assert replies.count(1 + k) == len(real) and min(real) < k  # some padded
     assert set(replies) <= eng.runner.graph_rows  # recomputing passes are graphs' shapes too
-    d = req.draft
+    d = req.lane.draft
     assert d.prediction_accepted == 4 and d.prediction_accepted + d.prediction_rejected == sum(real)
 
 
 def test_graph_passes_are_lanes_of_equal_rows_with_their_last_logits(hf_tiny_b):
     """A graph serves a pass where every lane feeds the same allowed number of rows and needs
-    the logits of a suffix of them (Request.logit_rows); a watch keeping every logit row sees
+    the logits of a suffix of them (engine/passes.py logit_rows); a watch keeping every logit row sees
     the same path as production."""
     eng = make_engine(hf_tiny_b)
     one = frozenset({1})
@@ -136,13 +143,13 @@ def test_graph_passes_are_lanes_of_equal_rows_with_their_last_logits(hf_tiny_b):
     kept = eng.add_request(
         sample_prompt(2, 10, 300), SamplingParams(max_tokens=2), watch=Watch(keep_logits=True)
     )
-    assert graph_rows([(req, 10)], one) is None and graph_rows([(kept, 10)], one) is None
-    assert graph_rows([(kept, 10)], frozenset({1, 10})) == 10  # every row's logits: a suffix
-    assert graph_rows([(req, 1)], one) is None  # a prompt row whose logits nobody needs
-    assert graph_rows([(req, 10)], frozenset({10})) == 10  # the prompt's last row: a suffix
+    assert graph_rows(plan((req, 10)), one) is None and graph_rows(plan((kept, 10)), one) is None
+    assert graph_rows(plan((kept, 10)), frozenset({1, 10})) == 10  # every row's logits: a suffix
+    assert graph_rows(plan((req, 1)), one) is None  # a prompt row whose logits nobody needs
+    assert graph_rows(plan((req, 10)), frozenset({10})) == 10  # the prompt's last row: a suffix
     eng.step()
-    assert graph_rows([(req, 1)], one) == 1 and graph_rows([(req, 1), (kept, 1)], one) == 1
-    assert graph_rows([(req, 1), (kept, 2)], frozenset({1, 2})) is None  # rows differ
+    assert graph_rows(plan((req, 1)), one) == 1 and graph_rows(plan((req, 1), (kept, 1)), one) == 1
+    assert graph_rows(plan((req, 1), (kept, 2)), frozenset({1, 2})) is None  # rows differ
 
 
 def test_verify_lane_wants_its_last_committed_row_and_every_draft(hf_tiny_b):
@@ -150,14 +157,14 @@ def test_verify_lane_wants_its_last_committed_row_and_every_draft(hf_tiny_b):
     eng.drafting.default = Script({}, lambda p: False)
     req = eng.add_request(sample_prompt(3, 10, 300), SamplingParams(max_tokens=8))
     eng.step()
-    req.draft.proposal = [5, 6, 7]
-    assert graph_rows([(req, 4)], eng.runner.graph_rows) == 4
-    assert graph_rows([(req, 5)], eng.runner.graph_rows) is None  # 5 rows: more than 1 + K
-    req.num_computed -= 1  # a committed row to recompute: 2 + 3 rows, the last 4 wanted
-    assert req.logit_rows(5) == range(1, 5)
-    assert graph_rows([(req, 5)], frozenset({5})) == 5
+    req.lane.draft.proposal = [5, 6, 7]
+    assert graph_rows(plan((req, 4)), eng.runner.graph_rows) == 4
+    assert graph_rows(plan((req, 5)), eng.runner.graph_rows) is None  # 5 rows: more than 1 + K
+    req.lane.computed -= 1  # a committed row to recompute: 2 + 3 rows, the last 4 wanted
+    assert logit_rows(req, 5) == range(1, 5)
+    assert graph_rows(plan((req, 5)), frozenset({5})) == 5
     logits = torch.arange(10.0).view(5, 2)
-    assert torch.equal(lane_logits([(req, 5)], 5, logits)[0], logits[1:])
+    assert torch.equal(lane_logits(plan((req, 5)), 5, logits)[0], logits[1:])
 
 
 class _Kept(_Capture):
@@ -192,9 +199,9 @@ def test_a_replay_hands_the_drafter_the_graphs_kept_states(hf_tiny_b, monkeypatc
         eng.step()
     fake = _Kept(eng.model)
     graph = PassGraph(fake, eng.caches, 2, 1, 256)
-    graph.run(reqs)
+    graph.run(plan(*((r, 1) for r in reqs)))
     assert fake.calls == 2 and float(fake.hidden[0, 0]) == 1.0  # eager pass's, not the recorded
     assert float(fake.tapped[0, 0]) == 1.5
     fake.hidden = fake.tapped = None  # an eager pass in between keeps its own
-    graph.run(reqs)
+    graph.run(plan(*((r, 1) for r in reqs)))
     assert fake.calls == 2 and float(fake.hidden[0, 0]) == 2.0 and float(fake.tapped[0, 0]) == 2.5

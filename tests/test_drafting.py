@@ -2,11 +2,13 @@
 rows, logits) of a drafting lane equal a plain lane's, whatever the drafts, for greedy and seeded
 requests, alone or with company, with the prompt cache on."""
 
+from dataclasses import replace
+
 import pytest
 from drafting_util import Script
 from engine_util import finish_prints, make_engine, sample_prompt
 
-from tensorfold.engine import drafting
+from tensorfold.engine import drafter, drafting
 from tensorfold.engine.drafters import NgramDrafter, NotStockDrafter, make_drafter
 from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.errors import InvalidRequest
@@ -130,7 +132,7 @@ def test_cancel_while_behind(hf_tiny_b, plain):
     eng.drafting.default = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
     prints = {}
     req = eng.add_request(ids, GREEDY, watch=_print_at_end(eng, prints))
-    while not (req.output_ids and req.num_computed < req.num_tokens - 1):
+    while not (req.output_ids and req.lane.computed < req.num_tokens - 1):
         eng.step()
     eng.cancel(req.request_id)
     eng.step()
@@ -178,7 +180,7 @@ def test_prediction_drafts_and_counts(hf_tiny_b, plain):
     req = eng.add_request(ids, GREEDY, watch=finish_prints(eng, prints), prediction=prediction)
     eng.run_until_done()
     assert (req.output_ids, prints[req.request_id]) == plain["greedy"][0]
-    d = req.draft
+    d = req.lane.draft
     assert d.prediction_accepted > 10 and d.prediction_rejected > 0
     assert d.prediction_accepted + d.prediction_rejected == d.proposed
 
@@ -188,7 +190,7 @@ def test_draft_false_serves_plain(hf_tiny_b, plain):
     eng.drafting.default = Script(_replies(plain["greedy"]))
     req = eng.add_request(_prompts()[0], GREEDY, draft=False, prediction=[1, 2, 3])
     eng.run_until_done()
-    assert req.draft is None and eng.drafting.stats.proposed == 0
+    assert req.lane.draft is None and eng.drafting.stats.proposed == 0
     assert req.output_ids == plain["greedy"][0][0]
 
 
@@ -222,7 +224,7 @@ def test_ngram_on_the_demo_model(params):
 
 
 def test_gate_backs_off_and_reopens():
-    gate = drafting.Gate()
+    gate = drafter.Gate()
     opened = []
     for accepted in [0, 0, 0, 0]:
         while not gate.open():
@@ -243,13 +245,13 @@ def test_acceptance_length_is_tokens_committed_per_verify():
 
 def test_gate_stays_shut_on_rare_small_wins():
     """A drafter that keeps one token now and then, under WORTH on average, is held back."""
-    gate = drafting.Gate()
+    gate = drafter.Gate()
     for accepted in [0, 0, 0, 0]:
         gate.record(accepted)
     gate.record(1)  # a win, but the average stays under WORTH
-    assert gate.rate < drafting.WORTH and not gate.open()
+    assert gate.rate < drafter.WORTH and not gate.open()
     gate.record(3)
-    assert gate.rate >= drafting.WORTH and gate.open() and gate.open()
+    assert gate.rate >= drafter.WORTH and gate.open() and gate.open()
 
 
 def test_ngram_proposes_what_followed():
@@ -279,9 +281,9 @@ def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
     """Planted: after a missed draft the lane keeps the state of the rejected rows."""
 
     def settle(self, req):
-        d = req.draft
-        if d is not None and d.start >= 0 and req.num_computed != req.num_tokens - 1:
-            req.num_computed = req.num_tokens - 1  # the state copy is not put back
+        d = req.lane.draft
+        if d is not None and d.start >= 0 and req.lane.computed != req.num_tokens - 1:
+            req.lane.computed = req.num_tokens - 1  # the state copy is not put back
         if d is not None:
             d.start, d.proposal = -1, []
 
@@ -296,7 +298,8 @@ def _widest_lane_rows(eng) -> int:
     widest, execute = [0], eng.runner.execute
 
     def spy(work):
-        lanes = [n for r, n in work if not isinstance(r, drafting.Fork) and not r.in_prompt]
+        reqs = {r.request_id: r for r in eng.scheduler.running}  # a fork's key names none
+        lanes = [x.rows for x in work if x.key in reqs and not reqs[x.key].in_prompt]
         widest[0] = max([widest[0], *lanes])
         return execute(work)
 
@@ -328,7 +331,8 @@ def test_a_fork_one_row_short_is_caught(hf_tiny_b, plain, monkeypatch):
     before = drafting.Drafting.before_pass
 
     def short(self, work):
-        return [(f, n - 1) for f, n in before(self, work) if n > 1]
+        forks = before(self, work)
+        return tuple(replace(f, token_ids=f.token_ids[:-1]) for f in forks if f.rows > 1)
 
     monkeypatch.setattr(drafting.Drafting, "before_pass", short)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])

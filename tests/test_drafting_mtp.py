@@ -98,8 +98,7 @@ def test_head_matches_transformers_layers(hf_mtp):
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, target.config.vocab_size, (n,), generator=g).tolist()
     hidden = torch.randn(n, h, generator=g)
-    lane = type("Lane", (), {"slot": 0, "kv_rows": torch.arange(n)})()
-    logits, out = head.run(lane, 0, tokens, hidden)
+    logits, out = head.run(torch.arange(n), 0, tokens, hidden)
 
     cfg = AutoConfig.from_pretrained(hf_mtp)
     cfg._attn_implementation = "eager"
@@ -245,9 +244,8 @@ def test_head_through_the_layers_kernels_matches_the_plain_head(hf_mtp):
     tokens = torch.randint(0, target.config.vocab_size, (n,), generator=g)
     hidden = torch.randn(n, h, generator=g)
     rows = torch.arange(100, 100 + n)
-    lane = type("Lane", (), {"slot": 0, "kv_rows": rows})()
-    drafter.run(lane, 0, tokens[:6].tolist(), hidden[:6])  # the KV rows of positions 0..5
-    want_logits, want = drafter.run(lane, 6, tokens[6:].tolist(), hidden[6:])
+    drafter.run(rows, 0, tokens[:6].tolist(), hidden[:6])  # the KV rows of positions 0..5
+    want_logits, want = drafter.run(rows, 6, tokens[6:].tolist(), hidden[6:])
 
     seg = Segment(0, 6, 0, n - 6, rows)
     batch = ForwardBatch(

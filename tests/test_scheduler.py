@@ -5,7 +5,8 @@ import torch
 
 from tensorfold.cache import KVPool, StatePool
 from tensorfold.cache.prefix_cache import PrefixCache
-from tensorfold.engine.request import Request, SamplingParams, Status, Watch
+from tensorfold.engine.passes import logit_rows
+from tensorfold.engine.request import Lane, Request, SamplingParams, Status, Watch
 from tensorfold.engine.scheduler import Scheduler, SchedulerConfig
 
 PAGE = 4
@@ -21,15 +22,8 @@ def scheduler(parallel=2, slots=None, pages=64, cache_bytes=0, **config) -> Sche
 
 def request(n: int, max_tokens: int = 4, name: str = "r", cuts: tuple[int, ...] = ()) -> Request:
     watch = Watch(cuts=cuts) if cuts else None
-    return Request(
-        name,
-        list(range(1, n + 1)),
-        SamplingParams(max_tokens=max_tokens),
-        max_tokens,
-        0,
-        watch=watch,
-        cuts=cuts,
-    )
+    params = SamplingParams(max_tokens=max_tokens, seed=0)
+    return Request(name, list(range(1, n + 1)), params, watch=watch, lane=Lane(cuts=cuts))
 
 
 def queue(s: Scheduler, *reqs: Request) -> list[Request]:
@@ -41,8 +35,8 @@ def run_pass(s: Scheduler) -> list[tuple[str, int]]:
     """One pass as the engine runs it: rows computed, a token appended where one is due."""
     work = s.schedule()
     for w in work:
-        w.request.num_computed += w.rows
-        if w.request.num_computed == w.request.num_tokens:
+        w.request.lane.computed += w.rows
+        if w.request.lane.computed == w.request.num_tokens:
             w.request.output_ids.append(0)
     return [(w.request.request_id, w.rows) for w in work]
 
@@ -66,11 +60,11 @@ def test_a_lane_reserves_pages_for_its_whole_capacity():
     s = scheduler()
     (req,) = queue(s, request(10, max_tokens=7))
     s.admit()
-    assert len(req.pages) == s.kv.pages_for(17) == 5
-    assert s.kv.free_pages == 64 - 5 and req.slot >= 0
-    rows = req.kv_rows.tolist()
+    assert len(req.lane.pages) == s.kv.pages_for(17) == 5
+    assert s.kv.free_pages == 64 - 5 and req.lane.slot >= 0
+    rows = req.lane.kv_rows.tolist()
     assert len(rows) == req.capacity == 17
-    assert rows == [req.pages[p // PAGE] * PAGE + p % PAGE for p in range(17)]
+    assert rows == [req.lane.pages[p // PAGE] * PAGE + p % PAGE for p in range(17)]
 
 
 def test_a_request_waits_while_pages_are_short_and_order_is_kept():
@@ -80,7 +74,7 @@ def test_a_request_waits_while_pages_are_short_and_order_is_kept():
     # 5 of 6 pages taken: mid (2 pages) waits, and small (1 page) does not overtake it
     assert s.running == [big] and list(s.waiting) == [mid, small]
     s.finish(big)
-    assert s.kv.free_pages == 6 and s.states.free_slots == 4 and big.pages == []
+    assert s.kv.free_pages == 6 and s.states.free_slots == 4 and big.lane.pages == []
     s.admit()
     assert s.running == [mid, small]
 
@@ -107,11 +101,11 @@ def test_cache_cuts_every_cache_every_rows_the_last_page_and_the_end():
     s = scheduler(cache_bytes=1 << 20, cache_every=16)
     (req,) = queue(s, request(50))
     s.admit()
-    assert req.cache_cuts == {16, 32, 48, 50}
+    assert req.lane.cache_cuts == {16, 32, 48, 50}
     assert s._cache_cuts(request(49)) == {16, 32, 48, 49}
     assert s._cache_cuts(request(47)) == {16, 32, 44, 47}  # the last page boundary: 44
     resumed = request(50)
-    resumed.num_computed = 32
+    resumed.lane.computed = 32
     assert s._cache_cuts(resumed) == {48, 50}  # only those still ahead
 
 
@@ -119,18 +113,18 @@ def test_no_cache_no_cache_cuts():
     s = scheduler(cache_bytes=0)
     (req,) = queue(s, request(50, cuts=(20,)))
     s.admit()
-    assert req.cache_cuts == frozenset() and req.cuts == (20,)
+    assert req.lane.cache_cuts == frozenset() and req.lane.cuts == (20,)
 
 
 def test_prompt_chunks_end_at_every_cut():
     s = scheduler(parallel=1, chunk=8, cache_bytes=1 << 20, cache_every=16)
     (req,) = queue(s, request(30, cuts=(5,)))
     s.admit()
-    assert req.cuts == (5, 16, 28, 30)
+    assert req.lane.cuts == (5, 16, 28, 30)
     ends = []
     while req.in_prompt:
         run_pass(s)
-        ends.append(req.num_computed)
+        ends.append(req.lane.computed)
     assert ends == [5, 13, 16, 24, 28, 30]
 
 
@@ -157,14 +151,15 @@ def test_a_resumed_lane_shares_whole_pages_and_copies_the_partial_one():
     s.kv.k[0][cached[2] * PAGE : (cached[2] + 1) * PAGE] = 7.0  # the partial page's rows
     s.cache.insert(prompt[:10], cached, s.states.snapshot(0))  # cut 10: pages 0, 1 and half of 2
     s.kv.release(cached)
-    req = Request("r", prompt, SamplingParams(max_tokens=4), 4, 0)
+    req = Request("r", prompt, SamplingParams(max_tokens=4, seed=0))
     queue(s, req)
     s.admit()
-    assert req.num_computed == req.cached_tokens == 10
-    assert req.pages[:2] == cached[:2] and cached[2] not in req.pages
-    assert len(req.pages) == s.kv.pages_for(req.capacity)
+    assert req.lane.computed == req.cached_tokens == 10
+    assert req.lane.pages[:2] == cached[:2] and cached[2] not in req.lane.pages
+    assert len(req.lane.pages) == s.kv.pages_for(req.capacity)
     assert torch.equal(
-        s.kv.k[0][req.pages[2] * PAGE : (req.pages[2] + 1) * PAGE], torch.full((PAGE, 1, 2), 7.0)
+        s.kv.k[0][req.lane.pages[2] * PAGE : (req.lane.pages[2] + 1) * PAGE],
+        torch.full((PAGE, 1, 2), 7.0),
     )
     s.cache.clear()
     s.finish(req)
@@ -176,14 +171,13 @@ def test_logit_rows_the_one_rule():
     cut, or every row when the watch keeps them all; cache cuts need none."""
     s = scheduler(parallel=3, cache_bytes=1 << 20, cache_every=16)
     plain, seams = request(20, name="plain"), request(20, name="seams", cuts=(6,))
-    kept = Request(
-        "kept", list(range(1, 21)), SamplingParams(), 4, 0, watch=Watch(keep_logits=True)
-    )
+    params = SamplingParams(max_tokens=4, seed=0)
+    kept = Request("kept", list(range(1, 21)), params, watch=Watch(keep_logits=True))
     queue(s, plain, seams, kept)
     s.admit()
-    assert 16 in plain.cache_cuts and 6 in seams.cuts
-    assert plain.logit_rows(6) == range(0) and plain.logit_rows(16) == range(0)
-    assert seams.logit_rows(6) == range(5, 6) and seams.logit_rows(5) == range(0)
-    assert plain.logit_rows(20) == range(19, 20) and kept.logit_rows(7) == range(7)
-    plain.num_computed = 19
-    assert plain.logit_rows(1) == range(1)
+    assert 16 in plain.lane.cache_cuts and 6 in seams.lane.cuts
+    assert logit_rows(plain, 6) == range(0) and logit_rows(plain, 16) == range(0)
+    assert logit_rows(seams, 6) == range(5, 6) and logit_rows(seams, 5) == range(0)
+    assert logit_rows(plain, 20) == range(19, 20) and logit_rows(kept, 7) == range(7)
+    plain.lane.computed = 19
+    assert logit_rows(plain, 1) == range(1)

@@ -66,7 +66,7 @@ class DFlashLane(LaneDrafter):
             self.drafter.model.context(
                 rows,
                 torch.arange(self.done, last + 1, device=dev),
-                req.kv_rows[self.done : last + 1],
+                req.lane.kv_rows[self.done : last + 1],
                 self.drafter.kv,
             )
         self.done = last + 1
@@ -80,5 +80,5 @@ class DFlashLane(LaneDrafter):
         ids = [tokens[-1]] + [d.model.config.mask_token_id] * k
         with torch.inference_mode():  # greedy for sampled requests too (module docstring)
             return d.model.draft(
-                d.target.embed, d.target.lm_head, ids, anchor, self.req.kv_rows[:anchor], d.kv
+                d.target.embed, d.target.lm_head, ids, anchor, self.req.lane.kv_rows[:anchor], d.kv
             )

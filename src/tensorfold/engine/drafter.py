@@ -1,7 +1,9 @@
 """What every drafter implements (engine/drafters.py names them): the engine's `Drafter`, which
-makes a `LaneDrafter` for each request."""
+makes a `LaneDrafter` for each request; and a request's drafting state (`LaneDraft`, its `Gate`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 
 class LaneDrafter:
@@ -38,3 +40,51 @@ class Drafter:
     @property
     def nbytes(self) -> int:
         return 0
+
+
+WORTH = 0.5  # drafts kept per verify pass below which drafting costs more than it wins
+
+
+@dataclass
+class Gate:
+    """Stops proposing while drafts win too little. `rate` follows the drafts a verify pass keeps
+    (a moving average over about four passes); a pass that keeps none, or leaves the rate under
+    WORTH, skips 1, 2, 4 ... 32 chances; one that keeps some with the rate at WORTH or more
+    reopens it. A verify pass costs more than a plain one (its rows, the drafter's steps), so a
+    drafter that wins one token in five passes is slower than none."""
+
+    skip: int = 0
+    backoff: int = 0
+    rate: float = 1.0  # drafts kept per verify pass, moving average (starts hopeful)
+
+    def open(self) -> bool:
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def record(self, accepted: int) -> None:
+        self.rate += (accepted - self.rate) / 4
+        if accepted > 0 and self.rate >= WORTH:
+            self.backoff = self.skip = 0
+        else:
+            self.backoff = min(32, max(1, 2 * self.backoff))
+            self.skip = self.backoff
+
+
+@dataclass
+class LaneDraft:
+    """One request's drafting: its proposal in flight and where its state copy is."""
+
+    drafters: tuple[LaneDrafter, ...]
+    gate: Gate = field(default_factory=Gate)
+    proposal: list[int] = field(default_factory=list)
+    source: LaneDrafter | None = None  # the drafter of the proposal in flight
+    start: int = -1  # lane.computed when the state was copied (-1: no verify in flight)
+    spare: int = -1  # the spare state slot holding the copy
+    forked: int = 0  # committed rows the pass feeds the copy too (its state then follows them)
+    real: int = 0  # the drafter's own tokens of the proposal (after them: its last repeated)
+    proposed: int = 0
+    accepted: int = 0
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..errors import InvalidRequest, NotStockDrafter, SplitRefused
 from ..models.mtp import check_mtp_head
-from .drafter import LaneDrafter
+from ..runner.plan import LaneRows
+from .drafter import LaneDraft, LaneDrafter
 from .drafters import (
     NgramDrafter,
     PredictionDrafter,
@@ -58,54 +59,6 @@ class DraftConfig:
             )
 
 
-WORTH = 0.5  # drafts kept per verify pass below which drafting costs more than it wins
-
-
-@dataclass
-class Gate:
-    """Stops proposing while drafts win too little. `rate` follows the drafts a verify pass keeps
-    (a moving average over about four passes); a pass that keeps none, or leaves the rate under
-    WORTH, skips 1, 2, 4 ... 32 chances; one that keeps some with the rate at WORTH or more
-    reopens it. A verify pass costs more than a plain one (its rows, the drafter's steps), so a
-    drafter that wins one token in five passes is slower than none."""
-
-    skip: int = 0
-    backoff: int = 0
-    rate: float = 1.0  # drafts kept per verify pass, moving average (starts hopeful)
-
-    def open(self) -> bool:
-        if self.skip > 0:
-            self.skip -= 1
-            return False
-        return True
-
-    def record(self, accepted: int) -> None:
-        self.rate += (accepted - self.rate) / 4
-        if accepted > 0 and self.rate >= WORTH:
-            self.backoff = self.skip = 0
-        else:
-            self.backoff = min(32, max(1, 2 * self.backoff))
-            self.skip = self.backoff
-
-
-@dataclass
-class LaneDraft:
-    """One request's drafting: its proposal in flight and where its state copy is."""
-
-    drafters: tuple[LaneDrafter, ...]
-    gate: Gate = field(default_factory=Gate)
-    proposal: list[int] = field(default_factory=list)
-    source: LaneDrafter | None = None  # the drafter of the proposal in flight
-    start: int = -1  # num_computed when the state was copied (-1: no verify in flight)
-    spare: int = -1  # the spare state slot holding the copy
-    forked: int = 0  # committed rows the pass feeds the copy too (its state then follows them)
-    real: int = 0  # the drafter's own tokens of the proposal (after them: its last repeated)
-    proposed: int = 0
-    accepted: int = 0
-    prediction_accepted: int = 0
-    prediction_rejected: int = 0
-
-
 @dataclass
 class DraftStats:
     """Engine-wide figures: proposed and accepted tokens, and tokens committed per verify pass."""
@@ -125,20 +78,6 @@ class DraftStats:
         self.accepted += accepted
         self.verifies += 1
         self.lengths[committed] = self.lengths.get(committed, 0) + 1
-
-
-@dataclass(frozen=True)
-class Fork:
-    """A verify pass's extra segment: a lane's committed rows fed to its spare slot, so the
-    spare ends the pass holding the state after them (the runner reads it as a request)."""
-
-    slot: int
-    num_computed: int
-    feed_ids: list[int]
-    kv_rows: object  # the lane's KV rows (the same positions, written with the same bytes)
-
-    def logit_rows(self, n: int) -> range:
-        return range(0)
 
 
 class Drafting:
@@ -177,10 +116,10 @@ class Drafting:
         proposal padded with its last token, so that its pass stays 1 + k rows
         (runner/cuda_graph.py): a padded token is a guess like any draft."""
         for req in running:
-            d = req.draft
+            d = req.lane.draft
             if d is None or req.in_prompt or d.proposal:
                 continue
-            recompute = req.num_tokens - req.num_computed - 1 if self.align else 0
+            recompute = req.num_tokens - req.lane.computed - 1 if self.align else 0
             room = min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
             if room <= 0 or not d.gate.open():
                 continue
@@ -193,16 +132,17 @@ class Drafting:
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)
 
-    def before_pass(self, work) -> list[tuple[Fork, int]]:
+    def before_pass(self, work) -> tuple[LaneRows, ...]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
         spare slot (one copy per state tensor for all lanes); returns the forks to feed with
-        the pass, as (fork, rows)."""
+        the pass: a lane's committed rows again, into its spare slot, returning no logits."""
         src, dst, forks = [], [], []
         for w in work:
-            req, d = w.request, w.request.draft
+            req, lane = w.request, w.request.lane
+            d = lane.draft
             if not req.drafting:
                 continue
-            pending = req.num_tokens - req.num_computed
+            pending = req.num_tokens - lane.computed
             del d.proposal[max(0, w.rows - pending) :]
             if not d.proposal:
                 continue
@@ -210,25 +150,36 @@ class Drafting:
                 self.spares = self.states.like(self.lanes)
             if d.spare < 0:
                 d.spare = self.spares.allocate()
-            src.append(req.slot)
+            src.append(lane.slot)
             dst.append(d.spare)
-            d.start = req.num_computed
+            d.start = lane.computed
             # aligned passes (CUDA graphs) stay 1 + K rows a lane: a fork's segment would make
             # the pass eager, which costs far more on a GPU than the rows it saves
             d.forked = pending if self.fork and not self.align and pending > 1 else 0
             if d.forked:
-                forks.append((Fork(d.spare, d.start, req.all_ids, req.kv_rows), pending))
+                ids = tuple(req.all_ids[d.start : d.start + pending])
+                key = f"{req.request_id} fork"
+                forks.append(LaneRows(key, d.spare, d.start, ids, lane.kv_rows, tuple(lane.pages)))
         if src:
             self.states.copy_slots(src, dst, into=self.spares)
-        return forks
+        return tuple(forks)
+
+    def after_pass(self, work, logits, sampler, output) -> dict[int, list[TokenEvent]]:
+        """Verifies each drafting lane of the pass: {index in work: the events of the tokens it
+        committed}. The engine finishes a lane whose last event says it ended."""
+        return {
+            i: self.verify(w.request, logits[i], sampler, output)
+            for i, w in enumerate(work)
+            if w.request.drafting
+        }
 
     def verify(self, req: Request, logits, sampler, output) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain
         path (each choice sees the tokens before it), then settles the lane's state. The
         engine finishes the request when the last event says it ended."""
-        d, events = req.draft, []
+        d, events = req.lane.draft, []
         proposal, k = d.proposal, len(d.proposal)
-        req.num_computed = req.num_tokens + k  # the state covers every fed row for now
+        req.lane.computed = req.num_tokens + k  # the state covers every fed row for now
         accepted = 0
         picks = sampler.greedy_picks(req, logits[: k + 1])
         for j in range(k + 1):
@@ -254,12 +205,13 @@ class Drafting:
         """After a verify: keep the state if every fed row's input was committed, else put the
         copy back (with a fork: the state after the rows committed before the pass) so the
         lane's next pass computes the committed rows after it again."""
-        d = req.draft
+        lane = req.lane
+        d = lane.draft
         if d is None:
             return
-        if d.start >= 0 and req.num_computed != req.num_tokens - 1:
-            self.spares.copy_slot(d.spare, req.slot, into=self.states)
-            req.num_computed = d.start + d.forked
+        if d.start >= 0 and lane.computed != req.num_tokens - 1:
+            self.spares.copy_slot(d.spare, lane.slot, into=self.states)
+            lane.computed = d.start + d.forked
         d.start, d.proposal = -1, []
 
     def use_graphs(self, context: int) -> None:
@@ -277,24 +229,25 @@ class Drafting:
     def features(self, target):
         return self.default.features(target) if self.wants_hidden else None
 
-    def observe(self, spans, hidden) -> None:
-        """After a pass: each drafting lane's rows (request, first position, first row, rows)
-        of the target's post-final-norm states, for a drafter that reads them."""
-        for req, start, row0, n in spans:
-            d = req.draft
-            if d is None or req.slot < 0:
-                continue
-            for drafter in d.drafters:
-                drafter.observe(start, hidden[row0 : row0 + n])
+    def observe(self, work, plan, hidden) -> None:
+        """After a pass: each drafting lane's rows of the target's post-final-norm states, for a
+        drafter that reads them (`plan` lists the scheduled lanes first, in `work`'s order)."""
+        row0 = 0
+        for w, rows in zip(work, plan):
+            d = w.request.lane.draft
+            if d is not None and w.request.lane.slot >= 0:
+                for drafter in d.drafters:
+                    drafter.observe(rows.start, hidden[row0 : row0 + rows.rows])
+            row0 += rows.rows
 
     def behind(self, req: Request) -> int:
         """Committed rows a finishing lane has not computed (a plain lane has none)."""
-        if req.draft is None or req.in_prompt:
+        if req.lane.draft is None or req.in_prompt:
             return 0
-        return max(0, req.num_tokens - 1 - req.num_computed)
+        return max(0, req.num_tokens - 1 - req.lane.computed)
 
     def release(self, req: Request) -> None:
-        d = req.draft
+        d = req.lane.draft
         if d is not None and d.spare >= 0:
             self.spares.release(d.spare)
             d.spare = -1

@@ -6,7 +6,6 @@ add_request and cancel may be called from any thread; step() runs on one thread.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -16,16 +15,18 @@ import torch
 
 from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
-from ..errors import ContextOverflow, InvalidRequest, QueueFull, SplitRefused
-from ..ops.sampling import token_rank, top_logprobs
+from ..errors import QueueFull, SplitRefused
 from ..runner.launch import make_runner
+from ..runner.plan import PassPlan
+from .admission import make_request
 from .constraints import GrammarBook
 from .drafting import DraftConfig, Drafting, refuse_split_draft
 from .output import Output
+from .passes import plan_pass
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig
-from .stats import EngineFacts, EngineStats, MemoryReport, memory_report
+from .stats import EngineFacts, EngineStats, MemoryReport, engine_stats, memory_report
 
 if TYPE_CHECKING:  # the engine takes any loaded model; only the type is named
     from ..models.qwen3_5 import Qwen35Model
@@ -107,23 +108,18 @@ class Engine:
         """Queues one choice of a prompt (`choice` keys its random numbers with the seed);
         `watch` observes it without changing a token. `draft=False` serves it without drafting;
         `prediction` (token ids of a predicted reply) drafts from it (OpenAI Predicted Outputs)."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        self._validate(prompt_ids, params)
-        rest = self.config.context - len(prompt_ids)
-        max_tokens = params.max_tokens or min(rest, self.config.max_tokens or rest)
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
-        cuts = tuple(sorted(set(watch.cuts))) if watch is not None else ()
-        req = Request(
+        c = self.config
+        req = make_request(
             request_id or f"req-{next(self._ids)}",
             prompt_ids,
             params,
-            max_tokens,
-            seed,
+            self.model.config.vocab_size,
+            c.context,
+            c.max_tokens,
             choice,
             watch,
-            cuts,
         )
-        req.draft = self.drafting.lane(req, draft, prediction)
+        req.lane.draft = self.drafting.lane(req, draft, prediction)
         with self._lock:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
                 raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
@@ -131,30 +127,6 @@ class Engine:
             self._inbox.append(req)
         self.wakeup.set()
         return req
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequest("the prompt is empty", param="prompt")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(
-                f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
-            )
-        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
-        bad += [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            name = "logit_bias" if bad[0] in dict(params.logit_bias) else "stop_token_ids"
-            raise InvalidRequest(
-                f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param=name
-            )
-        want = len(ids) + (params.max_tokens or 1)
-        if want > self.config.context:
-            raise ContextOverflow(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens or 1}) = {want} exceeds "
-                f"the context of {self.config.context} tokens",
-                param="max_tokens",
-            )
 
     def cancel(self, request_id: str) -> None:
         self._cancels.append(request_id)
@@ -173,18 +145,15 @@ class Engine:
         work = self.scheduler.schedule()
         if not work:
             return events
-        forks = self.drafting.before_pass(work)
-        spans, row = [], 0
-        for w in work:
-            spans.append((w.request, w.request.num_computed, row, w.rows))
-            row += w.rows
-        logits = self.runner.execute([(w.request, w.rows) for w in work] + forks)
+        plan = plan_pass(work, self.drafting.before_pass(work))
+        logits = self.runner.execute(plan)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
         self._passes += 1
+        verified = self.drafting.after_pass(work, logits, self.sampler, self.output)
         ready = []
         for i, w in enumerate(work):
-            if w.request.drafting:
-                done = self.drafting.verify(w.request, logits[i], self.sampler, self.output)
+            done = verified.get(i)
+            if done is not None:
                 events += done
                 if done[-1].finished:  # the row of the token that ended it
                     self._finish(w.request, done[-1].finish_reason, logits[i][len(done) - 1])
@@ -193,7 +162,7 @@ class Engine:
         for (req, row), token in zip(ready, self.sampler.choose(ready)):
             events.append(self._commit(req, row, token))
         if self.drafting.wants_hidden:
-            self.drafting.observe(spans, hidden)
+            self.drafting.observe(work, plan, hidden)
         return events
 
     def _drain_inbox(self) -> None:
@@ -212,24 +181,16 @@ class Engine:
 
     def _advance(self, req: Request, rows: int, logits: torch.Tensor | None) -> bool:
         """Counts the rows computed; True when the lane now produces its next token."""
-        start = req.num_computed
-        req.num_computed += rows
-        if req.num_computed in req.cache_cuts:
+        lane = req.lane
+        start = lane.computed
+        lane.computed += rows
+        if lane.computed in lane.cache_cuts:
             self._remember(req)
         if req.watch is not None:
             req.watch.passed(req, start, logits)
         if req.params.prompt_logprobs is not None and start < len(req.prompt_ids):
-            self._score_prompt(req, start, logits)
-        return req.num_computed == req.num_tokens
-
-    def _score_prompt(self, req: Request, start: int, logits: torch.Tensor) -> None:
-        """Each prompt row's logits score the prompt token after it."""
-        ids, k = req.prompt_ids, req.params.prompt_logprobs
-        for offset, row in enumerate(logits):
-            nxt = start + offset + 1
-            if nxt < len(ids):
-                logprob, top = top_logprobs(row, ids[nxt], k)
-                req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
+            self.output.score_prompt(req, start, logits)
+        return lane.computed == req.num_tokens
 
     def _commit(self, req: Request, row: torch.Tensor, token: int) -> TokenEvent:
         event = self.output.commit(req, row, token)
@@ -239,8 +200,9 @@ class Engine:
 
     def _remember(self, req: Request) -> None:
         """Snapshot the lane into the prompt cache at its current cut."""
+        lane = req.lane
         self.prefix_cache.insert(
-            req.all_ids[: req.num_computed], req.pages, self.caches.states.snapshot(req.slot)
+            req.all_ids[: lane.computed], lane.pages, self.caches.states.snapshot(lane.slot)
         )
 
     def abandon_all(self) -> list[TokenEvent]:
@@ -278,11 +240,12 @@ class Engine:
         self.drafting.settle(req)
         n = self.drafting.behind(req)
         if n:
-            self.runner.execute([(req, n)])
-            req.num_computed += n
+            self.runner.execute(PassPlan((req.rows(n),)))
+            req.lane.computed += n
 
     def fingerprint(self, req: Request, logits: torch.Tensor | None) -> str:
-        return self.runner.fingerprint(req, logits)
+        """The lane's states and KV rows as they stand, and `logits` (docs/exactness.md)."""
+        return self.runner.fingerprint(req.rows(), logits)
 
     def run_until_done(self) -> None:
         while self.has_work():
@@ -291,40 +254,20 @@ class Engine:
     # -- what the server may read (any thread) ----------------------------------------------
     @property
     def facts(self) -> EngineFacts:
-        cfg = self.model.config
-        c = self.config
-        return EngineFacts(
-            cfg.vocab_size,
-            c.context,
-            c.parallel,
-            c.max_queue,
-            str(self.model.device),
-            str(self.model.dtype).removeprefix("torch."),
-        )
+        return EngineFacts.of(self.model, self.config)
 
     def stats(self) -> EngineStats:
         """Queue, lanes and prompt-cache figures now (exact when read on the engine thread)."""
-        running, cache = list(self.scheduler.running), self.prefix_cache
         with self._lock:
             queued = len(self._inbox) + len(self.scheduler.waiting)
-        return EngineStats(
-            queued=queued,
-            busy_lanes=len(running),
-            prompt_lanes=sum(r.in_prompt for r in running),
-            passes=self._passes,
-            cache_hits=cache.stats.hits,
-            cache_misses=cache.stats.misses,
-            cache_evictions=cache.stats.evictions,
-            cache_inserts=cache.stats.inserts,
-            cache_bytes=cache.nbytes,
-            kv_pages_used=self.caches.kv.num_pages - self.caches.kv.free_pages,
-            kv_pages_total=self.caches.kv.num_pages,
-            draft_proposed=self.drafting.stats.proposed,
-            draft_accepted=self.drafting.stats.accepted,
-            draft_lengths=tuple(sorted(dict(self.drafting.stats.lengths).items())),
-            collective_seconds=self.runner.collective.seconds,
-            collective_calls=self.runner.collective.calls,
-            collective_last_pass_seconds=self.runner.collective.last_pass_seconds,
+        return engine_stats(
+            queued,
+            list(self.scheduler.running),
+            self._passes,
+            self.prefix_cache,
+            self.caches.kv,
+            self.drafting.stats,
+            self.runner.collective,
         )
 
     def memory(self) -> MemoryReport:

@@ -69,8 +69,9 @@ class MTPDrafter(Drafter):
     def for_request(self, req) -> MTPLane:
         return MTPLane(self, req)
 
-    def run(self, req, start: int, tokens: list[int], hidden: torch.Tensor):
-        """The head over positions start.. of one lane: (last row's logits, every row's output)."""
+    def run(self, kv_rows: torch.Tensor, start: int, tokens: list[int], hidden: torch.Tensor):
+        """The head over positions start.. of the lane whose KV rows are `kv_rows`: (last row's
+        logits, every row's output)."""
         ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
         with torch.inference_mode():
             return self.head.forward(
@@ -78,7 +79,7 @@ class MTPDrafter(Drafter):
                 ids,
                 hidden,
                 start,
-                req.kv_rows[: start + len(tokens)],
+                kv_rows[: start + len(tokens)],
                 (self.kv.k[0], self.kv.v[0]),
             )
 
@@ -123,10 +124,10 @@ class MTPLane(LaneDrafter):
         rows = torch.cat(self.pending)
         graphs = self.drafter.graphs
         if graphs is not None and len(ids) <= graphs.rows:
-            graphs.catch_up(self.req, self.done, ids, rows)
+            graphs.catch_up(self.req.rows(), self.done, ids, rows)
             self.logits = self.out = None
         else:
-            self.logits, out = self.drafter.run(self.req, self.done, ids, rows)
+            self.logits, out = self.drafter.run(self.req.lane.kv_rows, self.done, ids, rows)
             self.out = out[-1:]
         self.done = self.upto
         self.pending.clear()
@@ -142,13 +143,13 @@ class MTPLane(LaneDrafter):
                 graphs.set_start(torch.argmax(self.logits), self.out)
             elif not fresh:  # caught up earlier: the buffers may hold another lane's start
                 return []
-            return graphs.chain(self.req, len(tokens) - 1, k)
+            return graphs.chain(self.req.rows(), len(tokens) - 1, k)
         if self.logits is None:
             return []
         drafts = [int(torch.argmax(self.logits))]
         out, pos = self.out, len(tokens) - 1
         for _ in range(k - 1):
-            logits, out = self.drafter.run(self.req, pos, drafts[-1:], out)
+            logits, out = self.drafter.run(self.req.lane.kv_rows, pos, drafts[-1:], out)
             drafts.append(int(torch.argmax(logits)))
             pos += 1
         return drafts

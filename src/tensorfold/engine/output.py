@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ..ops.sampling import top_logprobs
+from ..ops.sampling import token_rank, top_logprobs
 from .request import Request, TokenEvent
 
 
@@ -20,8 +20,8 @@ class Output:
         """Appends `token` (chosen from `logits`) to the reply; the event carries its text and
         logprobs, and `finished` with its reason when it ends the request."""
         p = req.params
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
+        if req.times.first_token is None:
+            req.times.first_token = time.monotonic()
         req.output_ids.append(token)
         lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
         reason = self.stop_reason(req, token)
@@ -34,6 +34,16 @@ class Output:
         if reason is not None:
             event.finished, event.finish_reason = True, reason
         return event
+
+    @staticmethod
+    def score_prompt(req: Request, start: int, logits: torch.Tensor) -> None:
+        """Each prompt row's logits (from position `start`) score the prompt token after it."""
+        ids, k = req.prompt_ids, req.params.prompt_logprobs
+        for offset, row in enumerate(logits):
+            nxt = start + offset + 1
+            if nxt < len(ids):
+                logprob, top = top_logprobs(row, ids[nxt], k)
+                req.prompt_logprobs.append((logprob, token_rank(row, ids[nxt]), top))
 
     def stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params

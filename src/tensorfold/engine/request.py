@@ -10,7 +10,9 @@ from typing import Callable
 import torch
 
 from ..errors import InvalidRequest
+from ..runner.plan import LaneRows
 from .constraints import Grammar, Matcher
+from .drafter import LaneDraft
 from .text import ReplyText
 
 
@@ -115,43 +117,69 @@ class Watch:
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> logits, if kept
 
     def passed(self, req: Request, start: int, logits: torch.Tensor | None) -> None:
-        """After a pass over positions [start, req.num_computed) that returned `logits`."""
+        """After a pass over positions [start, req.lane.computed) that returned `logits`."""
         if self.keep_logits and logits is not None:  # kept: one row per position
             for offset, row in enumerate(logits):
                 self.logits[start + offset] = row.clone()
-        if self.on_cut is not None and req.num_computed in self.cuts:
-            self.on_cut(req, req.num_computed, logits[-1] if logits is not None else None)
+        end = req.lane.computed
+        if self.on_cut is not None and end in self.cuts:
+            self.on_cut(req, end, logits[-1] if logits is not None else None)
+
+
+@dataclass
+class Times:
+    """When the request arrived, got a lane (the end of its queue time) and its first token."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    admitted: float | None = None
+    first_token: float | None = None
+
+
+@dataclass
+class Lane:
+    """What the engine holds for a request while it runs: the scheduler sets its state slot, KV
+    pages and rows and its cuts at admission; passes advance `computed`."""
+
+    slot: int = -1
+    pages: list[int] = field(default_factory=list)
+    kv_rows: torch.Tensor | None = None  # [capacity] KV cache row of every position
+    cuts: tuple[int, ...] = ()  # prompt positions where a pass must end (seams, snapshots)
+    cache_cuts: frozenset[int] = frozenset()  # where the lane snapshots into the prompt cache
+    computed: int = 0  # positions whose state the lane holds
+    cached: int = 0  # prompt tokens resumed from the prompt cache
+    matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
+    draft: LaneDraft | None = None  # its drafting, when it drafts
 
 
 @dataclass
 class Request:
-    """One choice of one prompt, from admission to its finish. The scheduler sets the lane's
-    slot, pages, rows and cuts at admission; the engine advances the rest."""
+    """One choice of one prompt: what the client asked for (params with max_tokens and seed
+    resolved), what it got, and its lane."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    max_tokens: int
-    seed: int
     choice: int = 0  # which of a prompt's n choices: keys the random numbers
     watch: Watch | None = None
-    cuts: tuple[int, ...] = ()  # prompt positions where a pass must end (seams, snapshots)
     output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
-    slot: int = -1
-    pages: list[int] = field(default_factory=list)
-    kv_rows: torch.Tensor | None = None  # [capacity] KV cache row of every position
-    cache_cuts: frozenset[int] = frozenset()  # where the lane snapshots into the prompt cache
-    cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
-    arrival: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-    admitted_time: float | None = None  # when it got a lane (the end of its queue time)
     reply: ReplyText = field(default_factory=ReplyText)
     prompt_logprobs: list = field(default_factory=list)  # filled while the prompt is read
-    matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
-    draft: object = None  # engine.drafting.LaneDraft when the request drafts
+    times: Times = field(default_factory=Times)
+    lane: Lane = field(default_factory=Lane)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.lane.cached
 
     @property
     def all_ids(self) -> list[int]:
@@ -160,17 +188,17 @@ class Request:
     @property
     def feed_ids(self) -> list[int]:
         """The ids a pass feeds: the committed ones, then the drafted tokens in flight."""
-        return self.all_ids + self.draft.proposal if self.drafting else self.all_ids
+        return self.all_ids + self.lane.draft.proposal if self.drafting else self.all_ids
 
     @property
     def num_drafted(self) -> int:
         """Drafted tokens in flight (fed after the committed ones)."""
-        return len(self.draft.proposal) if self.draft is not None else 0
+        return len(self.lane.draft.proposal) if self.lane.draft is not None else 0
 
     @property
     def drafting(self) -> bool:
         """Drafted tokens are in flight (their rows follow the committed ones)."""
-        return self.draft is not None and bool(self.draft.proposal)
+        return self.lane.draft is not None and bool(self.lane.draft.proposal)
 
     @property
     def num_tokens(self) -> int:
@@ -178,7 +206,7 @@ class Request:
 
     @property
     def in_prompt(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        return self.lane.computed < len(self.prompt_ids)
 
     @property
     def capacity(self) -> int:
@@ -190,17 +218,18 @@ class Request:
         """The reply's text emitted so far (a stop string and what follows it never are)."""
         return self.reply.text
 
-    def logit_rows(self, n: int) -> range:
-        """Offsets of the rows whose logits a pass of `n` rows from num_computed must return:
-        every row when watched for all logits, else the last row when it yields the next token
-        or ends at a watched cut (a cache cut needs none); a verify pass wants the last committed
-        row and every drafted row. The runner and the CUDA graphs ask only this."""
-        if self.watch is not None and self.watch.keep_logits:
-            return range(n)
-        if self.params.prompt_logprobs is not None and self.in_prompt:
-            return range(n)  # every prompt row scores the token after it
-        end = self.num_computed + n
-        if self.drafting and end > self.num_tokens:
-            return range(self.num_tokens - 1 - self.num_computed, n)
-        watched = self.watch is not None and end in self.watch.cuts
-        return range(n - 1, n) if end == self.num_tokens or watched else range(0)
+    def fed(self, start: int, end: int) -> list[int]:
+        """feed_ids[start:end], without building the whole list (a long context's lanes)."""
+        p, o = len(self.prompt_ids), len(self.output_ids)
+        ids = self.prompt_ids[start:end] + self.output_ids[max(0, start - p) : max(0, end - p)]
+        if end > p + o and self.drafting:
+            ids += self.lane.draft.proposal[max(0, start - p - o) : end - p - o]
+        return ids
+
+    def rows(self, n: int = 0, logits: range = range(0)) -> LaneRows:
+        """The lane's next `n` rows as a runner reads them (none: the lane as it stands)."""
+        lane, start = self.lane, self.lane.computed
+        ids = tuple(self.fed(start, start + n))
+        return LaneRows(
+            self.request_id, lane.slot, start, ids, lane.kv_rows, tuple(lane.pages), logits
+        )

@@ -44,14 +44,15 @@ class Sampler:
         x = shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
         if p.grammar is None:
             return x
-        if req.matcher is None:
+        lane = req.lane
+        if lane.matcher is None:
             try:
-                req.matcher = self.grammars.matcher(p.grammar)
+                lane.matcher = self.grammars.matcher(p.grammar)
             except InvalidRequest:  # checked at admission; should it still fail, only end
                 only_end = torch.ones_like(x, dtype=torch.bool)
                 only_end[sorted(self.eos_ids)] = False
                 return x.masked_fill(only_end, float("-inf"))
-        return apply_mask(x, req.matcher.allowed(output_ids))
+        return apply_mask(x, lane.matcher.allowed(output_ids))
 
     def choose_token(self, req: Request, logits: torch.Tensor) -> int:
         """The token the request chooses from one row of logits at its next position

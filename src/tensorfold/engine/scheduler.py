@@ -72,24 +72,25 @@ class Scheduler:
         if entry and len(held) > whole:  # the partial last page: copy, never write a shared one
             self.kv.copy_page(held[whole], fresh[0])
             self.kv.release(held[whole:])
-        req.pages = held[:whole] + fresh
-        req.slot = self.states.allocate()
+        lane = req.lane
+        lane.pages = held[:whole] + fresh
+        lane.slot = self.states.allocate()
         if entry:
-            self.states.restore(req.slot, entry.snapshot)
-            req.num_computed = req.cached_tokens = entry.cut
-        req.kv_rows = self.kv.rows(req.pages, req.capacity)
-        req.cache_cuts = (
+            self.states.restore(lane.slot, entry.snapshot)
+            lane.computed = lane.cached = entry.cut
+        lane.kv_rows = self.kv.rows(lane.pages, req.capacity)
+        lane.cache_cuts = (
             self._cache_cuts(req) if self.cache is not None and self.cache.enabled else frozenset()
         )
-        req.cuts = tuple(sorted(set(req.cuts) | req.cache_cuts))
+        lane.cuts = tuple(sorted(set(lane.cuts) | lane.cache_cuts))
         req.status = Status.RUNNING
-        req.admitted_time = time.monotonic()
+        req.times.admitted = time.monotonic()
         self.running.append(req)
 
     def _cache_cuts(self, req: Request) -> frozenset[int]:
         """Where a lane snapshots into the prompt cache: every `cache_every` rows, the last page
         boundary before the prompt's end (so the same prompt resumes a few tokens short), the end."""
-        n, start, page = len(req.prompt_ids), req.num_computed, self.kv.page_size
+        n, start, page = len(req.prompt_ids), req.lane.computed, self.kv.page_size
         cuts = set(range(self.config.cache_every, n, self.config.cache_every))
         cuts |= {(n - 1) // page * page, n}
         return frozenset(c for c in cuts if start < c <= n)
@@ -100,7 +101,7 @@ class Scheduler:
         rows: dict[int, int] = {}
         for req in self.running:  # decode rows first: each lane's uncomputed committed rows,
             if not req.in_prompt and budget > 0:
-                rows[id(req)] = n = min(req.num_tokens - req.num_computed, budget)
+                rows[id(req)] = n = min(req.num_tokens - req.lane.computed, budget)
                 budget -= n
         for req in self.running:  # then its drafted rows, while the budget lasts
             if id(req) in rows:
@@ -109,7 +110,7 @@ class Scheduler:
                 budget -= drafted
         for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
-                n = min(self.config.chunk, len(req.prompt_ids) - req.num_computed, budget)
+                n = min(self.config.chunk, len(req.prompt_ids) - req.lane.computed, budget)
                 n = min(n, self._to_next_cut(req))
                 work.append(Work(req, n))
                 budget -= n
@@ -117,16 +118,17 @@ class Scheduler:
 
     @staticmethod
     def _to_next_cut(req: Request) -> int:
-        ahead = [c - req.num_computed for c in req.cuts if c > req.num_computed]
+        done = req.lane.computed
+        ahead = [c - done for c in req.lane.cuts if c > done]
         return min(ahead) if ahead else len(req.prompt_ids)
 
     def finish(self, req: Request) -> None:
         """Frees the lane's pages and slot; a waiting request is simply dropped."""
         if req.status == Status.RUNNING:
             self.running.remove(req)
-            self.kv.release(req.pages)
-            self.states.release(req.slot)
-            req.pages, req.slot = [], -1
+            self.kv.release(req.lane.pages)
+            self.states.release(req.lane.slot)
+            req.lane.pages, req.lane.slot = [], -1
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = Status.FINISHED

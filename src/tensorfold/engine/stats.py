@@ -26,6 +26,13 @@ class EngineFacts:
     device: str
     dtype: str
 
+    @classmethod
+    def of(cls, model: Qwen35Model, config) -> EngineFacts:
+        """From the model and the engine's config."""
+        dtype = str(model.dtype).removeprefix("torch.")
+        vocab, c = model.config.vocab_size, config
+        return cls(vocab, c.context, c.parallel, c.max_queue, str(model.device), dtype)
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -66,6 +73,32 @@ class MemoryReport:
     device_allocated_bytes: int | None  # None off CUDA
     device_peak_bytes: int | None
     ranks: tuple = ()  # a tensor split: every rank's bytes (runner/distributed.py RankMemory)
+
+
+def engine_stats(
+    queued: int, running: list, passes: int, cache: PrefixCache, kv, drafts, collective
+) -> EngineStats:
+    """The figures of the lanes `running`, the prompt cache, the KV pool `kv`, drafting's
+    `drafts` (DraftStats) and a split's `collective` time."""
+    return EngineStats(
+        queued=queued,
+        busy_lanes=len(running),
+        prompt_lanes=sum(r.in_prompt for r in running),
+        passes=passes,
+        cache_hits=cache.stats.hits,
+        cache_misses=cache.stats.misses,
+        cache_evictions=cache.stats.evictions,
+        cache_inserts=cache.stats.inserts,
+        cache_bytes=cache.nbytes,
+        kv_pages_used=kv.num_pages - kv.free_pages,
+        kv_pages_total=kv.num_pages,
+        draft_proposed=drafts.proposed,
+        draft_accepted=drafts.accepted,
+        draft_lengths=tuple(sorted(dict(drafts.lengths).items())),
+        collective_seconds=collective.seconds,
+        collective_calls=collective.calls,
+        collective_last_pass_seconds=collective.last_pass_seconds,
+    )
 
 
 def memory_report(

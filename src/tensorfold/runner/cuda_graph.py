@@ -9,7 +9,7 @@ tests/test_gpu_drafting.py compare the two bitwise.
 A graph's pass has `lanes` lanes of `rows` consecutive rows each: a decode pass (1 row) or a
 verify pass (the lane's uncomputed committed rows, then its drafted tokens: 1 + K rows when the
 lane drafts K, engine/drafting.py). It returns the logits of every row; the runner hands each
-lane the suffix of its rows that Request.logit_rows names (a verify lane wants its last
+lane the suffix of its rows that its LaneRows.logits names (a verify lane wants its last
 committed row and every drafted row, a decode lane its one row).
 
 Static per graph: every lane's KV slot table (a lane's rows are fixed at admission, so it is
@@ -33,6 +33,7 @@ import torch
 from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
+from .plan import PassPlan
 
 
 @dataclass
@@ -101,27 +102,27 @@ class PassGraph:
         self.logits: torch.Tensor | None = None
         self.kept: tuple = (None, None)  # the model's kept states of the recorded pass
 
-    def _load(self, reqs) -> None:
-        members = tuple((r.request_id, r.slot) for r in reqs)
+    def _load(self, plan: PassPlan) -> None:
+        members = tuple((lane.key, lane.slot) for lane in plan)
         if members != self.members:  # lanes joined or left: reload their tables
-            for i, r in enumerate(reqs):
-                self.table[i, : r.capacity] = r.kv_rows.to(torch.int32)
-            self.slots.copy_(torch.tensor([r.slot for r in reqs]))
+            for i, lane in enumerate(plan):
+                self.table[i, : lane.capacity] = lane.kv_rows.to(torch.int32)
+            self.slots.copy_(torch.tensor([lane.slot for lane in plan]))
             self.members = members
-        ids, positions, n = [], [], self.rows
-        for r in reqs:
-            ids += r.feed_ids[r.num_computed : r.num_computed + n]
-            positions += range(r.num_computed, r.num_computed + n)
+        ids, positions = [], []
+        for lane in plan:
+            ids += lane.token_ids
+            positions += range(lane.start, lane.start + lane.rows)
         self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
 
     def _forward(self) -> torch.Tensor:
         self.lane.refresh()
         return self.model.forward(self.batch, self.caches)
 
-    def run(self, reqs) -> torch.Tensor:
-        """Logits [lanes * rows, V] of every row (the requests in lane order). On a replay the
+    def run(self, plan: PassPlan) -> torch.Tensor:
+        """Logits [lanes * rows, V] of every row (the plan's lanes in order). On a replay the
         model's kept states (an MTP or DFlash drafter reads them) are the graph's own buffers."""
-        self._load(reqs)
+        self._load(plan)
         model = self.model
         with torch.inference_mode():
             if self.graph is None:
@@ -146,26 +147,21 @@ def record(fn, pool):
     return graph, out
 
 
-def graph_rows(work, allowed: frozenset[int]) -> int | None:
+def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:
     """The rows per lane of a pass a graph can replay, or None: every lane feeds the same number
-    of rows, one of `allowed`, and needs the logits of a non-empty suffix of them
-    (Request.logit_rows)."""
-    counts = {n for _, n in work}
+    of rows, one of `allowed`, and needs the logits of a non-empty suffix of them."""
+    counts = {lane.rows for lane in plan}
     if len(counts) != 1:
         return None
     (n,) = counts
     if n not in allowed:
         return None
-    for req, _ in work:
-        wanted = req.logit_rows(n)
-        if len(wanted) == 0 or wanted.stop != n:
+    for lane in plan:
+        if len(lane.logits) == 0 or lane.logits.stop != n:
             return None
     return n
 
 
-def lane_logits(work, rows: int, logits: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Each lane's wanted rows of a graph's logits [lanes * rows, V]: {index in work: [r, V]}."""
-    return {
-        i: logits[i * rows + req.logit_rows(rows).start : (i + 1) * rows]
-        for i, (req, _) in enumerate(work)
-    }
+def lane_logits(plan: PassPlan, rows: int, logits: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each lane's wanted rows of a graph's logits [lanes * rows, V]: {index in plan: [r, V]}."""
+    return {i: logits[i * rows + lane.logits.start : (i + 1) * rows] for i, lane in enumerate(plan)}

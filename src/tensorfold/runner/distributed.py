@@ -30,6 +30,7 @@ from ..models.split import row_widths
 from ..ops.collective import Group, split_argmax
 from ..util import rss_bytes
 from .model_runner import ModelRunner, tensor_bytes
+from .plan import LaneRows, PassPlan
 
 
 def init_group(world: int, device: torch.device) -> Group:
@@ -85,7 +86,7 @@ STOP = "stop"  # rank 0's last /memory report round: the report threads end
 class LanePlan:
     """One lane's rows of a pass, as a following rank needs them."""
 
-    request_id: str
+    key: str
     slot: int
     start: int  # position of the first row
     tokens: tuple[int, ...]  # the rows' token ids
@@ -198,20 +199,19 @@ class SplitRunner(ModelRunner):
     def _send(self, plan: Plan) -> None:
         _broadcast(plan, self.group.control)
 
-    def execute(self, work) -> dict[int, torch.Tensor]:
+    def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
         lanes, tables = [], {}
-        for req, n in work:
-            pages = tables[req.request_id] = tuple(req.pages)
-            wanted = req.logit_rows(n)
+        for lane in plan:
+            tables[lane.key] = lane.pages
             lanes.append(
                 LanePlan(
-                    req.request_id,
-                    req.slot,
-                    req.num_computed,
-                    tuple(req.feed_ids[req.num_computed : req.num_computed + n]),
-                    None if self._tables.get(req.request_id) == pages else pages,
-                    req.capacity,
-                    (wanted.start, wanted.stop),
+                    lane.key,
+                    lane.slot,
+                    lane.start,
+                    lane.token_ids,
+                    None if self._tables.get(lane.key) == lane.pages else lane.pages,
+                    lane.capacity,
+                    (lane.logits.start, lane.logits.stop),
                 )
             )
         self._tables = tables  # the followers keep the tables of the last pass's lanes
@@ -219,7 +219,7 @@ class SplitRunner(ModelRunner):
         start = time.perf_counter()
         self._send(Plan(self.log.take(), "pass", lanes))
         sent = time.perf_counter() - start
-        out = super().execute(work)
+        out = super().execute(plan)
         seconds, calls = self.group.take_time()
         seconds += sent
         self.collective.seconds += seconds
@@ -230,9 +230,9 @@ class SplitRunner(ModelRunner):
     def greedy(self, rows: torch.Tensor) -> list[int]:
         return split_argmax(rows, self.vocab_widths)
 
-    def fingerprint(self, req, logits: torch.Tensor | None) -> str:
+    def fingerprint(self, lane: LaneRows, logits: torch.Tensor | None) -> str:
         """The whole model's fingerprint of the lane, from every rank's part of its states."""
-        body = (req.slot, tuple(req.pages), req.capacity, req.num_computed)
+        body = (lane.slot, lane.pages, lane.capacity, lane.start)
         self._send(Plan(self.log.take(), "fingerprint", body=body))
         pieces = _gather(lane_pieces(self.caches, *body), self.group.control, self.world)
         return whole_fingerprint(pieces, self.model, logits)
@@ -272,36 +272,6 @@ def _release() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@dataclass
-class LaneView:
-    """What ModelRunner reads of a request, rebuilt on a following rank from a LanePlan."""
-
-    request_id: str
-    slot: int
-    num_computed: int
-    all_ids: dict[int, int]  # position -> token id, for this pass's rows
-    capacity: int
-    kv_rows: torch.Tensor
-    wanted: tuple[int, int]
-
-    def logit_rows(self, n: int) -> range:
-        return range(*self.wanted)
-
-    @property
-    def feed_ids(self) -> dict[int, int]:
-        """The ids this pass feeds (a split drafts nothing: the committed ones)."""
-        return self.all_ids
-
-
-class _Tokens(dict):
-    """Token ids by position; sliced like the request's list of ids."""
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            return [dict.__getitem__(self, p) for p in range(key.start, key.stop)]
-        return dict.__getitem__(self, key)
 
 
 def identity(model: Qwen35Model) -> str:
@@ -393,26 +363,23 @@ def follow(model: Qwen35Model) -> None:
         if plan.kind == "fingerprint":
             _gather(lane_pieces(runner.caches, *plan.body), group.control, group.world)
             continue
-        work, rows = _views(plan.lanes, runner.caches, rows)
-        runner.execute(work)
+        ours, rows = _views(plan.lanes, runner.caches, rows)
+        runner.execute(ours)
         group.take_time()
 
 
-def _views(lanes, caches: ModelCaches, known: dict) -> tuple[list, dict]:
-    """The pass's lanes as LaneViews, and their KV rows by request (those of the last pass's lanes
+def _views(lanes, caches: ModelCaches, known: dict) -> tuple[PassPlan, dict]:
+    """The pass's lanes as a PassPlan, and their KV rows by lane (those of the last pass's lanes
     are reused: rank 0 sends a lane's page table only when it is new)."""
-    work, rows = [], {}
+    plan, rows = [], {}
     for lane in lanes:
-        kv_rows = known.get(lane.request_id) if lane.pages is None else None
+        kv_rows = known.get(lane.key) if lane.pages is None else None
         if kv_rows is None:
             kv_rows = caches.kv.rows(list(lane.pages), lane.capacity)
-        rows[lane.request_id] = kv_rows
-        ids = _Tokens(zip(range(lane.start, lane.start + len(lane.tokens)), lane.tokens))
-        view = LaneView(
-            lane.request_id, lane.slot, lane.start, ids, lane.capacity, kv_rows, lane.wanted
-        )
-        work.append((view, len(lane.tokens)))
-    return work, rows
+        rows[lane.key] = kv_rows
+        logits = range(*lane.wanted)
+        plan.append(LaneRows(lane.key, lane.slot, lane.start, lane.tokens, kv_rows, (), logits))
+    return PassPlan(tuple(plan)), rows
 
 
 def _report_memory(model: Qwen35Model, held: list[ModelCaches], group: Group) -> None:

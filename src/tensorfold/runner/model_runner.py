@@ -1,4 +1,4 @@
-"""Turns a pass's work into one forward over all its rows, and returns the logits it needs."""
+"""Turns a pass plan into one forward over all its rows, and returns the logits it needs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
 from .cuda_graph import PassGraph, graph_rows, lane_logits
+from .plan import LaneRows, PassPlan
 
 SMALL_MODEL_BYTES = 512 << 20
 
@@ -62,13 +63,13 @@ class ModelRunner:
         self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.collective = CollectiveTime()
 
-    def execute(self, work) -> dict[int, torch.Tensor]:
-        """work: [(request, rows)]. Returns {index in work: logits [r, V]} of the rows each
-        request needs (its logit_rows), for the requests that need any."""
-        rows = graph_rows(work, self.graph_rows) if self.use_graphs else None
+    def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
+        """Returns {index in plan: logits [r, V]} of the rows each lane asks for (its `logits`
+        offsets), for the lanes that ask for any."""
+        rows = graph_rows(plan, self.graph_rows) if self.use_graphs else None
         if rows is not None:
-            return self._replay(work, rows)
-        batch, owners = self.batch(work)
+            return self._replay(plan, rows)
+        batch, owners = self.batch(plan)
         with torch.inference_mode():
             logits = self.model.forward(batch, self.caches)
         out: dict[int, list[torch.Tensor]] = {}
@@ -76,17 +77,16 @@ class ModelRunner:
             out.setdefault(owner, []).append(logits[r])
         return {i: torch.stack(rows) for i, rows in out.items()}
 
-    def batch(self, work) -> tuple[ForwardBatch, list[int]]:
-        """The eager pass of `work`, and the index in work of each logits row it returns."""
+    def batch(self, plan: PassPlan) -> tuple[ForwardBatch, list[int]]:
+        """The eager pass of `plan`, and the index in plan of each logits row it returns."""
         ids, segments, logit_rows, owners = [], [], [], []
         row = 0
-        for i, (req, n) in enumerate(work):
-            start = req.num_computed
-            ids += req.feed_ids[start : start + n]
-            segments.append(Segment(req.slot, start, row, n, req.kv_rows[: start + n]))
-            wanted = req.logit_rows(n)
-            logit_rows += [row + j for j in wanted]
-            owners += [i] * len(wanted)
+        for i, lane in enumerate(plan):
+            start, n = lane.start, lane.rows
+            ids += lane.token_ids
+            segments.append(Segment(lane.slot, start, row, n, lane.kv_rows[: start + n]))
+            logit_rows += [row + j for j in lane.logits]
+            owners += [i] * len(lane.logits)
             row += n
         dev = self.device
         positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
@@ -113,26 +113,27 @@ class ModelRunner:
         """The first maximum of each logit row [R, V] (one device sync for all of them)."""
         return rows.argmax(-1).tolist()
 
-    def _replay(self, work, rows: int) -> dict[int, torch.Tensor]:
-        key = (len(work), rows)
+    def _replay(self, plan: PassPlan, rows: int) -> dict[int, torch.Tensor]:
+        key = (len(plan), rows)
         graph = self.graphs.get(key)
         if graph is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[key] = PassGraph(
-                self.model, self.caches, len(work), rows, self.context, self.pool
+                self.model, self.caches, len(plan), rows, self.context, self.pool
             )
         # the graph's output buffer is rewritten by the next replay
-        logits = graph.run([req for req, _ in work]).clone()
+        logits = graph.run(plan).clone()
         self.replays[key] = self.replays.get(key, 0) + 1
-        return lane_logits(work, rows, logits)
+        return lane_logits(plan, rows, logits)
 
-    def fingerprint(self, req, logits: torch.Tensor | None) -> str:
-        """sha256 of the lane's GDN and conv states, the KV rows written so far, and the logits."""
+    def fingerprint(self, lane: LaneRows, logits: torch.Tensor | None) -> str:
+        """sha256 of the lane's GDN and conv states and its KV rows after `lane.start`
+        positions, and the logits."""
         h = hashlib.sha256()
-        for t in self.caches.states.slot_bytes(req.slot, req.num_computed):
+        for t in self.caches.states.slot_bytes(lane.slot, lane.start):
             h.update(tensor_bytes(t))
-        rows = req.kv_rows[: req.num_computed]
+        rows = lane.kv_rows[: lane.start]
         for k, v in zip(self.caches.kv.k, self.caches.kv.v):
             h.update(tensor_bytes(k[rows]))
             h.update(tensor_bytes(v[rows]))

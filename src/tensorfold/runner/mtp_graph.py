@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .cuda_graph import StaticLanes, record
+from .plan import LaneRows
 
 
 class _Recorded:
@@ -69,13 +70,13 @@ class MTPGraphs:
             1, rows, self.context, cfg.conv_kernel, self.target.device, self.table
         )
 
-    def _load(self, req) -> None:
-        member = (req.request_id, req.slot)
+    def _load(self, place: LaneRows) -> None:
+        member = (place.key, place.slot)
         if member != self.member:
-            self.table[0, : req.capacity] = req.kv_rows.to(torch.int32)
+            self.table[0, : place.capacity] = place.kv_rows.to(torch.int32)
             self.member = member
 
-    def catch_up(self, req, start: int, ids: list[int], rows: torch.Tensor) -> None:
+    def catch_up(self, place: LaneRows, start: int, ids: list[int], rows: torch.Tensor) -> None:
         """The head over positions start.. (ids: t[p+1]; rows: h[p]); leaves the first draft in
         drafts[0] and the last row's output in `out`, where a chain reads them."""
         n = len(ids)
@@ -83,7 +84,7 @@ class MTPGraphs:
             lane = self._lane(n)
             self.catch_ups[n] = (lane, _Recorded(lambda: self._catch_up(lane, n), self.pool))
         lane, run = self.catch_ups[n]
-        self._load(req)
+        self._load(place)
         lane.inputs.copy_(torch.tensor([ids, list(range(start, start + n))]), non_blocking=True)
         self.hidden[:n].copy_(rows)
         with torch.inference_mode():
@@ -103,13 +104,13 @@ class MTPGraphs:
         self.drafts[0] = first
         self.out.copy_(out)
 
-    def chain(self, req, position: int, k: int) -> list[int]:
+    def chain(self, place: LaneRows, position: int, k: int) -> list[int]:
         """k drafts: drafts[0] and k - 1 head steps from position `position` on."""
         if k not in self.chains:
             lanes = [self._lane(1) for _ in range(k - 1)]
             self.chains[k] = (lanes, _Recorded(lambda: self._chain(lanes), self.pool))
         lanes, run = self.chains[k]
-        self._load(req)
+        self._load(place)
         if lanes:
             lanes[0].inputs[1].fill_(position)
             with torch.inference_mode():

@@ -65,9 +65,9 @@ class Reply:
     def _finished(self, c: ChoiceState, reason: str) -> None:
         c.finish_reason = reason
         req = self.requests[c.index]
-        if req.first_token_time is not None:
-            self.metrics.ttft.observe(req.first_token_time - req.arrival)
-        times = ChoiceTimes(req.arrival, req.admitted_time, time.monotonic())
+        if req.times.first_token is not None:
+            self.metrics.ttft.observe(req.times.first_token - req.times.arrival)
+        times = ChoiceTimes(req.times.arrival, req.times.admitted, time.monotonic())
         self.metrics.finished(reason, c.prompt_tokens, len(c.token_ids), req.cached_tokens, times)
 
     def close(self, status: int) -> None:
@@ -85,7 +85,7 @@ class Reply:
         cached = sum(self.requests[c.index].cached_tokens for c in firsts)
         u = usage(list(self.choices.values()), prompt, cached)
         if any(c.prediction for c in self.asked):  # OpenAI's counts of the predicted tokens
-            drafts = [self.requests[c.index].draft for c in self.asked]
+            drafts = [self.requests[c.index].lane.draft for c in self.asked]
             u.completion_tokens_details = CompletionTokensDetails(
                 accepted_prediction_tokens=sum(d.prediction_accepted for d in drafts if d),
                 rejected_prediction_tokens=sum(d.prediction_rejected for d in drafts if d),
@@ -95,8 +95,8 @@ class Reply:
     def _log(self, status: int) -> None:
         reqs = list(self.requests.values())
         u = self.usage()
-        firsts = [r.first_token_time for r in reqs if r.first_token_time is not None]
-        ttft = f"{min(firsts) - min(r.arrival for r in reqs):.3f}s" if firsts else "-"
+        firsts = [r.times.first_token for r in reqs if r.times.first_token is not None]
+        ttft = f"{min(firsts) - min(r.times.arrival for r in reqs):.3f}s" if firsts else "-"
         span = time.monotonic() - min(firsts) if firsts else 0.0
         rate = f"{u.completion_tokens / span:.1f}" if span > 0 else "-"
         reasons = ",".join(sorted({c.finish_reason or "-" for c in self.choices.values()}))

@@ -65,7 +65,7 @@ def generate_once(engine: Engine, ids: list[int], params: SamplingParams, seams:
         prints.append((label, pos, engine.fingerprint(req, logits)))
 
     def on_finish(req, logits):
-        prints.append(("reply end", req.num_computed, engine.fingerprint(req, logits)))
+        prints.append(("reply end", req.lane.computed, engine.fingerprint(req, logits)))
 
     watch = Watch(cuts=cuts, on_cut=on_cut, on_finish=on_finish) if seams else None
     req = engine.add_request(ids, params, watch=watch)
@@ -114,8 +114,8 @@ def run_command(args) -> int:
         "token_sha": token_sha(req.output_ids),
         "finish_reason": req.finish_reason,
     }
-    if req.draft is not None:  # tokens drafted and kept (the reply is the same without)
-        result["draft"] = {"proposed": req.draft.proposed, "accepted": req.draft.accepted}
+    if req.lane.draft is not None:  # tokens drafted and kept (the reply is the same without)
+        result["draft"] = {"proposed": req.lane.draft.proposed, "accepted": req.lane.draft.accepted}
     if args.compare_chunk:
         last = engine(args.compare_chunk)  # a split's ranks now follow this engine
         other, prints_b = generate_once(last, ids, params, seams)

@@ -1,0 +1,47 @@
+"""What a runner is asked to compute: a frozen plan of lanes' rows. The engine builds it from its
+schedule; the runner reads nothing else of a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LaneRows:
+    """One lane's consecutive rows of a pass. With no rows it names the lane as it stands after
+    `start` positions (what a fingerprint reads)."""
+
+    key: str  # names the lane across passes: a CUDA graph's members, a split's page tables
+    slot: int  # its Gated DeltaNet state slot
+    start: int  # position of its first row
+    token_ids: tuple[int, ...]  # the token fed at each row
+    kv_rows: torch.Tensor  # [capacity] KV cache row of every position the lane may fill
+    pages: tuple[int, ...]  # its KV pages (a split sends them to the other ranks)
+    logits: range = range(0)  # offsets of the rows whose logits the pass returns
+
+    @property
+    def rows(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.kv_rows.shape[0])
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """The lanes of one pass, in row order; logits come back keyed by a lane's index here."""
+
+    lanes: tuple[LaneRows, ...]
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def __iter__(self):
+        return iter(self.lanes)
+
+    @property
+    def rows(self) -> int:
+        return sum(lane.rows for lane in self.lanes)
