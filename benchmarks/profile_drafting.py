@@ -22,7 +22,8 @@ import torch
 from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold.demo.data import Sample, generate
-from tensorfold.engine import drafting, mtp
+from tensorfold.drafters import base as drafter_base
+from tensorfold.drafters import mtp
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
@@ -56,10 +57,10 @@ class Clock:
         setattr(owner, name, timed)
 
 
-def pass_label(work) -> str:
+def pass_label(plan) -> str:
     """A target pass by the rows it feeds: decode (1), verify (k+1 and more), catch-up."""
-    rows = sum(n for _, n in work)
-    drafted = any(req.drafting for req, _ in work)
+    rows = plan.rows
+    drafted = any(len(lane.logits) > 1 for lane in plan)  # a verify lane wants every draft's
     return f"pass {'verify' if drafted else 'plain'} {rows} rows"
 
 
@@ -67,7 +68,7 @@ def instrument(eng: Engine, clock: Clock) -> list:
     restore: list = []
     clock.wrap(eng.runner, "execute", pass_label, restore)
     clock.wrap(eng, "step", lambda: "step (all)", restore)
-    for part in ("propose", "before_pass", "verify", "settle", "observe"):
+    for part in ("propose", "before_pass", "after_pass", "settle", "observe"):
         clock.wrap(eng.drafting, part, lambda *a, p=part: f"drafting.{p}", restore)
     clock.wrap(eng.drafting.states, "copy_slots", lambda *a, **k: "state copy (save)", restore)
     if eng.drafting.spares is None and eng.drafting.config.method:
@@ -131,7 +132,7 @@ def main() -> None:
     p.add_argument("--no-gate", action="store_true", help="draft at every chance (no back-off)")
     args = p.parse_args()
     if args.no_gate:
-        drafting.Gate.open = lambda self: True
+        drafter_base.Gate.open = lambda self: True
     torch.manual_seed(0)
     model = load_model(args.checkpoint, dtype=torch.bfloat16, device=args.device)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from tensorfold.config import ModelConfig
-from tensorfold.engine.drafter import Drafter, LaneDrafter
+from tensorfold.drafters.base import Drafter, LaneDrafter
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.dflash import read_config, tensor_shapes
 from tensorfold.models.mtp import mtp_shapes

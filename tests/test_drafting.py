@@ -8,8 +8,10 @@ import pytest
 from drafting_util import Script
 from engine_util import finish_prints, make_engine, sample_prompt
 
-from tensorfold.engine import drafter, drafting
-from tensorfold.engine.drafters import NgramDrafter, NotStockDrafter, make_drafter
+from tensorfold.drafters import base as drafter
+from tensorfold.drafters import choice
+from tensorfold.drafters.lookup import NgramDrafter, NotStockDrafter, make_drafter
+from tensorfold.engine import drafting
 from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.errors import InvalidRequest
 
@@ -267,7 +269,7 @@ def test_refusals_by_name(tmp_path):
     with pytest.raises(NotStockDrafter):
         make_drafter("no-such-drafter")
     with pytest.raises(InvalidRequest):
-        drafting.DraftConfig("ngram", 0)
+        choice.DraftConfig("ngram", 0)
 
 
 def test_spare_state_memory_reported(hf_tiny_b, plain):

@@ -9,7 +9,7 @@ from drafting_util import DRAFT_MODES, drafted_run, write_drafter
 from engine_util import make_engine
 
 from tensorfold.config import ModelConfig
-from tensorfold.engine.drafting import check
+from tensorfold.drafters.choice import check
 from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
 from tensorfold.models.checkpoint import Checkpoint
 from tensorfold.models.dflash import read_config

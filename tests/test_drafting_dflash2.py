@@ -12,7 +12,7 @@ from engine_util import make_engine, sample_prompt
 from safetensors.torch import load_file, save_file
 
 from tensorfold.config import ModelConfig
-from tensorfold.engine.drafting import check
+from tensorfold.drafters.choice import check
 from tensorfold.errors import DraftForAnotherTarget, NotStockDrafter
 from tensorfold.models.checkpoint import Checkpoint
 from tensorfold.models.dflash import read_config

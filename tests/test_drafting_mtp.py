@@ -186,7 +186,7 @@ def test_draft_auto_drafts_with_a_head_and_runs_plain_without(hf_mtp, hf_tiny_b,
 
 
 def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
-    from tensorfold.engine.drafting import resolve_auto
+    from tensorfold.drafters.choice import resolve_auto
 
     cfg = ModelConfig.from_dir(hf_tiny_b)
     path = with_head(hf_tiny_b, tmp_path / "other", WRONG["fc_width"](cfg))
@@ -197,7 +197,7 @@ def test_draft_auto_refuses_a_head_for_another_target(hf_tiny_b, tmp_path):
 
 
 def test_draft_auto_does_not_draft_on_a_gpu_without_graphs(hf_mtp):
-    from tensorfold.engine.drafting import resolve_auto
+    from tensorfold.drafters.choice import resolve_auto
 
     assert resolve_auto("auto", hf_mtp, device="cpu")[0] == "mtp"
     assert resolve_auto("auto", hf_mtp, device="cpu", graphs=False)[0] == "mtp"

@@ -105,6 +105,7 @@ def test_mtp_head_graphs_replay_their_eager_run_and_draft_the_demo():
 
     from tensorfold.demo.data import generate
     from tensorfold.models.loader import load_model
+    from tensorfold.runner.plan import LaneRows
     from tensorfold.tokenizer import Tokenizer
 
     demo = Path(__file__).resolve().parents[1] / "src" / "tensorfold" / "demo" / "bf16"
@@ -113,11 +114,8 @@ def test_mtp_head_graphs_replay_their_eager_run_and_draft_the_demo():
     graphs = eng.drafting.default.graphs
     assert graphs is not None and graphs.most == 4
     g = torch.Generator(device="cuda").manual_seed(0)
-    lanes = [
-        type("Lane", (), {"request_id": str(i), "slot": i, "capacity": 512,
-                          "kv_rows": torch.arange(512, device="cuda") + 512 * i})()
-        for i in range(2)
-    ]  # fmt: skip
+    rows_of = [torch.arange(512, device="cuda") + 512 * i for i in range(2)]
+    lanes = [LaneRows(str(i), i, 0, (), rows_of[i], ()) for i in range(2)]
     for n in range(1, 6):
         ids = torch.randint(0, model.config.vocab_size, (n,), generator=g, device="cuda").tolist()
         rows = torch.randn(n, model.config.hidden_size, generator=g, device="cuda")

@@ -23,6 +23,7 @@ LAYERS = {
     "checks": 4,  # the kernels' checks: over ops, beside the layers
     "models": 5,
     "runner": 6,
+    "drafters": 6.5,  # where drafts come from: over the models and the runner, below the engine
     "engine": 7,
     "llm": 8,
     "tools": 9,

@@ -288,7 +288,7 @@ def test_a_launcher_with_other_ranks_is_refused(monkeypatch):
 def test_drafting_with_a_split_is_refused_by_name(hf_tiny):
     """The other ranks do not keep the lanes' spare state slots: --draft with a split is refused
     before any weight is read."""
-    from tensorfold.engine.drafting import check
+    from tensorfold.drafters.choice import check
     from tensorfold.errors import SplitRefused
 
     with pytest.raises(SplitRefused, match="tensor split"):

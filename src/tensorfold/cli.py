@@ -37,7 +37,7 @@ def _run_parser(sub) -> None:
         help="run again with this chunk and compare seams",
     )
     p.add_argument("--seams", type=int, default=256, help="fingerprint every N prompt rows")
-    from .engine.drafting import add_flags
+    from .drafters.choice import add_flags
 
     add_flags(p)
     from .tools.run import run_command

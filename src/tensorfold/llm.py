@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .engine.drafting import check as check_draft
+from .drafters.choice import check as check_draft
 from .engine.engine import Engine, EngineConfig
 from .engine.request import SamplingParams
 from .errors import QueueFull

@@ -1,27 +1,14 @@
-"""Exact speculative decoding: a lane proposes k tokens, the target scores them in one pass, and
-only the tokens the target itself would have chosen are kept (docs/exactness.md, 'Drafting').
+"""Exact speculative decoding around the engine's pass: a lane proposes k tokens, the target
+scores them in one pass, and only the tokens the target itself would have chosen are kept.
+docs/exactness.md ('Drafting') has the argument; in short:
 
-A verify pass feeds the lane's uncomputed committed rows and then its k drafted tokens, as one
-segment of a shared pass; each row is computed with the arithmetic of any other row, so a row
-whose input was right has the bytes a plain decode row would have. Row j's logits choose the token
-at its position with the request's own rule (`Sampler.choose_token`); the draft is accepted while
-it equals that choice, and the first choice it misses is the bonus token.
-
-The lane's Gated DeltaNet state cannot be cut back by arithmetic, so it is copied to a spare
-state slot before the pass. When every draft is accepted the state is right as it stands;
-otherwise the copy is put back and the committed rows after it are computed again at the head of
-the lane's next pass (the same kernels, so the same bytes). With a drafter configured the spare
-is a slot of the lanes' own pool, and when more than the last committed row waits (the lane
-missed in its last verify) the pass also feeds those rows to the spare as a segment of their
-own (a fork): the copy put back after a miss is then the state after them. A lane then never has
-more than k+1 committed rows to recompute, where it would otherwise recompute every row since
-its last full acceptance in each pass (measured on the CPU: passes of up to 52 rows). With one
-row waiting, a fork would save one row at the price of one more segment (CPU: ~0.08 ms a row,
-~0.6 ms a segment). KV rows past the committed prefix are never read: a
-position's row is rewritten before any later row attends to it (a fork writes its rows' K/V
-with the same bytes as the lane's own segment). Passes aligned for CUDA graphs (1 + K rows a
-lane, fewer drafts by the rows recomputed) make no fork: their rows are bounded by the alignment,
-and a pass with a fork's segment would run eager.
+- a verify segment is the lane's uncomputed committed rows, then its drafts, computed with any
+  row's arithmetic; row j's logits choose its token by the request's own rule, and the drafts
+  stand while they equal those choices (the first miss is the bonus token);
+- the lane's GDN state is copied to a spare slot before the pass and put back after a miss, and
+  the committed rows after the copy are recomputed at the head of the next pass; a fork feeds
+  those rows to the spare in the same pass, so a missing lane stays one verify behind (never a
+  pile-up of rows); passes aligned to CUDA graphs make no fork, which would make them eager.
 """
 
 from __future__ import annotations
@@ -29,34 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
-from ..errors import InvalidRequest, NotStockDrafter, SplitRefused
-from ..models.mtp import check_mtp_head
-from ..runner.plan import LaneRows
-from .drafter import LaneDraft, LaneDrafter
-from .drafters import (
-    NgramDrafter,
-    PredictionDrafter,
-    check_drafter_path,
-    make_drafter,
-)
+from ..drafters.base import LaneDraft, LaneDrafter
+from ..drafters.choice import DraftConfig, refuse_split_draft
+from ..drafters.lookup import PredictionDrafter, make_drafter
+from ..errors import SplitRefused
+from ..runner.plan import LaneRows, PassPlan
 from .request import Request, TokenEvent
-
-MAX_DRAFT_TOKENS = 32
-
-
-@dataclass(frozen=True)
-class DraftConfig:
-    """What the engine drafts with: `method` is None (off), "ngram", "mtp" or a drafter path."""
-
-    method: str | None = None
-    tokens: int = 4  # draft tokens per verify pass (k)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.tokens <= MAX_DRAFT_TOKENS:
-            raise InvalidRequest(
-                f"draft_tokens={self.tokens} must be between 1 and {MAX_DRAFT_TOKENS}",
-                param="draft_tokens",
-            )
 
 
 @dataclass
@@ -88,6 +53,8 @@ class Drafting:
     ) -> None:
         """`allowed` False (a tensor split, whose other ranks do not keep spare state slots):
         nothing drafts, a request's `prediction` included; its tokens are the same either way."""
+        if config.method and not allowed:
+            raise SplitRefused(refuse_split_draft())
         self.config, self.states, self.lanes = config, caches.states, lanes
         self.allowed = allowed
         # the engine's pool has a spare slot per lane when a drafter is configured: forks
@@ -240,6 +207,15 @@ class Drafting:
                     drafter.observe(rows.start, hidden[row0 : row0 + rows.rows])
             row0 += rows.rows
 
+    def catch_up(self, req: Request, runner) -> None:
+        """A drafting lane that ends computes the committed rows it has not (one pass of its
+        own), so its state, its prompt-cache cut and its fingerprint are a plain lane's."""
+        self.settle(req)
+        n = self.behind(req)
+        if n:
+            runner.execute(PassPlan((req.rows(n),)))
+            req.lane.computed += n
+
     def behind(self, req: Request) -> int:
         """Committed rows a finishing lane has not computed (a plain lane has none)."""
         if req.lane.draft is None or req.in_prompt:
@@ -262,66 +238,9 @@ class Drafting:
         return own + (self.spares.nbytes if self.spares is not None else 0)
 
 
-def add_flags(p) -> None:
-    """--draft and --draft-tokens of `serve` and `run`."""
-    p.add_argument(
-        "--draft",
-        default=None,
-        help="draft with: ngram (prompt lookup), mtp (the checkpoint's MTP head), auto (mtp when "
-        "the checkpoint has a head, else off) or a drafter folder; output is the same as "
-        "without (default: off)",
-    )
-    p.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per verify pass")
-
-
-def refuse_split_draft() -> str:
-    return (
-        "drafting (--draft) is not served with a tensor split yet: the other ranks do not keep "
-        "the lanes' spare state slots; serve with --tensor-parallel 1, or without --draft"
-    )
-
-
-def resolve_auto(
-    method: str | None, checkpoint, ranks: int = 1, device: str = "cpu", graphs: bool = True
-) -> tuple[str | None, str]:
-    """`--draft auto`: "mtp" when the checkpoint has a head it can serve, else no drafting; with
-    the line that says which (empty for any other method, returned as it is). A head bound to
-    another target is still refused (DraftForAnotherTarget): it is a broken file, not a missing
-    one. On a GPU without CUDA graphs it does not draft: the head's steps and the passes would
-    run eager, and for a small target that loses (the demo on an H200: 0.29x)."""
-    if method != "auto":
-        return method, ""
-    if ranks > 1:
-        return None, "--draft auto: no drafting with a tensor split"
-    try:
-        check_mtp_head(checkpoint)
-    except NotStockDrafter as exc:
-        return None, f"--draft auto: serving without drafting ({exc})"
-    if str(device).startswith("cuda") and not graphs:
-        return None, (
-            "--draft auto: serving without drafting on a GPU without CUDA graphs, where the "
-            "MTP head's steps run eager (pass --draft mtp to draft with it)"
-        )
-    return "mtp", f"--draft auto: drafting with the MTP head of {checkpoint}"
-
-
-def check(method: str | None, tokens: int, checkpoint=None, ranks: int = 1) -> DraftConfig:
-    """The drafting asked for, refused by name before any weight is read: an MTP head is bound
-    to the checkpoint by its tensors' names and shapes (headers only); none with a split."""
-    if method is not None and ranks > 1:
-        raise SplitRefused(refuse_split_draft())
-    config = DraftConfig(method, tokens)
-    if method == "mtp":
-        if checkpoint is not None:
-            check_mtp_head(checkpoint)
-    elif method is not None and method != "ngram":
-        check_drafter_path(method, checkpoint)
-    return config
-
-
 def accepts(drafted: int, chosen: int) -> bool:
     """A drafted token stands iff it is the token the target chose at its position."""
     return drafted == chosen
 
 
-__all__ = ["DraftConfig", "Drafting", "LaneDraft", "NgramDrafter", "accepts"]
+__all__ = ["Drafting", "accepts"]

@@ -6,8 +6,6 @@ add_request and cancel may be called from any thread; step() runs on one thread.
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,12 +13,13 @@ import torch
 
 from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
-from ..errors import QueueFull, SplitRefused
+from ..drafters.choice import DraftConfig
+from ..errors import QueueFull
 from ..runner.launch import make_runner
-from ..runner.plan import PassPlan
 from .admission import make_request
 from .constraints import GrammarBook
-from .drafting import DraftConfig, Drafting, refuse_split_draft
+from .drafting import Drafting
+from .inbox import Inbox
 from .output import Output
 from .passes import plan_pass
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
@@ -68,8 +67,6 @@ class Engine:
             model, self.caches, config.threads, config.cuda_graphs, config.context
         )
         self.scheduler = Scheduler(config, self.caches.kv, self.caches.states, self.prefix_cache)
-        if model.group is not None and config.draft:
-            raise SplitRefused(refuse_split_draft())
         self.drafting = Drafting(
             DraftConfig(config.draft, config.draft_tokens),
             self.caches,
@@ -85,13 +82,11 @@ class Engine:
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)
         self.output = Output(tokenizer, self.eos_ids)
-        self._inbox: deque[Request] = deque()
-        self._cancels: deque[str] = deque()
+        self.inbox = Inbox(config.max_queue)
+        self.wakeup = self.inbox.wakeup  # the server's loop waits on it
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self._lock = threading.Lock()
         self._passes = 0
-        self.wakeup = threading.Event()
 
     # -- admission (any thread) ----------------------------------------------------------
     def add_request(
@@ -120,23 +115,20 @@ class Engine:
             watch,
         )
         req.lane.draft = self.drafting.lane(req, draft, prediction)
-        with self._lock:
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.config.max_queue:
-                raise QueueFull(f"the queue is full ({self.config.max_queue} waiting)")
-            self._requests[req.request_id] = req
-            self._inbox.append(req)
-        self.wakeup.set()
+        self._requests[req.request_id] = req
+        try:
+            self.inbox.put(req, len(self.scheduler.waiting))
+        except QueueFull:
+            self._requests.pop(req.request_id, None)
+            raise
         return req
 
     def cancel(self, request_id: str) -> None:
-        self._cancels.append(request_id)
-        self.wakeup.set()
+        self.inbox.cancel(request_id)
 
     # -- the loop (one thread) -----------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(
-            self._inbox or self._cancels or self.scheduler.waiting or self.scheduler.running
-        )
+        return bool(self.inbox or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> list[TokenEvent]:
         events = self._take_inbox()
@@ -165,16 +157,11 @@ class Engine:
             self.drafting.observe(work, plan, hidden)
         return events
 
-    def _drain_inbox(self) -> None:
-        with self._lock:
-            while self._inbox:
-                self.scheduler.waiting.append(self._inbox.popleft())
-
     def _take_inbox(self) -> list[TokenEvent]:
-        self._drain_inbox()
+        self.scheduler.waiting.extend(self.inbox.take())
         events = []
-        while self._cancels:
-            req = self._requests.get(self._cancels.popleft())
+        for request_id in self.inbox.take_cancels():
+            req = self._requests.get(request_id)
             if req is not None and req.status != Status.FINISHED:
                 events.append(self._finish(req, "cancelled", None))
         return events
@@ -208,8 +195,8 @@ class Engine:
     def abandon_all(self) -> list[TokenEvent]:
         """After a failed pass: every request still queued or running ends with finish_reason
         "error" and gives back its lane, touching no device memory (the device may be lost)."""
-        self._drain_inbox()
-        self._cancels.clear()
+        self.scheduler.waiting.extend(self.inbox.take())
+        self.inbox.take_cancels()
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.finish(req)
@@ -223,7 +210,7 @@ class Engine:
         watch = req.watch
         remember = reason != "cancelled" and self.prefix_cache.enabled
         if req.status == Status.RUNNING and (remember or (watch and watch.on_finish)):
-            self._catch_up(req)
+            self.drafting.catch_up(req, self.runner)
         if req.status == Status.RUNNING and remember:
             self._remember(req)  # the end of the reply: the next chat turn resumes here
         if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
@@ -233,15 +220,6 @@ class Engine:
         self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)
         return TokenEvent(req.request_id, [], "", finished=True, finish_reason=reason)
-
-    def _catch_up(self, req: Request) -> None:
-        """A drafting lane that ends computes the committed rows it has not, so its state, its
-        prompt-cache cut and its fingerprint are a plain lane's."""
-        self.drafting.settle(req)
-        n = self.drafting.behind(req)
-        if n:
-            self.runner.execute(PassPlan((req.rows(n),)))
-            req.lane.computed += n
 
     def fingerprint(self, req: Request, logits: torch.Tensor | None) -> str:
         """The lane's states and KV rows as they stand, and `logits` (docs/exactness.md)."""
@@ -258,10 +236,8 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Queue, lanes and prompt-cache figures now (exact when read on the engine thread)."""
-        with self._lock:
-            queued = len(self._inbox) + len(self.scheduler.waiting)
         return engine_stats(
-            queued,
+            self.inbox.queued(len(self.scheduler.waiting)),
             list(self.scheduler.running),
             self._passes,
             self.prefix_cache,

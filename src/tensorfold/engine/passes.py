@@ -1,4 +1,8 @@
-"""A pass's plan from the schedule: every lane's rows, and which of them return logits."""
+"""A pass's plan from the schedule: every lane's rows, and which of them return logits.
+
+A plan reads each lane's computed count, its committed ids and its drafted proposal, nothing of
+the pass before but through them: the one dependency a host planning pass N+1 while pass N runs
+must wait for is the token pass N is choosing (a decoding lane's next row feeds it)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from typing import Callable
 
 import torch
 
+from ..drafters.base import LaneDraft
 from ..errors import InvalidRequest
 from ..runner.plan import LaneRows
 from .constraints import Grammar, Matcher
-from .drafter import LaneDraft
 from .text import ReplyText
 
 

@@ -1,27 +1,14 @@
 """Passes of a fixed shape replayed as CUDA graphs: one graph per (lanes, rows per lane).
 
-A decode pass launches a few hundred small kernels; from Python that costs far more than the
-kernels themselves. A graph records the pass once, over static buffers, and replays it with one
-launch. The graph runs exactly the kernels and configurations of the eager pass (same row tile,
-same attention tiles, same recurrence), so a token's bits do not change; tests/test_gpu.py and
-tests/test_gpu_drafting.py compare the two bitwise.
-
-A graph's pass has `lanes` lanes of `rows` consecutive rows each: a decode pass (1 row) or a
-verify pass (the lane's uncomputed committed rows, then its drafted tokens: 1 + K rows when the
-lane drafts K, engine/drafting.py). It returns the logits of every row; the runner hands each
-lane the suffix of its rows that its LaneRows.logits names (a verify lane wants its last
-committed row and every drafted row, a decode lane its one row).
-
-Static per graph: every lane's KV slot table (a lane's rows are fixed at admission, so it is
-copied only when the set of lanes changes), state slots, conv gather indices, attention tiles'
-row ranges. Per pass only the fed tokens and their positions are copied in; the KV write rows and
-the tiles' first positions are computed from them inside the graph.
-
-Memory: a runner's graphs share one memory pool. Each graph's outputs (logits, kept states) stay
-allocated; its other buffers live only within a replay and the graphs never run at once, so the
-pool holds the largest pass's working memory once, not once per graph. Graphs are made when a
-shape first occurs, for 1 to 1 + K rows (K: the engine's draft tokens; a lane recomputing p rows
-without drafts feeds p + 1) and 1 to `parallel` lanes.
+From Python a decode pass's few hundred small kernels cost more to launch than to run; a graph
+records the pass once over static buffers and replays it in one launch. It runs exactly the eager
+pass's kernels and configurations, so a token's bits do not change (tests/test_gpu.py and
+tests/test_gpu_drafting.py compare the two bitwise). A graph's pass is `lanes` lanes of `rows`
+rows each (decode: 1; verify: 1 + K) and returns every row's logits; each lane gets the suffix
+its LaneRows.logits names. Static per graph: the lanes' KV slot tables (reloaded only when the
+set of lanes changes), state slots, conv gathers and attention tiles; per pass only the tokens
+and positions are copied in, the KV write rows and tile starts computed inside the graph. A
+runner's graphs share one memory pool: its largest pass's working memory is held once.
 """
 
 from __future__ import annotations

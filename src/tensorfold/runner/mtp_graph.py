@@ -1,4 +1,4 @@
-"""The MTP head's draft steps as CUDA graphs (engine/mtp.py drafts with them on a GPU).
+"""The MTP head's draft steps as CUDA graphs (drafters/mtp.py drafts with them on a GPU).
 
 Eager, one head step launches a few dozen small kernels from Python: on an H200 that costs more
 than a decode pass replayed from a graph (the demo model: ~0.7 ms a step against 0.45 ms a

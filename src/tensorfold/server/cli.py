@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from ..engine.drafting import add_flags as add_draft_flags
+from ..drafters.choice import add_flags as add_draft_flags
 from ..engine.flags import add_model_flags, chunk_for
 from .limits import add_flags as add_limit_flags
 
@@ -109,8 +109,8 @@ def served_name(path: Path) -> str:
 
 
 def _build(args: argparse.Namespace):
-    from ..engine.drafting import check as check_draft
-    from ..engine.drafting import resolve_auto
+    from ..drafters.choice import check as check_draft
+    from ..drafters.choice import resolve_auto
     from ..engine.engine import Engine, EngineConfig
     from ..engine.fingerprint import system_fingerprint
     from ..runner.launch import load_split

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..engine.drafting import check as check_draft
-from ..engine.drafting import resolve_auto
+from ..drafters.choice import check as check_draft
+from ..drafters.choice import resolve_auto
 from ..engine.engine import Engine, EngineConfig
 from ..engine.flags import chunk_for
 from ..engine.request import SamplingParams, Watch

@@ -16,7 +16,7 @@ import torch
 from ..cache import KVPool, ModelCaches
 from ..models.dflash import DFlashModel, load_dflash
 from ..models.qwen3_5 import Qwen35Model
-from .drafter import Drafter, LaneDrafter
+from .base import Drafter, LaneDrafter
 
 
 class DFlashDrafter(Drafter):

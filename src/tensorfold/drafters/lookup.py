@@ -5,8 +5,8 @@ token (engine/drafting.py), so a drafter changes speed, never output.
   longest recent n-gram that ends the sequence and occurred before proposes what followed it.
 - `PredictionDrafter`: OpenAI Predicted Outputs; the request's predicted text, aligned to the
   reply by the same lookup.
-- `mtp`: the checkpoint's own MTP head (engine/mtp.py).
-- a drafter folder: a z-lab DFlash block drafter, v1 or DFlash2 (engine/dflash.py); other block
+- `mtp`: the checkpoint's own MTP head (drafters/mtp.py).
+- a drafter folder: a z-lab DFlash block drafter, v1 or DFlash2 (drafters/dflash.py); other block
   drafters (DSpark, Domino) are refused by name (NotStockDrafter).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DraftForAnotherTarget, NotStockDrafter  # noqa: F401 (re-exported)
-from .drafter import Drafter, LaneDrafter
+from .base import Drafter, LaneDrafter
 
 
 class NgramIndex:

@@ -21,7 +21,7 @@ from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from ..runner.mtp_graph import MTPGraphs
-from .drafter import Drafter, LaneDrafter
+from .base import Drafter, LaneDrafter
 
 
 def head_dtype(target: Qwen35Model) -> torch.dtype:

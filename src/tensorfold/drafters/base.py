@@ -1,4 +1,4 @@
-"""What every drafter implements (engine/drafters.py names them): the engine's `Drafter`, which
+"""What every drafter implements (lookup.py names them): the engine's `Drafter`, which
 makes a `LaneDrafter` for each request; and a request's drafting state (`LaneDraft`, its `Gate`)."""
 
 from __future__ import annotations
