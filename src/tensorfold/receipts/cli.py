@@ -176,6 +176,49 @@ def _prefill(args: argparse.Namespace) -> int:
     )
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .client import Tokens
+    from .serve import ServeConfig, serve_command
+
+    cfg = ServeConfig(
+        _endpoint(args),
+        args.model,
+        _ints(args.concurrency),
+        args.input_len,
+        args.output_len,
+        args.num_prompts,
+        args.request_rate,
+        args.dataset,
+        args.seed,
+    )
+    plot = _plot(args, "runs")
+    return serve_command(cfg, Tokens(cfg.endpoint, cfg.model, args.tokenizer), args.output, plot)
+
+
+def _serve_parser(tools) -> None:
+    p = tools.add_parser(
+        "serve", help="a serving benchmark: throughput and TTFT/TPOT/ITL percentiles by level"
+    )
+    _server_args(p)
+    _tokenizer_arg(p)
+    p.add_argument("--concurrency", default="1,16,64", help="requests in flight, comma list")
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=512, help="tokens generated per request")
+    p.add_argument(
+        "--num-prompts", type=int, default=0, help="requests per level (0: 4 per slot, >= 8)"
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals per second (default inf: every request at once)",
+    )
+    p.add_argument("--dataset", default="random", help="random (token ids) or text")
+    p.add_argument("--seed", type=int, default=0)
+    _plot_args(p)
+    p.set_defaults(func=_guarded(_serve))
+
+
 def _bench_parsers(sub) -> None:
     bench = sub.add_parser(
         "bench", help="served speed receipts against any OpenAI-compatible server"
@@ -218,6 +261,7 @@ def _bench_parsers(sub) -> None:
     )
     _plot_args(p)
     p.set_defaults(func=_guarded(_prefill))
+    _serve_parser(tools)
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -286,3 +286,25 @@ def plot_one(panel: Panel, req: PlotRequest, title: str) -> Drawn:
     drawn = draw([panel], req.path, title)[0]
     print(f"chart: {req.path}")
     return drawn
+
+
+def _serve_series(runs: list[dict], key: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    xs = tuple(float(r["concurrency"]) for r in runs)
+    return xs, tuple(float(r[key]) if r.get(key) is not None else math.nan for r in runs)
+
+
+def serve_panels(runs: list[dict], req: PlotRequest) -> list[Panel]:
+    """`bench serve`: output tok/s, and time per output token at p50 and p99, against the
+    concurrency; the peer's beside ours."""
+    sides = [(req.label, runs, OURS)]
+    if req.peer:
+        sides.append((req.peer_label, req.peer["runs"], PEER))
+    rate = [Series(label, *_serve_series(r, "output_tok_s"), color) for label, r, color in sides]
+    tpot = []
+    for label, r, color in sides:
+        tpot.append(Series(f"{label} p50", *_serve_series(r, "tpot_p50_ms"), color))
+        tpot.append(Series(f"{label} p99", *_serve_series(r, "tpot_p99_ms")))
+    return [
+        Panel("served output", "concurrent requests", "output tok/s", tuple(rate), log_x=True),
+        Panel("time per output token", "concurrent requests", "ms", tuple(tpot), log_x=True),
+    ]
