@@ -15,10 +15,10 @@ import argparse
 import cProfile
 import pstats
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
+from clock import Clock
 from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold.demo.data import Sample, generate
@@ -28,33 +28,6 @@ from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.tokenizer import Tokenizer
-
-
-class Clock:
-    """Seconds and calls by name, kept by wrappers around the engine's parts."""
-
-    def __init__(self, sync=lambda: None) -> None:
-        self.sync = sync
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-
-    def wrap(self, owner, name: str, label, restore: list) -> None:
-        """Times owner.name under label(args) (a function of the call's arguments)."""
-        fn = getattr(owner, name)
-        restore.append((owner, name, fn))
-
-        def timed(*args, **kwargs):
-            self.sync()
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.sync()
-                key = label(*args, **kwargs)
-                self.seconds[key] += time.perf_counter() - t
-                self.calls[key] += 1
-
-        setattr(owner, name, timed)
 
 
 def pass_label(plan) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
+from clock import Clock
 from h200 import Run, start_decoding
 
 from tensorfold.engine import engine as engine_module
@@ -24,27 +24,11 @@ from tensorfold.engine.request import SamplingParams
 from tensorfold.runner import cuda_graph, model_runner
 
 
-class Clock:
-    """Inclusive wall time of wrapped calls, by label, and the device time of graph replays."""
+class ReplayEvents:
+    """CUDA events around every graph replay: the device's time of the passes."""
 
-    def __init__(self) -> None:
-        self.wall: dict[str, float] = defaultdict(float)
+    def __init__(self, restore: list) -> None:
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    def wrap(self, owner, name: str, label: str, restore: list) -> None:
-        fn = getattr(owner, name)
-
-        def timed(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.wall[label] += time.perf_counter() - t
-
-        setattr(owner, name, timed)
-        restore.append((owner, name, fn))
-
-    def wrap_replay(self, restore: list) -> None:
         replay = torch.cuda.CUDAGraph.replay
 
         def timed(graph):
@@ -57,7 +41,7 @@ class Clock:
         torch.cuda.CUDAGraph.replay = timed
         restore.append((torch.cuda.CUDAGraph, "replay", replay))
 
-    def device_seconds(self) -> float:
+    def seconds(self) -> float:
         torch.cuda.synchronize()
         return sum(s.elapsed_time(e) for s, e in self.events) / 1000
 
@@ -89,7 +73,7 @@ def profile(model, lanes: int, run: Run, steps: int) -> dict:
     restore.append((cuda_graph.PassGraph, "_load", load))
     clock.wrap(eng.sampler, "choose", "token rule + sync", restore)
     clock.wrap(eng.output, "commit", "commit (text, stops)", restore)
-    clock.wrap_replay(restore)
+    replays = ReplayEvents(restore)
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(steps):
@@ -97,13 +81,13 @@ def profile(model, lanes: int, run: Run, steps: int) -> dict:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t
     assert all(len(r.output_ids) < r.max_tokens for r in reqs)  # every lane decoded throughout
-    device = clock.device_seconds()
+    device = replays.seconds()
     for owner, name, fn in reversed(restore):
         setattr(owner, name, fn)
     row = {"lanes": lanes, "step_ms": 1000 * wall / steps, "device_ms": 1000 * device / steps}
     row["host_ms"] = row["step_ms"] - row["device_ms"]
     row["tok_s"] = lanes * steps / wall
-    row.update({k: 1000 * v / steps for k, v in clock.wall.items()})
+    row.update({k: 1000 * v / steps for k, v in clock.seconds.items()})
     row["table reloads"] = sum(reloads)
     return row
 

@@ -186,11 +186,6 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     @property
-    def feed_ids(self) -> list[int]:
-        """The ids a pass feeds: the committed ones, then the drafted tokens in flight."""
-        return self.all_ids + self.lane.draft.proposal if self.drafting else self.all_ids
-
-    @property
     def num_drafted(self) -> int:
         """Drafted tokens in flight (fed after the committed ones)."""
         return len(self.lane.draft.proposal) if self.lane.draft is not None else 0
@@ -219,7 +214,8 @@ class Request:
         return self.reply.text
 
     def fed(self, start: int, end: int) -> list[int]:
-        """feed_ids[start:end], without building the whole list (a long context's lanes)."""
+        """Positions [start, end) of what a pass feeds: the committed ids, then the drafted
+        tokens in flight (sliced part by part: a long context's list is never copied whole)."""
         p, o = len(self.prompt_ids), len(self.output_ids)
         ids = self.prompt_ids[start:end] + self.output_ids[max(0, start - p) : max(0, end - p)]
         if end > p + o and self.drafting:

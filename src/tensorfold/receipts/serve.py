@@ -208,8 +208,9 @@ def summary_table(rows: list[dict]) -> str:
 
 def serve_command(cfg: ServeConfig, tokens: Tokens, output: str | None, plot=None) -> int:
     rows, levels = [], {}
+    made = make_prompts(cfg, tokens, max(cfg.count(c) for c in cfg.concurrency))
     for level in cfg.concurrency:
-        prompts = make_prompts(cfg, tokens, cfg.count(level))
+        prompts = made[: cfg.count(level)]  # prompt i is the same at every level
         with progress(len(prompts), f"bench serve {level}") as bar:
             records = run_level(cfg, level, prompts, bar)
         levels[level] = records
