@@ -20,6 +20,7 @@ from drafting_util import Script  # tests/: the scripted drafter of the drafting
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
+from tensorfold.runner.cuda_graph import bucket
 from tensorfold.tools.make_random import FORMATS, make_random
 
 PROMPT, TOKENS, STEPS = 64, 200, 12
@@ -99,7 +100,8 @@ def main() -> None:
             verify, made, got = timed(drafted, lanes)
             verify_eager, _, got_eager = timed(engine(model, lanes, False, k, replies), lanes)
             assert same == want and got == want and got_eager == want, "tokens differ from plain"
-            replayed = drafted.runner.replays.get((lanes, k + 1), 0)
+            runner = drafted.runner
+            replayed = runner.replays.get((bucket(lanes, runner.buckets), k + 1), 0)
             assert replayed or args.device == "cpu", "no verify pass was replayed from a graph"
             print(
                 f"| {name} | {lanes} | {graph * 1e3:.2f} ms | {eager * 1e3:.2f} ms | "

@@ -160,3 +160,23 @@ def test_the_non_exact_variant_is_refused_on_the_cpu(hf_tiny):
 
     with pytest.raises(ValueError, match="the non-exact variant swaps in GPU kernels"):
         inexact.make_inexact(make_engine(hf_tiny).model)
+
+
+def test_prompt_admitted_beside_a_stream_in_capped_passes(hf_tiny_b):
+    """A long prompt arriving while a stream decodes is read 6 rows a pass beside it
+    (mixed_chunk), 64 a pass once alone: both requests' tokens and fingerprints equal solo."""
+    stream_ids, long_ids = sample_prompt(70, 5, 300), sample_prompt(71, 400, 300)
+    params = SamplingParams(max_tokens=40, temperature=0.8, seed=4, ignore_eos=True)
+    solo = _solo(hf_tiny_b, [stream_ids, long_ids], params)
+    eng = make_engine(hf_tiny_b, parallel=2, chunk=64, mixed_chunk=6)
+    prints = {}
+    stream = eng.add_request(stream_ids, params, watch=finish_prints(eng, prints))
+    while len(stream.output_ids) < 3:
+        eng.step()
+    long_req = eng.add_request(long_ids, params, watch=finish_prints(eng, prints))
+    eng.step()
+    eng.step()
+    assert long_req.lane.computed == 12  # two capped passes beside the stream
+    eng.run_until_done()
+    got = [(r.output_ids, prints[r.request_id]) for r in (stream, long_req)]
+    assert got == solo

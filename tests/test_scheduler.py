@@ -181,3 +181,26 @@ def test_logit_rows_the_one_rule():
     assert logit_rows(plain, 20) == range(19, 20) and logit_rows(kept, 7) == range(7)
     plain.lane.computed = 19
     assert logit_rows(plain, 1) == range(1)
+
+
+def test_prompt_rows_beside_decoding_lanes_are_capped():
+    """While a lane decodes, a pass takes at most mixed_chunk prompt rows in all; alone, a prompt
+    takes whole chunks again."""
+    s = scheduler(parallel=3, chunk=16, mixed_chunk=5, context=256)
+    short, long_a, long_b = queue(
+        s, request(3, max_tokens=50, name="s"), request(40, name="a"), request(40, name="b")
+    )
+    s.admit()
+    assert run_pass(s) == [("s", 3), ("a", 16)]  # nobody decodes yet: whole chunks
+    assert run_pass(s) == [("s", 1), ("a", 5)]  # "s" decodes: 5 prompt rows in all
+    s.finish(short)
+    assert run_pass(s) == [("a", 16), ("b", 3)]  # the budget (chunk + parallel) again
+    assert long_b.lane.computed == 3
+
+
+def test_scheduler_config_refuses_non_positive_sizes():
+    import pytest
+
+    for field in ("parallel", "chunk", "context", "mixed_chunk", "token_budget"):
+        with pytest.raises(ValueError, match=f"{field} must be at least 1"):
+            SchedulerConfig(**{field: 0})

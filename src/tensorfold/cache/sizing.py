@@ -37,9 +37,11 @@ class PoolPlan:
         prompt_cache_bytes: int = 0,
         spares: bool = False,
         chunk_form: bool = False,
+        padding: bool = False,
     ) -> PoolPlan:
         """Lanes reserve whole contexts; the prompt cache's pages come on top, within its
-        budget; `spares`: a spare state slot per lane in the same pool (verify passes fork)."""
+        budget; `spares`: a spare state slot per lane in the same pool (verify passes fork);
+        `padding`: one more slot and page, the scratch of CUDA graphs' padding lanes."""
         w = model.cache_widths
         plan = cls(
             model.config,
@@ -49,10 +51,11 @@ class PoolPlan:
             model.dtype,
             0,
             page_size,
-            lanes * (2 if spares else 1),
+            lanes * (2 if spares else 1) + padding,
             CHUNK if chunk_form else 0,
         )
         pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_bytes)
+        pages += padding
         return replace(plan, pages=pages)
 
     @property

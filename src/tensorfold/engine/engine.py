@@ -15,6 +15,7 @@ from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
 from ..drafters.choice import DraftConfig
 from ..errors import QueueFull
+from ..runner.cuda_graph import lane_buckets
 from ..runner.launch import make_runner
 from .admission import make_request
 from .constraints import GrammarBook
@@ -51,6 +52,8 @@ class Engine:
     ) -> None:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         cfg = model.config
+        # a whole model's decode graphs come in lane-count buckets, padded with scratch lanes
+        buckets = model.group is None and config.cuda_graphs and model.device.type == "cuda"
         plan = PoolPlan.for_model(
             model,
             config.parallel,
@@ -59,6 +62,7 @@ class Engine:
             config.prompt_cache_bytes,
             spares=bool(config.draft) and model.group is None,
             chunk_form=config.gdn_form == "chunk",
+            padding=buckets,
         )
         self.caches = plan.build(model.device, config.parallel, config.context)
         model.set_gdn_form(config.gdn_form)
@@ -76,7 +80,8 @@ class Engine:
         )
         if model.group is None:  # verify passes (1 + K rows a lane) and recomputing ones too
             self.runner.graph_rows = frozenset(range(1, 2 + config.draft_tokens))
-            if self.runner.use_graphs:
+            if buckets:
+                self.runner.pad_lanes(lane_buckets(config.parallel))
                 self.drafting.use_graphs(config.context)
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))

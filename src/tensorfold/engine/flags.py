@@ -8,6 +8,7 @@ from ..runner.launch import add_flag as add_split_flag
 
 GPU_CHUNK = 2048  # a GPU reads long prompts fastest in large passes (vLLM's default too)
 CPU_CHUNK = 128  # the CPU's passes stay short so decoding lanes are not held up behind a prompt
+GPU_MIXED_CHUNK = 256  # prompt rows beside decoding lanes: a pass stays a few decode steps long
 
 
 def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_help: str) -> None:
@@ -48,3 +49,12 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
 def chunk_for(chunk: int | None, device) -> int:
     """--chunk as given, else the device's default."""
     return chunk or (GPU_CHUNK if device.type == "cuda" else CPU_CHUNK)
+
+
+def mixed_chunk_for(mixed: int | None, chunk: int, device) -> int | None:
+    """--mixed-chunk as given (0: no cap), else the GPU's default below the chunk, else none."""
+    if mixed is not None and mixed < 0:
+        raise ValueError(f"--mixed-chunk {mixed}: prompt rows per pass cannot be negative")
+    if mixed is not None:
+        return mixed or None
+    return GPU_MIXED_CHUNK if device.type == "cuda" and chunk > GPU_MIXED_CHUNK else None

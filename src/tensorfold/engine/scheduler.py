@@ -1,7 +1,8 @@
 """Lanes and passes. There is no prefill phase and no decode phase: every pass takes one row
 from each lane that is generating (with drafting: its uncomputed committed rows, then its drafted
 tokens) and up to `chunk` prompt rows from each lane still reading its prompt, under a token
-budget. Lanes reserve their KV pages and state slot at admission,
+budget; while any lane decodes, a pass takes at most `mixed_chunk` prompt rows in all, so a
+running stream's next token waits for a short pass, not a long prompt's. Lanes reserve their KV pages and state slot at admission,
 so a running lane never waits for memory and is never preempted."""
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ class SchedulerConfig:
     token_budget: int | None = None  # rows per pass; default chunk + parallel
     max_queue: int = 64
     cache_every: int = 1024  # prompt-cache cut every this many prompt rows (page multiple)
+    mixed_chunk: int | None = None  # prompt rows per pass beside decoding lanes (None: no cap)
+
+    def __post_init__(self) -> None:
+        for name in ("parallel", "context", "chunk", "max_queue", "cache_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("token_budget", "mixed_chunk"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or unset), not {value}")
 
     @property
     def budget(self) -> int:
@@ -108,6 +119,8 @@ class Scheduler:
                 drafted = min(req.num_drafted, budget)
                 work.append(Work(req, rows[id(req)] + drafted))
                 budget -= drafted
+        if work and self.config.mixed_chunk is not None:  # prompt rows beside decoding lanes
+            budget = min(budget, self.config.mixed_chunk)
         for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
                 n = min(self.config.chunk, len(req.prompt_ids) - req.lane.computed, budget)

@@ -9,6 +9,10 @@ its LaneRows.logits names. Static per graph: the lanes' KV slot tables (reloaded
 set of lanes changes), state slots, conv gathers and attention tiles; per pass only the tokens
 and positions are copied in, the KV write rows and tile starts computed inside the graph. A
 runner's graphs share one memory pool: its largest pass's working memory is held once.
+
+Lane counts come in buckets (1, 2, 4, 8, then every 8 up to --parallel, as vLLM's capture sizes):
+a pass of 13 lanes replays the 16-lane graph with 3 padding lanes (runner/plan.py, `padded`), so
+a server whose lane count wanders records a few graphs, not one for every count.
 """
 
 from __future__ import annotations
@@ -132,6 +136,18 @@ def record(fn, pool):
     with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
+
+
+def lane_buckets(parallel: int) -> tuple[int, ...]:
+    """The lane counts graphs are recorded for when a server runs up to `parallel` lanes."""
+    small = [n for n in (1, 2, 4, 8) if n < parallel]
+    return tuple(small + list(range(16, parallel, 8)) + [parallel])
+
+
+def bucket(lanes: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket holding `lanes` lanes (itself past the largest: a pass with drafting's
+    forks, or a runner without buckets)."""
+    return next((b for b in buckets if b >= lanes), lanes)
 
 
 def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:

@@ -11,8 +11,8 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import PassGraph, graph_rows, lane_logits
-from .plan import LaneRows, PassPlan
+from .cuda_graph import PassGraph, bucket, graph_rows, lane_logits
+from .plan import LaneRows, PassPlan, padded
 
 SMALL_MODEL_BYTES = 512 << 20
 
@@ -61,6 +61,8 @@ class ModelRunner:
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
         self.replays: dict[tuple[int, int], int] = {}  # (lanes, rows) -> passes run from graphs
         self.pool = None  # the graphs' shared memory pool, made with the first graph
+        self.buckets: tuple[int, ...] = ()  # lane counts graphs are recorded for (pad_lanes)
+        self.pad: tuple[int, torch.Tensor] | None = None  # padding lanes' state slot, KV rows
         self.collective = CollectiveTime()
 
     def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
@@ -113,17 +115,35 @@ class ModelRunner:
         """The first maximum of each logit row [R, V] (one device sync for all of them)."""
         return rows.argmax(-1).tolist()
 
+    def pad_lanes(self, buckets: tuple[int, ...]) -> None:
+        """Replays passes in graphs of `buckets` lane counts, padded with lanes that write one
+        scratch state slot and KV page, taken here from the pools (their plan holds one more of
+        each for it: cache/sizing.py)."""
+        kv = self.caches.kv
+        page = kv.allocate(1)
+        rows = kv.rows(page, kv.page_size)
+        self.buckets, self.pad = tuple(buckets), (self.caches.states.allocate(), rows)
+
+    def pad_lane(self, rows: int) -> LaneRows:
+        """A padding lane of `rows` rows: token 0 from position 0 into the scratch slot and page
+        (positions past the page wrap onto it; what they write is never read by a real lane)."""
+        slot, page_rows = self.pad
+        kv_rows = page_rows[torch.arange(rows, device=page_rows.device) % page_rows.shape[0]]
+        return LaneRows("padding", slot, 0, (0,) * rows, kv_rows, (), range(rows - 1, rows))
+
     def _replay(self, plan: PassPlan, rows: int) -> dict[int, torch.Tensor]:
-        key = (len(plan), rows)
+        lanes = bucket(len(plan), self.buckets)
+        full = plan if lanes == len(plan) else padded(plan, lanes, self.pad_lane(rows))
+        key = (lanes, rows)
         graph = self.graphs.get(key)
         if graph is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[key] = PassGraph(
-                self.model, self.caches, len(plan), rows, self.context, self.pool
+                self.model, self.caches, lanes, rows, self.context, self.pool
             )
-        # the graph's output buffer is rewritten by the next replay
-        logits = graph.run(plan).clone()
+        # the graph's output buffer is rewritten by the next replay; padding rows are dropped
+        logits = graph.run(full)[: len(plan) * rows].clone()
         self.replays[key] = self.replays.get(key, 0) + 1
         return lane_logits(plan, rows, logits)
 

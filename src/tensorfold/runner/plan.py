@@ -45,3 +45,13 @@ class PassPlan:
     @property
     def rows(self) -> int:
         return sum(lane.rows for lane in self.lanes)
+
+
+def padded(plan: PassPlan, lanes: int, pad: LaneRows) -> PassPlan:
+    """`plan` with copies of `pad` after its lanes up to `lanes` lanes: a CUDA graph recorded for
+    a bucket of lane counts replays a smaller pass. A padding lane writes only its own scratch
+    state slot and KV page, and every lane's rows are computed apart from the others' (the
+    batch-invariance of docs/exactness.md), so the real lanes' bits do not change."""
+    if lanes < len(plan):
+        raise ValueError(f"cannot pad a pass of {len(plan)} lanes to {lanes}")
+    return PassPlan(plan.lanes + (pad,) * (lanes - len(plan)))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..drafters.choice import add_flags as add_draft_flags
-from ..engine.flags import add_model_flags, chunk_for
+from ..engine.flags import GPU_MIXED_CHUNK, add_model_flags, chunk_for, mixed_chunk_for
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -41,6 +41,13 @@ def add_parser(sub) -> None:
         "per pass)",
     )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    p.add_argument(
+        "--mixed-chunk",
+        type=int,
+        default=None,
+        help="prompt rows a pass takes in all while other lanes decode, so their next tokens "
+        f"wait for a short pass (default {GPU_MIXED_CHUNK} on a GPU, none on the CPU; 0: no cap)",
+    )
     p.add_argument(
         "--max-tokens",
         type=int,
@@ -130,12 +137,13 @@ def _build(args: argparse.Namespace):
             args.draft, path, args.tensor_parallel, device.type, args.cuda_graphs
         )
         check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
+        args.chunk = chunk_for(args.chunk, device)
+        args.mixed_chunk = mixed_chunk_for(args.mixed_chunk, args.chunk, device)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"tensorfold serve: {exc}") from None
     if note:
         log.info("%s", note)
     dtype = resolve_dtype(args.dtype, device)
-    args.chunk = chunk_for(args.chunk, device)
     start = time.monotonic()
     log.info("loading %s on %s (%s)", path, device, str(dtype).removeprefix("torch."))
     # a following rank of a split follows rank 0 inside load_split and exits there at its stop
@@ -152,6 +160,7 @@ def _build(args: argparse.Namespace):
         parallel=args.parallel,
         context=args.context,
         chunk=args.chunk,
+        mixed_chunk=args.mixed_chunk,
         threads=args.threads,
         cuda_graphs=args.cuda_graphs,
         max_queue=args.max_queue,

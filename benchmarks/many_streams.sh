@@ -1,0 +1,82 @@
+#!/bin/bash
+# Many streams on a GPU machine, in one go: where a many-lane decode step's kernels spend the
+# card's time (profile_decode.py), the lane sweep (h200.py), a long prompt admitted beside
+# running streams (admit_gap.py), and served runs of `tensorfold bench serve` against
+# `tensorfold serve` and llama.cpp's `llama-server -np N` (with llama-batched-bench) on the same
+# shape, when a llama.cpp build kit with a run.sh is in .peers/llamacpp.
+#
+#   bash benchmarks/many_streams.sh OUT [phases]
+#
+# phases, in the order given: peerbuild (llama.cpp's build and GGUF in the background; `peer`
+# waits for it), profile, lanes, admit, ckpt (a random 4-bit checkpoint on disk for the served
+# runs), served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
+# same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, ADMIT_*.
+set -u
+OUT=${1:?usage: many_streams.sh OUT [phases]}
+PHASES=${2:-profile lanes admit}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:src:tests:benchmarks
+py=python3
+source "$(dirname "$0")/serve_lib.sh"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+CKPT=/tmp/tf-9b-4bit
+CONC=${CONC:-1,16,64}
+BENCH_SERVE="--concurrency $CONC --input-len 1024 --output-len 512 --tokenizer src/tensorfold/demo/bf16"
+
+phase() {  # phase NAME SECONDS CMD...
+    local name=$1 limit=$2; shift 2
+    echo "=== $name (limit ${limit} s)"
+    local t=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
+    tail -n "${TAIL:-24}" "$OUT/$name.log"
+}
+
+served() {  # served NAME PORT CMD...: start a server, bench serve it, stop it
+    local name=$1 port=$2; shift 2
+    "$@" > "$OUT/$name-server.log" 2>&1 &
+    local pid=$!
+    if wait_up "http://127.0.0.1:$port/health" "$pid" "$OUT/$name-server.log"; then
+        $py -m tensorfold.cli bench serve "http://127.0.0.1:$port" m $BENCH_SERVE \
+            --output "$OUT/$name.json"
+    fi
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    tail -n 5 "$OUT/$name-server.log"
+}
+
+peer() {
+    [ -n "${PEER_BUILD:-}" ] && wait "$PEER_BUILD"
+    LCP_QUANTS="q4_0 batched" LCP_BPL=${LCP_BPL:-1,16,64,256} LCP_BUDGET=${LCP_BUDGET:-300} \
+        bash .peers/llamacpp/run.sh "$OUT/peer" all > "$OUT/peer.log" 2>&1
+    echo "=== peer rc=$?"; head -40 "$OUT/peer/summary.md" 2>/dev/null
+    local np=${SERVE_PARALLEL:-64}
+    phase peer-served 300 served peer-served 8091 /tmp/lcp/llama.cpp/build/bin/llama-server \
+        -m /tmp/lcp/m-q4_0.gguf -ngl 99 -fa on -np "$np" -c $((np * 2048)) --host 127.0.0.1 --port 8091
+}
+
+for p in $PHASES; do
+    case $p in
+        peerbuild) (renice -n 19 $BASHPID > /dev/null
+                    LCP_BUDGET=${LCP_BUILD_BUDGET:-420} bash .peers/llamacpp/run.sh "$OUT/peer" build \
+                        > "$OUT/peerbuild.log" 2>&1) &
+                   PEER_BUILD=$! ;;
+        profile) phase profile 240 $py benchmarks/profile_decode.py --out /tmp/prof --in-memory \
+                     --models "${MODELS:-4bit,bf16}" --lanes "${PROFILE_LANES:-64}" ;;
+        lanes)   phase lanes 300 $py benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit,bf16}" \
+                     --lanes "${LANES:-64,128,256}" --sizes "" --in-memory ;;
+        admit)   phase admit 300 $py benchmarks/admit_gap.py --models "${ADMIT_MODELS:-4bit}" \
+                     --lanes "${ADMIT_LANES:-1,16}" --prompt "${ADMIT_PROMPT:-32768}" \
+                     --mixed "${ADMIT_MIXED:-0,128,256,512}" ;;
+        ckpt)    [ -d "$CKPT" ] || phase ckpt 200 $py -m tensorfold.cli make-random "$CKPT" --shape 9b \
+                     --quantize 4 --device cuda --tokenizer src/tensorfold/demo/bf16 ;;
+        served)  phase served 400 served served 8090 $py -m tensorfold.cli serve "$CKPT" --port 8090 \
+                     --parallel "${SERVE_PARALLEL:-64}" --context 2048 --prompt-cache-gib 0 --served-model-name m ;;
+        peer)    peer ;;
+    esac
+done

@@ -1,0 +1,93 @@
+"""Many lanes on the GPU (skipped without CUDA), 9B shape with random weights: concurrent = solo
+at 64 and 256 lanes with lanes of different lengths and sampling rules mixed, decode passes
+replayed from CUDA graphs of bucketed lane counts with padding lanes, graph = eager at a padded
+count, and a stream's tokens unchanged while a long prompt is read beside it in capped passes.
+(Grammars need a tokenizer, which the random checkpoint lacks: tests/test_gpu.py's server-free
+rules and the CPU's structured tests cover them.)"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from engine_util import finish_prints, sample_prompt  # noqa: E402
+
+from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
+from tensorfold.engine.request import SamplingParams  # noqa: E402
+from tensorfold.runner.cuda_graph import lane_buckets  # noqa: E402
+
+VOCAB = 248320
+
+
+def _engine(model, parallel: int, **kw) -> Engine:
+    config = {"parallel": parallel, "context": 640, "chunk": 128, "max_queue": 512, **kw}
+    return Engine(model, None, EngineConfig(**config))
+
+
+def _params(i: int) -> SamplingParams:
+    """Lane i's rules: greedy, seeded, penalised or biased, ending after 6 to 21 tokens."""
+    rules = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=i),
+        dict(temperature=0.7, seed=i, top_p=0.9, presence_penalty=0.5),
+        dict(temperature=0.0, repetition_penalty=1.2, logit_bias={7: 30.0}),
+    ]
+    return SamplingParams(max_tokens=6 + i % 16, ignore_eos=True, **rules[i % 4])
+
+
+def _jobs(n: int) -> list[tuple[list[int], SamplingParams]]:
+    return [(sample_prompt(900 + i, 5 + (i * 37) % 300, VOCAB), _params(i)) for i in range(n)]
+
+
+def _run(eng: Engine, jobs) -> list[tuple[list[int], str]]:
+    prints = {}
+    reqs = [eng.add_request(ids, p, watch=finish_prints(eng, prints)) for ids, p in jobs]
+    eng.run_until_done()
+    return [(r.output_ids, prints[r.request_id]) for r in reqs]
+
+
+@pytest.mark.parametrize("parallel", [64, 256])
+def test_many_lanes_concurrent_equals_solo_9b(nine_b, parallel):
+    """Lanes end one after another, so the passes run at every lane count from `parallel` down,
+    each from its bucket's graph with padding lanes; a sample of lanes equals each alone."""
+    jobs = _jobs(parallel)
+    eng = _engine(nine_b, parallel)
+    together = _run(eng, jobs)
+    buckets = lane_buckets(parallel)
+    recorded = {lanes for lanes, rows in eng.runner.replays}
+    assert recorded <= set(buckets) and parallel in recorded and len(recorded) > 3
+    for i in sorted({0, 1, 2, 3, parallel // 2 + 1, parallel - 1}):
+        assert _run(_engine(nine_b, 1), [jobs[i]]) == [together[i]], f"lane {i}"
+
+
+def test_padded_graph_equals_eager_9b(nine_b):
+    """13 lanes replay the 16-lane graph (3 padding lanes) and give the eager passes' bytes."""
+    jobs = _jobs(13)
+    graphed = _engine(nine_b, 16)
+    assert _run(graphed, jobs) == _run(_engine(nine_b, 16, cuda_graphs=False), jobs)
+    assert (16, 1) in graphed.runner.replays and (13, 1) not in graphed.runner.replays
+
+
+def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
+    """A stream decodes while a 6,000-token prompt is read beside it 256 rows a pass (eager
+    passes between its graph replays): its tokens and the prompt's equal each alone."""
+    stream = (
+        sample_prompt(31, 40, VOCAB),
+        SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
+    )
+    prompt = (sample_prompt(32, 6000, VOCAB), SamplingParams(max_tokens=4, temperature=0.8, seed=2))
+    alone = [
+        _run(_engine(nine_b, 1, context=6100, chunk=2048), [job])[0] for job in (stream, prompt)
+    ]
+    eng = _engine(nine_b, 2, context=6100, chunk=2048, mixed_chunk=256)
+    prints = {}
+    first = eng.add_request(*stream, watch=finish_prints(eng, prints))
+    while len(first.output_ids) < 5:
+        eng.step()
+    second = eng.add_request(*prompt, watch=finish_prints(eng, prints))
+    eng.step()
+    assert second.lane.computed == 256
+    eng.run_until_done()
+    assert [(r.output_ids, prints[r.request_id]) for r in (first, second)] == alone
