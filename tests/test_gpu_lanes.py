@@ -22,7 +22,9 @@ VOCAB = 248320
 
 
 def _engine(model, parallel: int, **kw) -> Engine:
-    config = {"parallel": parallel, "context": 640, "chunk": 128, "max_queue": 512, **kw}
+    # every prompt in the first pass, so all lanes decode together before the first one ends
+    config = {"parallel": parallel, "context": 640, "chunk": 128, "max_queue": 512}
+    config |= {"token_budget": 128 * parallel, **kw}
     return Engine(model, None, EngineConfig(**config))
 
 
@@ -38,7 +40,7 @@ def _params(i: int) -> SamplingParams:
 
 
 def _jobs(n: int) -> list[tuple[list[int], SamplingParams]]:
-    return [(sample_prompt(900 + i, 5 + (i * 37) % 300, VOCAB), _params(i)) for i in range(n)]
+    return [(sample_prompt(900 + i, 5 + (i * 37) % 120, VOCAB), _params(i)) for i in range(n)]
 
 
 def _run(eng: Engine, jobs) -> list[tuple[list[int], str]]:
