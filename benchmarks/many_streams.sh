@@ -56,8 +56,11 @@ peer() {
         bash .peers/llamacpp/run.sh "$OUT/peer" all > "$OUT/peer.log" 2>&1
     echo "=== peer rc=$?"; head -40 "$OUT/peer/summary.md" 2>/dev/null
     local np=${SERVE_PARALLEL:-64}
-    phase peer-served 300 served peer-served 8091 /tmp/lcp/llama.cpp/build/bin/llama-server \
-        -m /tmp/lcp/m-q4_0.gguf -ngl 99 -fa on -np "$np" -c $((np * 2048)) --host 127.0.0.1 --port 8091
+    echo "=== peer-served"
+    served peer-served 8091 timeout 300 /tmp/lcp/llama.cpp/build/bin/llama-server \
+        -m /tmp/lcp/m-q4_0.gguf -ngl 99 -fa on -np "$np" -c $((np * 2048)) --host 127.0.0.1 --port 8091 \
+        > "$OUT/peer-served.log" 2>&1
+    tail -n 30 "$OUT/peer-served.log"
 }
 
 for p in $PHASES; do
@@ -75,8 +78,11 @@ for p in $PHASES; do
                      --mixed "${ADMIT_MIXED:-0,128,256,512}" ;;
         ckpt)    [ -d "$CKPT" ] || phase ckpt 200 $py -m tensorfold.cli make-random "$CKPT" --shape 9b \
                      --quantize 4 --device cuda --tokenizer src/tensorfold/demo/bf16 ;;
-        served)  phase served 400 served served 8090 $py -m tensorfold.cli serve "$CKPT" --port 8090 \
-                     --parallel "${SERVE_PARALLEL:-64}" --context 2048 --prompt-cache-gib 0 --served-model-name m ;;
+        served)  echo "=== served"
+                 served served 8090 timeout 400 $py -m tensorfold.cli serve "$CKPT" --port 8090 \
+                     --parallel "${SERVE_PARALLEL:-64}" --context 2048 --prompt-cache-gib 0 \
+                     --served-model-name m > "$OUT/served.log" 2>&1
+                 tail -n 30 "$OUT/served.log" ;;
         peer)    peer ;;
     esac
 done

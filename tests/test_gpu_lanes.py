@@ -83,7 +83,7 @@ def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
     alone = [
         _run(_engine(nine_b, 1, context=6100, chunk=2048), [job])[0] for job in (stream, prompt)
     ]
-    eng = _engine(nine_b, 2, context=6100, chunk=2048, mixed_chunk=256)
+    eng = _engine(nine_b, 2, context=6100, chunk=2048, mixed_chunk=256, token_budget=4096)
     prints = {}
     first = eng.add_request(*stream, watch=finish_prints(eng, prints))
     while len(first.output_ids) < 5:
