@@ -57,8 +57,8 @@ peer() {
     echo "=== peer rc=$?"; head -40 "$OUT/peer/summary.md" 2>/dev/null
     local np=${SERVE_PARALLEL:-64}
     echo "=== peer-served"
-    served peer-served 8091 timeout 300 /tmp/lcp/llama.cpp/build/bin/llama-server \
-        -m /tmp/lcp/m-q4_0.gguf -ngl 99 -fa on -np "$np" -c $((np * 2048)) --host 127.0.0.1 --port 8091 \
+    served peer-served 8091 timeout "${PEER_SERVE_LIMIT:-400}" /tmp/lcp/llama.cpp/build/bin/llama-server \
+        -m /tmp/lcp/m-q4_0.gguf -ngl 99 -fa on -np "$np" -c $((np * 2048)) --cache-ram 0 --host 127.0.0.1 --port 8091 \
         > "$OUT/peer-served.log" 2>&1
     tail -n 30 "$OUT/peer-served.log"
 }

@@ -204,3 +204,14 @@ def test_scheduler_config_refuses_non_positive_sizes():
     for field in ("parallel", "chunk", "context", "mixed_chunk", "token_budget"):
         with pytest.raises(ValueError, match=f"{field} must be at least 1"):
             SchedulerConfig(**{field: 0})
+
+
+def test_mixed_chunk_flag_refuses_negative_and_reads_zero_as_no_cap():
+    import pytest
+
+    from tensorfold.engine.flags import mixed_chunk_for
+
+    with pytest.raises(ValueError, match="--mixed-chunk -1"):
+        mixed_chunk_for(-1)
+    assert mixed_chunk_for(0) is None and mixed_chunk_for(None) is None
+    assert mixed_chunk_for(256) == 256

@@ -2,8 +2,8 @@
 first user waits for it.
 
 On the GPU a product's launch shape is timed once per (product, rows class) by the tile book, and
-Triton compiles each kernel variant on first use; a decode pass of each lane count is recorded as a
-CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
+Triton compiles each kernel variant on first use; a decode pass of each lane-count bucket is
+recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
 `parallel` lanes; prompt chunks of 16, 64, 512 and `chunk` rows) with the prompt cache off, then
 keeps the tile book's choices in a small file keyed by the card and the versions, so the next start
