@@ -8,8 +8,8 @@ import pytest
 from drafting_util import Script
 from engine_util import finish_prints, make_engine, sample_prompt
 
-from tensorfold.drafters import base as drafter
 from tensorfold.drafters import choice
+from tensorfold.drafters import gate as drafter
 from tensorfold.drafters.lookup import NgramDrafter, NotStockDrafter, make_drafter
 from tensorfold.engine import drafting
 from tensorfold.engine.request import SamplingParams, Watch

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .gate import Gate
+
 
 class LaneDrafter:
     """One request's drafter: proposes, and (for drafters that read the target's states) is
@@ -40,36 +42,6 @@ class Drafter:
     @property
     def nbytes(self) -> int:
         return 0
-
-
-WORTH = 0.5  # drafts kept per verify pass below which drafting costs more than it wins
-
-
-@dataclass
-class Gate:
-    """Stops proposing while drafts win too little. `rate` follows the drafts a verify pass keeps
-    (a moving average over about four passes); a pass that keeps none, or leaves the rate under
-    WORTH, skips 1, 2, 4 ... 32 chances; one that keeps some with the rate at WORTH or more
-    reopens it. A verify pass costs more than a plain one (its rows, the drafter's steps), so a
-    drafter that wins one token in five passes is slower than none."""
-
-    skip: int = 0
-    backoff: int = 0
-    rate: float = 1.0  # drafts kept per verify pass, moving average (starts hopeful)
-
-    def open(self) -> bool:
-        if self.skip > 0:
-            self.skip -= 1
-            return False
-        return True
-
-    def record(self, accepted: int) -> None:
-        self.rate += (accepted - self.rate) / 4
-        if accepted > 0 and self.rate >= WORTH:
-            self.backoff = self.skip = 0
-        else:
-            self.backoff = min(32, max(1, 2 * self.backoff))
-            self.skip = self.backoff
 
 
 @dataclass

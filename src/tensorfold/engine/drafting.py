@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
+from ..drafters.gate import PassPrices
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -63,6 +64,7 @@ class Drafting:
         self.default = make_drafter(config.method, target, caches) if config.method else None
         self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
+        self.prices = PassPrices()  # the engine's measured passes: what a verify costs the gate
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
         """The request's drafting, or None when it drafts nothing (watched for every row's
@@ -135,14 +137,26 @@ class Drafting:
         """Verifies each drafting lane of the pass: {index in work: the events of the tokens it
         committed}. The engine finishes a lane whose last event says it ended."""
         return {
-            i: self.verify(w.request, logits[i], sampler, output)
+            i: self.verify(
+                w.request, logits[i], sampler, output, self.prices.ratio(len(work), w.rows)
+            )
             for i, w in enumerate(work)
             if w.request.drafting
         }
 
-    def verify(self, req: Request, logits, sampler, output) -> list[TokenEvent]:
+    @staticmethod
+    def shape(work) -> tuple[int, int] | None:
+        """(lanes, rows a lane) of a pass in which every lane generates and feeds the same rows:
+        the passes whose time the engine records in `prices`; None for any other."""
+        rows = {w.rows for w in work}
+        if len(rows) != 1 or any(w.request.in_prompt for w in work):
+            return None
+        return len(work), rows.pop()
+
+    def verify(self, req: Request, logits, sampler, output, price=None) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain
-        path (each choice sees the tokens before it), then settles the lane's state. The
+        path (each choice sees the tokens before it), then settles the lane's state; the gate
+        hears how many were kept at what price (a pass of this shape over a plain one). The
         engine finishes the request when the last event says it ended."""
         d, events = req.lane.draft, []
         proposal, k = d.proposal, len(d.proposal)
@@ -162,7 +176,7 @@ class Drafting:
             real = min(k, d.real)
             d.prediction_accepted += min(accepted, real)
             d.prediction_rejected += real - min(accepted, real)
-        d.gate.record(accepted)
+        d.gate.record(accepted, k, price)
         self.stats.record(k, accepted, len(events))
         if not events[-1].finished:
             self.settle(req)

@@ -6,6 +6,7 @@ add_request and cancel may be called from any thread; step() runs on one thread.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -136,12 +137,14 @@ class Engine:
         return bool(self.inbox or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> list[TokenEvent]:
+        start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
         events = self._take_inbox()
         self.scheduler.admit()
         self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
         if not work:
             return events
+        shape = self.drafting.shape(work)
         plan = plan_pass(work, self.drafting.before_pass(work))
         logits = self.runner.execute(plan)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
@@ -160,6 +163,8 @@ class Engine:
             events.append(self._commit(req, row, token))
         if self.drafting.wants_hidden:
             self.drafting.observe(work, plan, hidden)
+        if shape is not None:
+            self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 
     def _take_inbox(self) -> list[TokenEvent]:

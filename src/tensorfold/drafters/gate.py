@@ -1,0 +1,90 @@
+"""When a lane drafts: its `Gate`, from the lane's own history of kept drafts and the measured
+price of a verify pass against a plain one (`PassPrices`). A verify pass of 1 + k rows costs more
+than a plain pass of one row (its rows, the drafter's own steps, the host's walk over them), and
+more so when many lanes share the card; drafting pays only while the tokens a verify pass is
+expected to commit exceed that price. The gate changes how many passes a reply takes, never its
+tokens (docs/exactness.md, 'Drafting')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WORTH = 0.5  # drafts kept per verify pass below which drafting loses, while no price is measured
+MARGIN = 1.05  # expected tokens per verify pass must beat its price by this much (noise)
+MOST_SKIPPED = 32  # a closed gate retries after at most this many chances
+
+
+@dataclass
+class Gate:
+    """Stops proposing while drafts win too little. It follows, as moving averages over about
+    four verify passes, the drafts a pass keeps (`rate`) and the chance that a draft is kept
+    given the ones before it were (`kept` / `tried`: a pass keeping n of k drafts tried n + 1 of
+    them, n when all k were kept). With a measured price (a verify pass's seconds over a plain
+    pass's, at the lane count it ran at) the gate stays open while the expected tokens of a pass,
+    1 + a + a^2 + ... + a^k, beat the price by MARGIN; with none, while the last pass kept some
+    and the rate is WORTH or more. Closed, it skips 1, 2, 4 ... 32 chances before trying again."""
+
+    skip: int = 0
+    backoff: int = 0
+    rate: float = 1.0  # drafts kept per verify pass (starts hopeful)
+    kept: float = 1.0
+    tried: float = 1.0
+
+    def open(self) -> bool:
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    @property
+    def chance(self) -> float:
+        """The estimated chance a draft is kept, given that the drafts before it were."""
+        return min(1.0, self.kept / self.tried) if self.tried > 0 else 0.0
+
+    def expected(self, k: int) -> float:
+        """Tokens a verify pass of k drafts is expected to commit (the bonus token included)."""
+        a = self.chance
+        return 1.0 + sum(a**i for i in range(1, k + 1))
+
+    def worth(self, accepted: int, drafted: int, price: float | None) -> bool:
+        if price is None or drafted <= 0:
+            return accepted > 0 and self.rate >= WORTH
+        # a verify pass does a plain pass's work and more: a lower price is the clock's noise
+        return self.expected(drafted) >= max(1.0, price) * MARGIN
+
+    def record(self, accepted: int, drafted: int = 0, price: float | None = None) -> None:
+        """After a verify pass that kept `accepted` of `drafted` drafts, at `price`."""
+        self.rate += (accepted - self.rate) / 4
+        self.kept += (accepted - self.kept) / 4
+        self.tried += (accepted + (accepted < drafted) - self.tried) / 4
+        if self.worth(accepted, drafted, price):
+            self.backoff = self.skip = 0
+        else:
+            self.backoff = min(MOST_SKIPPED, max(1, 2 * self.backoff))
+            self.skip = self.backoff
+
+
+def lane_bucket(lanes: int) -> int:
+    """Lane counts whose passes are priced together (powers of two: a price changes slowly)."""
+    return 1 << max(0, lanes - 1).bit_length()
+
+
+@dataclass
+class PassPrices:
+    """Measured seconds of the engine's passes by (lane bucket, rows per lane): a moving average
+    over the passes in which every lane fed that many rows and none read its prompt (the engine
+    records each; passes of other shapes are not priced)."""
+
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def record(self, lanes: int, rows: int, seconds: float) -> None:
+        key = (lane_bucket(lanes), rows)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else old + (seconds - old) / 8
+
+    def ratio(self, lanes: int, rows: int) -> float | None:
+        """A pass of `rows` rows a lane over a plain one at this lane count; None until both
+        were measured."""
+        b = lane_bucket(lanes)
+        verify, plain = self.seconds.get((b, rows)), self.seconds.get((b, 1))
+        return None if verify is None or not plain else verify / plain

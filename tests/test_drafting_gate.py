@@ -1,0 +1,122 @@
+"""The drafting gate: its decision is a pure function of the lane's history of kept drafts and the
+measured price of a verify pass (scripted histories give scripted decisions), and a drafter that
+is always wrong stops costing passes within a few of them, in an engine that prices its passes."""
+
+import pytest
+from drafting_util import Script
+from engine_util import make_engine, sample_prompt
+
+from tensorfold.drafters.gate import MOST_SKIPPED, Gate, PassPrices, lane_bucket
+from tensorfold.engine.request import SamplingParams
+
+
+def _closed_for(gate: Gate) -> int:
+    """Chances the gate skips before it opens again."""
+    n = 0
+    while not gate.open():
+        n += 1
+    return n
+
+
+def test_expected_tokens_follow_the_chance_a_draft_is_kept():
+    gate = Gate()
+    assert gate.chance == 1.0 and gate.expected(4) == 5.0  # hopeful before any pass
+    for _ in range(24):
+        gate.record(2, 4, price=1.2)  # two of four kept, each time: a = 2/3
+    assert gate.chance == pytest.approx(2 / 3, abs=0.02)
+    assert gate.expected(4) == pytest.approx(1 + sum((2 / 3) ** i for i in range(1, 5)), abs=0.05)
+
+
+def test_a_cheap_verify_keeps_drafting_on_few_wins_and_a_dear_one_does_not():
+    """The same history, one kept of four each pass (a ≈ 1/2, 1.9 tokens a pass): open at a
+    price of 1.3 plain passes, closed at 2.5 (the card busy with many lanes)."""
+    cheap, dear = Gate(), Gate()
+    for _ in range(12):
+        cheap.record(1, 4, price=1.3)
+        dear.record(1, 4, price=2.5)
+    assert cheap.open() and cheap.skip == 0
+    assert not dear.open() and dear.backoff > 0
+
+
+def test_without_a_price_the_gate_keeps_the_kept_rate_rule():
+    gate = Gate()
+    for accepted in [0, 0, 0, 0]:
+        gate.record(accepted, 4, price=None)
+    gate.record(1, 4, price=None)  # a win, but the rate stays under WORTH
+    assert not gate.open()
+    gate.record(3, 4, price=None)
+    assert gate.open()
+
+
+def test_an_always_wrong_lane_closes_within_a_few_passes_and_retries_rarely():
+    gate, passes, verifies = Gate(), 0, 0
+    while passes < 400:
+        passes += 1
+        if gate.open():
+            verifies += 1
+            gate.record(0, 4, price=1.33)
+    first = Gate()
+    misses = 0
+    while first.skip == 0 and misses < 50:
+        assert first.open()
+        first.record(0, 4, price=1.33)
+        misses += 1
+    assert misses <= 6  # the hopeful start is spent in a few verify passes
+    assert _closed_for(first) == 1 and MOST_SKIPPED == 32
+    assert verifies <= misses + 15  # then about one try in 32 chances
+    assert gate.backoff == MOST_SKIPPED
+
+
+def test_a_closed_gate_reopens_when_drafts_come_right():
+    gate = Gate()
+    for _ in range(10):
+        if gate.open():
+            gate.record(0, 4, price=1.33)
+    while not gate.open():
+        pass
+    for _ in range(6):
+        gate.record(4, 4, price=1.33)
+    assert gate.open() and gate.open() and gate.expected(4) > 4
+
+
+def test_prices_by_lane_bucket_and_rows():
+    prices = PassPrices()
+    assert prices.ratio(1, 5) is None
+    prices.record(1, 5, 0.004)
+    assert prices.ratio(1, 5) is None  # no plain pass measured yet
+    prices.record(1, 1, 0.003)
+    assert prices.ratio(1, 5) == pytest.approx(4 / 3)
+    prices.record(3, 1, 0.010)  # 3 lanes price with 4
+    assert lane_bucket(3) == lane_bucket(4) == 4 and prices.ratio(4, 1) == 1.0
+    for _ in range(40):
+        prices.record(1, 1, 0.006)  # a moving average: follows the card
+    assert prices.ratio(1, 5) == pytest.approx(4 / 6, abs=0.01)
+
+
+def test_engine_prices_its_passes_and_an_always_wrong_drafter_stops(hf_tiny_b):
+    """Drafts always wrong: the engine prices plain and verify passes, the gate closes, and most
+    of the reply's passes are plain (the tokens are checked equal to plain by test_drafting)."""
+    prompt = sample_prompt(5, 12, 300)
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    script = Script({tuple(prompt): want.output_ids}, lambda p: True)
+    eng = make_engine(hf_tiny_b, parallel=1, draft="ngram", draft_tokens=4)
+    eng.drafting.default = script
+    req = eng.add_request(prompt, params)
+    eng.run_until_done()
+    assert req.output_ids == want.output_ids
+    stats = eng.drafting.stats
+    assert stats.accepted == 0 and 0 < stats.verifies <= 22  # ~11, then 1 in 1, 2, 4 ... 32
+    assert (1, 1) in eng.drafting.prices.seconds and (1, 5) in eng.drafting.prices.seconds
+
+
+def test_a_price_below_a_plain_pass_is_read_as_noise():
+    """A verify priced under a plain pass (the clock's noise) does not reopen a gate whose
+    drafts all miss."""
+    gate = Gate()
+    for _ in range(20):
+        gate.record(0, 4, price=1.0)
+    gate.record(0, 4, price=0.8)
+    assert gate.skip > 0
