@@ -120,3 +120,71 @@ def test_a_price_below_a_plain_pass_is_read_as_noise():
         gate.record(0, 4, price=1.0)
     gate.record(0, 4, price=0.8)
     assert gate.skip > 0
+
+
+def _mixed_lanes(hf_tiny_b, monkeypatch, price: float, share: bool = True):
+    """Four lanes under aligned (graph-shaped) passes: lane 0's drafts always right, the other
+    three's always wrong, verify passes priced at `price` plain ones. Returns (the engine,
+    the rows a lane of each pass without a prompt fed, plain replies, drafted replies)."""
+    from tensorfold.drafters.gate import PassPrices
+    from tensorfold.engine.drafting import Drafting
+
+    prompts = [sample_prompt(20 + i, 12, 300) for i in range(4)]
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (160, 40, 40, 40)
+    ]
+    plain = make_engine(hf_tiny_b, parallel=4)
+    want = [plain.add_request(p, s) for p, s in zip(prompts, params)]
+    plain.run_until_done()
+    replies = {tuple(prompts[0]): want[0].output_ids}
+    replies.update(
+        {tuple(p): [(t + 1) % 300 for t in w.output_ids] for p, w in zip(prompts[1:], want[1:])}
+    )
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: price)
+    if not share:
+        monkeypatch.setattr(Drafting, "share_pass", lambda self, running: None)
+    eng = make_engine(hf_tiny_b, parallel=4, draft="ngram", draft_tokens=4)
+    eng.drafting.default, eng.drafting.align = Script(replies), True
+    shapes, execute = [], eng.runner.execute
+
+    def watched(plan):
+        if len(plan) == 4 and all(lane.logits.stop == lane.rows for lane in plan):
+            shapes.append(tuple(lane.rows for lane in plan))
+        return execute(plan)
+
+    eng.runner.execute = watched
+    reqs = [eng.add_request(p, s) for p, s in zip(prompts, params)]
+    eng.run_until_done()
+    return eng, shapes, [w.output_ids for w in want], [r.output_ids for r in reqs]
+
+
+def test_lanes_whose_gates_closed_ride_a_paying_verify_pass(hf_tiny_b, monkeypatch):
+    """At a price the right lane's drafts pay for all four lanes' rows, the closed lanes ride
+    along with repeated tokens, so the passes keep one shape (a graph's) and the tokens are
+    plain's; without riding, most passes mix 5-row and 1-row lanes (eager on a GPU)."""
+    eng, shapes, want, got = _mixed_lanes(hf_tiny_b, monkeypatch, price=1.2)
+    assert got == want
+    mixed = [s for s in shapes if len(set(s)) > 1]
+    assert len(shapes) >= 24 and mixed == shapes[-1:], shapes  # the end: lane 0 has less room
+    assert eng.drafting.stats.accepted >= 100  # lane 0 kept drafting
+    _, unshared, _, same = _mixed_lanes(hf_tiny_b, monkeypatch, price=1.2, share=False)
+    assert same == want and sum(len(set(s)) > 1 for s in unshared) >= len(unshared) // 2
+
+
+def test_a_verify_pass_that_cannot_pay_for_its_riders_is_not_made(hf_tiny_b, monkeypatch):
+    """At 2.5 plain passes a verify, lane 0 alone would draft (5 tokens a pass), but not with
+    three lanes riding (8 tokens for 10 passes' worth): once the wrong lanes close, the passes
+    are plain ones of one row a lane."""
+    eng, shapes, want, got = _mixed_lanes(hf_tiny_b, monkeypatch, price=2.5)
+    assert got == want
+    alone = [i for i, s in enumerate(shapes) if s[0] == 5 and max(s[1:]) < 5]
+    assert all(i >= len(shapes) - 4 for i in alone), shapes  # only where the riders near their end
+    assert sum(s == (1, 1, 1, 1) for s in shapes) >= len(shapes) // 2, shapes
+
+
+def test_riders_pay_by_the_sum_of_expected_tokens():
+    from tensorfold.drafters.gate import verify_pays
+
+    assert verify_pays([5.0], 3, 1.2) and not verify_pays([5.0], 3, 2.5)
+    assert verify_pays([5.0, 5.0, 5.0], 1, 2.5)  # three right lanes carry one rider
+    assert verify_pays([1.0], 3, None)  # unmeasured: the pass measures the price

@@ -64,6 +64,17 @@ class Gate:
             self.skip = self.backoff
 
 
+def verify_pays(expected: list[float], riders: int, price: float | None) -> bool:
+    """Whether a pass in which drafting lanes (`expected`: the tokens each expects to commit)
+    and `riders` lanes with nothing to draft (one token each) all feed verify rows beats a plain
+    pass of the same lanes, at `price` (verify seconds over plain). Unmeasured: yes, which
+    measures it."""
+    if price is None:
+        return True
+    lanes = len(expected) + riders
+    return sum(expected) + riders >= max(1.0, price) * lanes * MARGIN
+
+
 def lane_bucket(lanes: int) -> int:
     """Lane counts whose passes are priced together (powers of two: a price changes slowly)."""
     return 1 << max(0, lanes - 1).bit_length()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import PassPrices
+from ..drafters.gate import PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -88,7 +88,7 @@ class Drafting:
             d = req.lane.draft
             if d is None or req.in_prompt or d.proposal:
                 continue
-            recompute = req.num_tokens - req.lane.computed - 1 if self.align else 0
+            recompute = self.recompute(req) if self.align else 0
             room = min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
             if room <= 0 or not d.gate.open():
                 continue
@@ -100,6 +100,45 @@ class Drafting:
             d.real = len(d.proposal)
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)
+        if self.align:
+            self.share_pass(running)
+
+    def share_pass(self, running: list[Request]) -> None:
+        """An aligned pass replays a graph only when every lane feeds the same rows. When some
+        lanes draft and others do not (a closed gate, no match), the others ride along with
+        their last token repeated as drafts (a guess like any: the walk commits what a plain
+        pass would) if the drafts' expected tokens pay for every lane's verify rows at the
+        measured price; else no lane drafts this pass."""
+        if any(r.in_prompt for r in running):
+            return  # the pass reads a prompt: eager whatever the drafts
+        drafting = [r for r in running if r.drafting]
+        riders = [r for r in running if not r.drafting]
+        if not drafting or not riders:
+            return
+        rows = {r.num_tokens - r.lane.computed + len(r.lane.draft.proposal) for r in drafting}
+        if len(rows) != 1 or any(self.room(r) + self.recompute(r) + 1 not in rows for r in riders):
+            return  # a lane near its end, or one without drafting: the pass is mixed anyway
+        expected = [r.lane.draft.gate.expected(r.lane.draft.real) for r in drafting]
+        if verify_pays(expected, len(riders), self.prices.ratio(len(running), rows.pop())):
+            for r in riders:
+                r.lane.draft.proposal = r.all_ids[-1:] * self.room(r)
+                r.lane.draft.real, r.lane.draft.source = 0, None
+        else:
+            for r in drafting:
+                r.lane.draft.proposal, r.lane.draft.real, r.lane.draft.source = [], 0, None
+
+    def recompute(self, req: Request) -> int:
+        """Committed rows an aligned lane feeds again after a rejection."""
+        return req.num_tokens - req.lane.computed - 1
+
+    def room(self, req: Request) -> int:
+        """Drafts a lane without a proposal could carry in an aligned pass (-1: none, it does
+        not draft); a lane near its end has less room than the others."""
+        if req.lane.draft is None:
+            return -(1 << 30)
+        return min(
+            self.config.tokens - self.recompute(req), req.max_tokens - len(req.output_ids) - 1
+        )
 
     def before_pass(self, work) -> tuple[LaneRows, ...]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
@@ -171,13 +210,14 @@ class Drafting:
                 accepted += 1
             if event.finished or j == k or not accepts(proposal[j], token):
                 break
-        d.proposed, d.accepted = d.proposed + k, d.accepted + accepted
+        if d.source is not None:  # a rider's repeated token is no drafter's: nothing to hear
+            d.proposed, d.accepted = d.proposed + k, d.accepted + accepted
+            d.gate.record(accepted, k, price)
+            self.stats.record(k, accepted, len(events))
         if isinstance(d.source, PredictionDrafter):  # the prediction's own tokens only
             real = min(k, d.real)
             d.prediction_accepted += min(accepted, real)
             d.prediction_rejected += real - min(accepted, real)
-        d.gate.record(accepted, k, price)
-        self.stats.record(k, accepted, len(events))
         if not events[-1].finished:
             self.settle(req)
         return events
