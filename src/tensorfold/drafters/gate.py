@@ -11,18 +11,23 @@ from dataclasses import dataclass, field
 
 WORTH = 0.5  # drafts kept per verify pass below which drafting loses, while no price is measured
 MARGIN = 1.05  # expected tokens per verify pass must beat its price by this much (noise)
-MOST_SKIPPED = 32  # a closed gate retries after at most this many chances
+MOST_SKIPPED = 32  # a closed gate retries after at most this many chances (more when dear)
+RETRY_COST = 0.01  # priced: a closed gate's retries may cost this fraction of plain speed
+FIRST_SKIP = 4  # priced: chances a gate skips when it first closes
+DECAY = 0.75  # the weight of the past in each moving sum: about four verify passes
 
 
 @dataclass
 class Gate:
-    """Stops proposing while drafts win too little. It follows, as moving averages over about
-    four verify passes, the drafts a pass keeps (`rate`) and the chance that a draft is kept
-    given the ones before it were (`kept` / `tried`: a pass keeping n of k drafts tried n + 1 of
-    them, n when all k were kept). With a measured price (a verify pass's seconds over a plain
-    pass's, at the lane count it ran at) the gate stays open while the expected tokens of a pass,
-    1 + a + a^2 + ... + a^k, beat the price by MARGIN; with none, while the last pass kept some
-    and the rate is WORTH or more. Closed, it skips 1, 2, 4 ... 32 chances before trying again."""
+    """Stops proposing while drafts win too little. It follows the drafts a pass keeps (`rate`,
+    a moving average over about four verify passes) and the chance that a draft is kept given
+    the ones before it were (`kept` / `tried`, moving sums: a pass keeping n of k drafts tried
+    n + 1 of them, n when all k were kept; the start, one of one, is a hope that two misses
+    undo). With a measured price (a verify pass's seconds over a plain pass's, at the lane
+    count it ran at) the gate stays open while the expected tokens of a pass, 1 + a + a^2 +
+    ... + a^k, beat the price by MARGIN; closed, it skips 4, 8, 16 ... chances, up to as many
+    as keep its retries under RETRY_COST of plain speed. With no price: open while the last
+    pass kept some and the rate is WORTH or more; closed, it skips 1, 2, 4 ... 32 chances."""
 
     skip: int = 0
     backoff: int = 0
@@ -55,13 +60,18 @@ class Gate:
     def record(self, accepted: int, drafted: int = 0, price: float | None = None) -> None:
         """After a verify pass that kept `accepted` of `drafted` drafts, at `price`."""
         self.rate += (accepted - self.rate) / 4
-        self.kept += (accepted - self.kept) / 4
-        self.tried += (accepted + (accepted < drafted) - self.tried) / 4
+        self.kept = self.kept * DECAY + accepted
+        self.tried = self.tried * DECAY + accepted + (accepted < drafted)
         if self.worth(accepted, drafted, price):
             self.backoff = self.skip = 0
-        else:
-            self.backoff = min(MOST_SKIPPED, max(1, 2 * self.backoff))
-            self.skip = self.backoff
+            return
+        first, most = (1, MOST_SKIPPED) if price is None else (FIRST_SKIP, most_skipped(price))
+        self.backoff = self.skip = min(most, max(first, 2 * self.backoff))
+
+
+def most_skipped(price: float) -> int:
+    """The longest a closed gate waits at this price: a retry costs price - 1 plain passes."""
+    return max(MOST_SKIPPED, min(256, int((max(1.0, price) - 1.0) / RETRY_COST)))
 
 
 def verify_pays(expected: list[float], riders: int, price: float | None) -> bool:

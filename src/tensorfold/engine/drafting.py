@@ -84,14 +84,20 @@ class Drafting:
         aligned, fewer by the committed rows it recomputes after a rejection, and a shorter
         proposal padded with its last token, so that its pass stays 1 + k rows
         (runner/cuda_graph.py): a padded token is a guess like any draft."""
+        ready = []
         for req in running:
             d = req.lane.draft
             if d is None or req.in_prompt or d.proposal:
                 continue
-            recompute = self.recompute(req) if self.align else 0
-            room = min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
-            if room <= 0 or not d.gate.open():
-                continue
+            room = self.room(req)
+            if room > 0 and d.gate.open():
+                ready.append((req, room))
+        if self.align and self.can_ride(running) and 0 < len(ready) < len(running):
+            expected = [req.lane.draft.gate.expected(room) for req, room in ready]
+            if not self.pays(running, expected):
+                return  # the drafts would not pay for the others' rows: a plain pass
+        for req, room in ready:
+            d = req.lane.draft
             for drafter in d.drafters:
                 d.proposal = list(drafter.propose(req.all_ids, req.output_ids, room))[:room]
                 if d.proposal:
@@ -100,7 +106,7 @@ class Drafting:
             d.real = len(d.proposal)
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)
-        if self.align:
+        if self.align and self.can_ride(running):
             self.share_pass(running)
 
     def share_pass(self, running: list[Request]) -> None:
@@ -109,36 +115,41 @@ class Drafting:
         their last token repeated as drafts (a guess like any: the walk commits what a plain
         pass would) if the drafts' expected tokens pay for every lane's verify rows at the
         measured price; else no lane drafts this pass."""
-        if any(r.in_prompt for r in running):
-            return  # the pass reads a prompt: eager whatever the drafts
         drafting = [r for r in running if r.drafting]
-        riders = [r for r in running if not r.drafting]
-        if not drafting or not riders:
+        if not drafting or len(drafting) == len(running):
             return
-        rows = {r.num_tokens - r.lane.computed + len(r.lane.draft.proposal) for r in drafting}
-        if len(rows) != 1 or any(self.room(r) + self.recompute(r) + 1 not in rows for r in riders):
-            return  # a lane near its end, or one without drafting: the pass is mixed anyway
-        expected = [r.lane.draft.gate.expected(r.lane.draft.real) for r in drafting]
-        if verify_pays(expected, len(riders), self.prices.ratio(len(running), rows.pop())):
-            for r in riders:
-                r.lane.draft.proposal = r.all_ids[-1:] * self.room(r)
-                r.lane.draft.real, r.lane.draft.source = 0, None
+        if self.pays(running, [r.lane.draft.gate.expected(r.lane.draft.real) for r in drafting]):
+            for r in running:
+                if not r.drafting:
+                    r.lane.draft.proposal = r.all_ids[-1:] * self.room(r)
+                    r.lane.draft.real, r.lane.draft.source = 0, None
         else:
             for r in drafting:
                 r.lane.draft.proposal, r.lane.draft.real, r.lane.draft.source = [], 0, None
+
+    def pays(self, running: list[Request], expected: list[float]) -> bool:
+        """Whether drafting lanes (`expected`: the tokens each expects to commit) with the
+        other lanes riding beat a plain pass, at the measured price of this lane count."""
+        price = self.prices.ratio(len(running), self.config.tokens + 1)
+        return verify_pays(expected, len(running) - len(expected), price)
+
+    def can_ride(self, running: list[Request]) -> bool:
+        """Every lane of an aligned pass could feed 1 + K rows: none reads its prompt, none is
+        near its end, each has a drafting state (else the pass is mixed, eager, anyway)."""
+        full = self.config.tokens
+        return all(not r.in_prompt and self.room(r) + self.recompute(r) == full for r in running)
 
     def recompute(self, req: Request) -> int:
         """Committed rows an aligned lane feeds again after a rejection."""
         return req.num_tokens - req.lane.computed - 1
 
     def room(self, req: Request) -> int:
-        """Drafts a lane without a proposal could carry in an aligned pass (-1: none, it does
-        not draft); a lane near its end has less room than the others."""
+        """Drafts a lane may carry in its next pass: aligned, fewer by the rows it recomputes;
+        fewer near its end; none (negative) for a lane that does not draft."""
         if req.lane.draft is None:
             return -(1 << 30)
-        return min(
-            self.config.tokens - self.recompute(req), req.max_tokens - len(req.output_ids) - 1
-        )
+        recompute = self.recompute(req) if self.align else 0
+        return min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
 
     def before_pass(self, work) -> tuple[LaneRows, ...]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its
