@@ -138,9 +138,10 @@ def test_mlx_lm_agrees_on_the_4bit_file():
 
     path = demo_checkpoint("mlx-4bit")
     model, tokenizer = load(str(path))
-    ours = _ask_all(_engine("mlx-4bit", torch.bfloat16), KNOWN)
+    asked = KNOWN[::2]  # every other task, both thinking modes: mlx_lm's CPU decode is slow
+    ours = _ask_all(_engine("mlx-4bit", torch.bfloat16), asked)
     tok = Tokenizer(path)
-    for (prompt, thinking), mine in zip(KNOWN, ours):
+    for (prompt, thinking), mine in zip(asked, ours):
         prompt_text = tok.hf.apply_chat_template(
             [{"role": "user", "content": prompt}],
             add_generation_prompt=True,

@@ -1,5 +1,6 @@
 """Drafted = plain on the GPU (skipped without CUDA): a random 9B-shape checkpoint (4-bit, mixed)
-with a random MTP head, 1/4/16 lanes, greedy and seeded: scripted drafts, the head's own, a random
+with a random MTP head, 1/4/16 lanes, greedy and seeded (and 64 greedy, gates opening and
+closing mid-request): scripted drafts, the head's own, a random
 DFlash (v1) and a random DFlash2 drafter bound to it. The
 plain runs are eager (no CUDA graphs); the drafted runs replay decode and verify passes from
 graphs (runner/cuda_graph.py), so graph = eager is checked for verify passes too."""
@@ -89,6 +90,24 @@ def test_drafted_equals_plain_9b(nine_b, dflash_9b, dflash2_9b, parallel, params
         assert eng.drafting.stats.proposed > 0
         if draft == str(dflash2_9b):
             assert eng.drafting.default.model.selector is not None  # served as DFlash2
+
+
+def test_drafted_equals_plain_64_lanes_as_gates_open_and_close(nine_b):
+    """64 lanes, greedy: half the lanes' drafts right for 8 positions then wrong for 8 (their
+    gates close and reopen mid-request), the other half's always wrong (closed lanes ride the
+    verify passes of open ones, or the pass goes plain); then the random MTP head's drafts."""
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    prompts = [sample_prompt(900 + i, 16 + (7 * i) % 50, VOCAB) for i in range(64)]
+    want, _ = _run(nine_b, prompts, params, 64, graphs=False)
+    replies = {
+        tuple(p): ids if i % 2 == 0 else [(t + 1) % VOCAB for t in ids]
+        for i, (p, (ids, _)) in enumerate(zip(prompts, want))
+    }
+    got, eng = _run(nine_b, prompts, params, 64, "ngram", Script(replies, lambda p: p % 16 >= 8))
+    assert got == want
+    assert eng.drafting.stats.accepted > 0 and _verify_replays(eng) > 0
+    got, eng = _run(nine_b, prompts, params, 64, "mtp")
+    assert got == want and eng.drafting.stats.proposed > 0
 
 
 def _verify_replays(eng) -> int:

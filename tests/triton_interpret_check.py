@@ -57,9 +57,8 @@ def main() -> None:
     assert (
         rel(linear.dequantize(packed.view(torch.int32), s, b, 4, 32, torch.float16), ref_w) < 1e-3
     )
-    for tiles in linear.candidates(1, packed=True) + linear.candidates(
-        80, packed=True
-    ):  # launch shapes only
+    shapes = [linear.candidates(m, packed=True) for m in (1, 40, 80)]  # each rows class's
+    for tiles in sum(shapes, []):  # launch shapes only
         assert torch.equal(
             linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7]
         )
@@ -107,7 +106,10 @@ def _super_block_case(q, kc, vc, slots):
         q.double(), kc.double(), vc.double(), slots, torch.arange(n), 32**-0.5, torch.float16
     )
     assert rel(out, want) < 2e-3, q.shape
-    assert near(attention.paged_attention(q, kc, vc, tiles, 32**-0.5, plan="split"), out)
+    for lo, hi in ((0, min(n, 24)), (max(0, n - 40), n)):  # the split plan: first and last rows
+        part = ref_attention.AttentionTiles.build((Segment(0, lo, 0, hi - lo, slots),), "cpu")
+        split = attention.paged_attention(q[lo:hi], kc, vc, part, 32**-0.5, plan="split")
+        assert near(split, out[lo:hi]), (n, lo)
     for t in sorted({0, 13, 255, 256, 257, n - 1} & set(range(n))):
         one = ref_attention.AttentionTiles.build((Segment(0, t, 0, 1, slots[: t + 1]),), "cpu")
         assert one.size == ref_attention.Q_TILE
@@ -138,7 +140,9 @@ def unpacking() -> None:
             cols = torch.randperm(k)[:16]
             x = torch.eye(k)[cols].half()
             plan = linear.LinearPlan.for_weight(n, k, group)
-            for tiles in linear.candidates(16, packed=True):  # plain and swapped, 1-4 blocks a step
+            # plain and swapped, 1-4 blocks a step, few rows and many lanes' launch shapes
+            middle = [t for t in linear.candidates(40, packed=True) if t.swap]
+            for tiles in linear.candidates(16, packed=True) + middle:
                 y = linear.affine_matmul(x, packed, ones, zeros, bits, group, plan, tiles=tiles)
                 assert torch.equal(y, q[:, cols].t()), (bits, group, tiles)
 

@@ -15,6 +15,8 @@ SPLIT_MAX_ROWS = 64  # at most this many rows use the split form
 # few packed rows, weights on the MMA's wide side: (columns, warps, stages, plan blocks a step);
 # four 64-column blocks a step read 128 bytes of a 4-bit weight row per load
 SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4, 4, 2))
+# 17-64 packed rows (many decoding lanes), weights on the wide side: (rows, columns, warps, blocks)
+MIDDLE_SWAPPED = ((64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,12 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         )
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
-        more = [Tiles(64, 64, 4, 3, wide=2)] if packed else []
+        more = (
+            [Tiles(64, 64, 4, 3, wide=2)]
+            + [Tiles(m, n, w, 3, wide=x, swap=True) for m, n, w, x in MIDDLE_SWAPPED]
+            if packed
+            else []
+        )
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
         # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
