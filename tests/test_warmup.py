@@ -13,7 +13,13 @@ from tensorfold.engine.request import SamplingParams
 from tensorfold.engine.warmup import run_steps, warm_up, warmup_steps
 from tensorfold.ops.quant import QuantizedWeight, quantize
 from tensorfold.ops.triton.linear import matmul
-from tensorfold.ops.triton.tiles import TileBook, Tiles, candidates, rows_class
+from tensorfold.ops.triton.tiles import (
+    TileBook,
+    Tiles,
+    candidates,
+    grouped_candidates,
+    rows_class,
+)
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -43,6 +49,25 @@ def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
     path.write_text("not json")
     assert TileBook().load(path) == 0
     assert TileBook().load(tmp_path / "missing.json") == 0
+
+
+def test_tile_file_keeps_grouped_expert_shapes(tmp_path):
+    """The grouped expert products' choices (keys "moe", pairs a tile, N, K, format, part)
+    round-trip; a shape that is not a grouped candidate, or a tile size the table never uses,
+    is left out."""
+    book = TileBook()
+    book.chosen[("moe", 16, 512, 2048, 4, 64, "gate-up")] = grouped_candidates(16)[-1]
+    book.chosen[("moe", 64, 2048, 512, 4, 64, "down")] = grouped_candidates(64)[2]
+    book.chosen[("moe", 16, 512, 2048, 4, 64, "down")] = candidates(1, packed=True)[-1]
+    book.chosen[("moe", 32, 512, 2048, 4, 64, "down")] = grouped_candidates(16)[0]
+    path = tmp_path / "tiles.json"
+    book.save(path)
+    again = TileBook()
+    assert again.load(path) == 2
+    assert set(again.chosen) == {
+        ("moe", 16, 512, 2048, 4, 64, "gate-up"),
+        ("moe", 64, 2048, 512, 4, 64, "down"),
+    }
 
 
 def test_a_product_of_no_rows_is_not_timed():

@@ -11,6 +11,7 @@ import torch
 from ..ops import moe as ref_moe
 from ..ops.quant import dequantize, quantize
 from ..ops.triton import moe, moe_rows
+from ..ops.triton.tiles import grouped_block_m, grouped_candidates
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -119,6 +120,31 @@ def check_grouped(impl, small: bool) -> list[str]:
         for m in (2, 7, 64, 300):
             if not torch.equal(impl(x[:m], ids[:m], ex)[0], alone):
                 bad.append(f"bits {bits}: row 0 among {m} differs from the row alone")
+        if impl is moe.expert_swiglu:
+            bad += launch_shapes_agree(x, ids, ex)
+    return bad
+
+
+class FixedShape:
+    """A tile book that always picks one launch shape (the checks run every candidate)."""
+
+    def __init__(self, shape) -> None:
+        self.shape = shape
+
+    def pick(self, key, m, packed, run, options=None):
+        return self.shape
+
+
+def launch_shapes_agree(x, ids, experts) -> list[str]:
+    """Every launch shape the tile book may pick for the grouped products (narrow columns, the
+    swapped form) gives the default's bytes, for a decode-sized pass and a prompt-sized one."""
+    bad = []
+    for m in (3, x.shape[0]):
+        want = moe.expert_swiglu(x[:m], ids[:m], experts)
+        for t in grouped_candidates(grouped_block_m(m * ids.shape[1]))[1:]:
+            got = moe.expert_swiglu(x[:m], ids[:m], experts, FixedShape(t))
+            if not torch.equal(got, want):
+                bad.append(f"{m} rows under {t} differ from the default launch shape")
     return bad
 
 
@@ -139,7 +165,7 @@ def _grouped_cublas_shared(x, ids, experts):
 def _grouped_unrounded(x, ids, experts):
     """Planted: silu(gate) · up from the fp32 products (not rounded to the model dtype first)."""
     m, k = ids.shape
-    tiles = moe.tiles_torch(ids, experts.num_experts, 16 if m * k <= 512 else 64)
+    tiles = moe.tiles_torch(ids, experts.num_experts, grouped_block_m(m * k))
     xs = x[tiles.order // k].float()
     chosen = ids.reshape(-1)[tiles.order]
     g, u = torch.empty(2, xs.shape[0], experts.gate.shape[0], device=x.device)

@@ -38,7 +38,7 @@ class SparseMoE:
         logits, shared_logit = self.gates(x)
         route = op.moe_route(logits, self.top_k)
         if self.group is None:
-            routed = op.expert_swiglu(x, route.ids, self.experts)
+            routed = op.expert_swiglu(x, route.ids, self.experts, self.router.book)
         else:
             routed = self.split_experts(x, route.ids)
         return op.moe_combine(routed, route.weights, self.shared(x), shared_logit)
@@ -54,7 +54,7 @@ class SparseMoE:
         out = x.new_zeros((m * k, self.experts.down.shape[0]))
         if mine.numel():
             local = (flat[mine] - self.first)[:, None]
-            out[mine] = op.expert_swiglu(x[mine // k], local, self.experts)[:, 0]
+            out[mine] = op.expert_swiglu(x[mine // k], local, self.experts, self.router.book)[:, 0]
         every = self.group.gather_cols(out).view(m * k, self.group.world, -1)
         owner = flat // per
         return every[torch.arange(m * k, device=x.device), owner].view(m, k, -1)

@@ -212,13 +212,16 @@ def moe_route(logits: torch.Tensor, top_k: int) -> ref_moe.Route:
     return ref_moe.route(logits, top_k)
 
 
-def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: ref_moe.Experts) -> torch.Tensor:
+def expert_swiglu(
+    x: torch.Tensor, ids: torch.Tensor, experts: ref_moe.Experts, book=None
+) -> torch.Tensor:
     """[M, k, H]: each row's output of each of its experts, only the chosen experts read; on the
-    GPU the tile table, one grouped launch for gate and up (silu · up written), one for down."""
+    GPU the tile table, one grouped launch for gate and up (silu · up written), one for down,
+    in the launch shapes `book` (ops.triton.tiles.TileBook) picked."""
     if x.is_cuda:
         from .triton.moe import expert_swiglu
 
-        return expert_swiglu(x, ids, experts)
+        return expert_swiglu(x, ids, experts, book)
     return ref_moe.expert_swiglu(x, ids, experts)
 
 

@@ -24,7 +24,8 @@ import triton.language as tl
 from ..moe import Experts, ExpertStack
 from .gates import _swiglu, silu_mul
 from .linear import LinearPlan
-from .segments import _affine_whole, _dense_whole
+from .segments import _affine_whole, _dense_whole, _swapped_whole
+from .tiles import TileBook, Tiles, grouped_block_m, grouped_candidates
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,18 @@ def _expert_product(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
-    """Rows `rows` of x (those < M) through expert e's matrix: the whole form's fp32 sum."""
+    """Rows `rows` of x (those < M) through expert e's matrix: the whole form's fp32 sum (SWAP:
+    with the weights on the MMA's wide side, the same sums)."""
     w_e = w_ptr + e * stride_we
-    if PACKED:
+    if SWAP:
+        s_e, b_e = s_ptr + e * stride_se, b_ptr + e * stride_se
+        acc = _swapped_whole(
+            x_ptr, w_e, s_e, b_e, rows, o_n, M, N, stride_x, stride_w, stride_s, PACKED,
+            BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    elif PACKED:
         s_e, b_e = s_ptr + e * stride_se, b_ptr + e * stride_se
         acc = _affine_whole(
             x_ptr, w_e, s_e, b_e, rows, o_n, M, N, stride_x, stride_w, stride_s,
@@ -224,6 +233,7 @@ def _grouped_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     pid_t, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(tile_e + pid_t).to(tl.int64)
@@ -240,13 +250,14 @@ def _grouped_kernel(
         acc = _expert_product(
             x_ptr, w_ptr, s_ptr, b_ptr, e, rows, o_n, limit, N, stride_x, stride_we, stride_w,
             stride_se, stride_s, PACKED, BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M, BLOCK_N, BLOCK_K,
+            SWAP,
         )  # fmt: skip
         out = acc.to(y_ptr.dtype.element_ty)
         if SWIGLU:  # up's product; both rounded to the model dtype before silu · up, as unfused
             up = _expert_product(
                 x_ptr, w2_ptr, s2_ptr, b2_ptr, e, rows, o_n, limit, N, stride_x, stride_we,
                 stride_w, stride_se, stride_s, PACKED, BITS, GROUP, GROUPS, SEG, NSEG, BLOCK_M,
-                BLOCK_N, BLOCK_K,
+                BLOCK_N, BLOCK_K, SWAP,
             )  # fmt: skip
             u = up.to(y_ptr.dtype.element_ty)
             out = _swiglu(out.to(tl.float32), u).to(y_ptr.dtype.element_ty)
@@ -266,14 +277,16 @@ def grouped_matmul(
     xs: torch.Tensor,
     stack: ExpertStack,
     tiles: ExpertTiles,
-    block_n: int = 64,
+    shape: Tiles | None = None,
     gather_k: int = 0,
     scatter: bool = False,
     up: ExpertStack | None = None,
 ) -> torch.Tensor:
     """xs [P, K] (pairs sorted by expert) · W_eᵀ per tile -> [P, N] in xs's dtype. gather_k = k:
     xs is x [M, K] and pair p reads row order[p] // k; scatter: pair p's output is written at row
-    order[p]; up: the fused gate and up, silu(xs · W_eᵀ) · (xs · U_eᵀ), `stack` the gate."""
+    order[p]; up: the fused gate and up, silu(xs · W_eᵀ) · (xs · U_eᵀ), `stack` the gate.
+    `shape`: the launch shape (columns, warps, stages, swapped form), never the arithmetic."""
+    t = shape or grouped_candidates(tiles.block_m)[0]
     n, k = stack.shape
     plan = LinearPlan.for_weight(n, k, stack.group_size if stack.packed else None)
     xs = xs.contiguous()
@@ -284,31 +297,43 @@ def grouped_matmul(
     if up is not None and not _one_format(stack, up):
         raise ValueError("gate and up stacks must have one format and layout")
     groups = max(plan.block_k // stack.group_size, 1) if stack.packed else 1
-    grid = (tiles.count, triton.cdiv(n, block_n))
+    grid = (tiles.count, triton.cdiv(n, t.block_n))
     _grouped_kernel[grid](
         xs, w, s, b, w2, s2, b2, y, tiles.order, tiles.expert, tiles.lo, tiles.hi, n, xs.shape[0],
         xs.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), y.stride(0),
         TOP_K=max(gather_k, 1), GATHER=gather_k > 0, SCATTER=scatter, SWIGLU=up is not None,
         PACKED=stack.packed, BITS=stack.bits or 16, GROUP=stack.group_size or 16, GROUPS=groups,
-        SEG=plan.segment, NSEG=plan.segments(k), BLOCK_M=tiles.block_m, BLOCK_N=block_n,
-        BLOCK_K=plan.block_k, num_warps=4, num_stages=3,
+        SEG=plan.segment, NSEG=plan.segments(k), BLOCK_M=tiles.block_m, BLOCK_N=t.block_n,
+        BLOCK_K=plan.block_k, SWAP=t.swap, num_warps=t.warps, num_stages=t.stages,
     )  # fmt: skip
     return y
 
 
-def expert_swiglu(x: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch.Tensor:
+def expert_swiglu(
+    x: torch.Tensor, ids: torch.Tensor, experts: Experts, book: TileBook | None = None
+) -> torch.Tensor:
     """[M, k, H]: ops.moe.expert_swiglu's result on the GPU with no host sync: the tile table, the
-    gate and up in one grouped launch (silu · up written), down in one writing each (row, choice)."""
+    gate and up in one grouped launch (silu · up written), down in one writing each (row, choice).
+    `book` picks each launch's shape by timing the candidates once (never the arithmetic)."""
     m, k = ids.shape
-    tiles = expert_tiles(ids, experts.num_experts, 16 if m * k <= 512 else 64)
+    tiles = expert_tiles(ids, experts.num_experts, grouped_block_m(m * k))
+
+    def launch(part: str, xs, stack: ExpertStack, **kw) -> torch.Tensor:
+        run = lambda t: grouped_matmul(xs, stack, tiles, t, **kw)  # noqa: E731
+        if book is None:
+            return run(None)
+        fmt = (stack.bits, stack.group_size) if stack.packed else (str(stack.weight.dtype),)
+        key = ("moe", tiles.block_m, *stack.shape, *fmt, part)
+        options = grouped_candidates(tiles.block_m)
+        return run(book.pick(key, m * k, stack.packed, run, options))
+
     if _one_format(experts.gate, experts.up):
-        h = grouped_matmul(x, experts.gate, tiles, gather_k=k, up=experts.up)
+        h = launch("gate-up", x, experts.gate, gather_k=k, up=experts.up)
     else:  # a mixed file with gate and up at different bits: two launches and silu_mul
         h = silu_mul(
-            grouped_matmul(x, experts.gate, tiles, gather_k=k),
-            grouped_matmul(x, experts.up, tiles, gather_k=k),
+            launch("gate", x, experts.gate, gather_k=k), launch("up", x, experts.up, gather_k=k)
         )
-    return grouped_matmul(h, experts.down, tiles, scatter=True).view(m, k, -1)
+    return launch("down", h, experts.down, scatter=True).view(m, k, -1)
 
 
 def _one_format(a: ExpertStack, b: ExpertStack) -> bool:
@@ -326,7 +351,7 @@ def expert_swiglu_unfused(x: torch.Tensor, ids: torch.Tensor, experts: Experts) 
     up apart, silu_mul, down, a scatter): the registry's witness that the fused form's bits are
     these."""
     m, k = ids.shape
-    tiles = tiles_torch(ids, experts.num_experts, 16 if m * k <= 512 else 64)
+    tiles = tiles_torch(ids, experts.num_experts, grouped_block_m(m * k))
     xs = x[tiles.order // k]
     h = silu_mul(grouped_matmul(xs, experts.gate, tiles), grouped_matmul(xs, experts.up, tiles))
     y = grouped_matmul(h, experts.down, tiles)

@@ -161,3 +161,89 @@ def _affine_whole(
             BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     return acc
+
+
+@triton.jit
+def _swapped_segment(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    k_begin,
+    stride_x,
+    stride_w,
+    stride_s,
+    PACKED: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One segment with the weights on the MMA's wide side: accᵀ [BLOCK_N, BLOCK_M] = W · xᵀ,
+    the same 16-column MMAs chained in the same order as `_dense_segment` / `_affine_segment`
+    (an output element reads only its own row and column: the same fp32 sums)."""
+    o_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for i in range(SEG // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
+        b_x = tl.load(
+            x_ptr + o_m[None, :] * stride_x + (k0 + o_k)[:, None], mask=o_m[None, :] < M, other=0.0
+        )
+        if PACKED:
+            b_w = _unpacked(
+                w_ptr, s_ptr, b_ptr, o_n, N, k0, stride_w, stride_s, BITS, GROUP, GROUPS,
+                BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            acc = tl.dot(tl.trans(b_w.to(x_ptr.dtype.element_ty)), b_x, acc)
+        else:
+            b_w = tl.load(
+                w_ptr + o_n[:, None] * stride_w + (k0 + o_k)[None, :],
+                mask=o_n[:, None] < N,
+                other=0.0,
+            )
+            acc = tl.dot(b_w, b_x, acc)
+    return acc
+
+
+@triton.jit
+def _swapped_whole(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_m,
+    o_n,
+    M,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    PACKED: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    SEG: tl.constexpr,
+    NSEG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The whole form's sum in the swapped form, returned as [BLOCK_M, BLOCK_N] (a transpose
+    moves values, it adds nothing)."""
+    acc = _swapped_segment(
+        x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, 0, stride_x, stride_w, stride_s, PACKED,
+        BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    for s in range(1, NSEG):
+        acc += _swapped_segment(
+            x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w, stride_s,
+            PACKED, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return tl.trans(acc)

@@ -110,6 +110,22 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     return shapes + more
 
 
+GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
+
+
+def grouped_block_m(pairs: int) -> int:
+    """Pairs a tile of the grouped expert products holds, for a pass of `pairs` pairs."""
+    return 16 if pairs <= GROUPED_SMALL_PAIRS else 64
+
+
+def grouped_candidates(block_m: int) -> list[Tiles]:
+    """Launch shapes of the grouped expert products (ops/triton/moe.py) over tiles of block_m
+    pairs; the first is the untimed default. Narrow columns give a decode-sized pass (8 experts,
+    a row or two each) more programs; the swapped form puts the weights on the MMA's wide side."""
+    plain = [Tiles(block_m, n, 4, 3) for n in (64, 32, 16, 128)]
+    return plain + [Tiles(block_m, 64, 4, 3, swap=True), Tiles(block_m, 128, 8, 3, swap=True)]
+
+
 def gpu_seconds(fn, reps: int) -> float:
     """Device time per call of fn (already run once): `reps` calls captured in a CUDA graph and
     replayed, so Python's launch cost is not counted (decode passes replay from a graph too)."""
@@ -135,11 +151,12 @@ class TileBook:
         self.chosen: dict[tuple, Tiles] = {}
         self.reps = reps
 
-    def pick(self, key: tuple, m: int, packed: bool, run) -> Tiles:
-        """The launch shape for a product of m rows; `key` names the product and its rows class."""
+    def pick(self, key: tuple, m: int, packed: bool, run, options: list[Tiles] | None = None):
+        """The launch shape for a product of m rows; `key` names the product and its rows class
+        (`options`: the candidates when they are not a linear product's)."""
         if key in self.chosen:
             return self.chosen[key]
-        options = candidates(m, packed)
+        options = options or candidates(m, packed)
         if len(options) == 1 or torch.cuda.is_current_stream_capturing():
             return options[0]
         times = {}
@@ -188,6 +205,8 @@ _CLASS_ROWS = {0: 1, 1: SPLIT_MAX_ROWS, 2: 512, 3: 4096}  # a row count of each 
 
 def _class_candidates(key: tuple) -> list[Tiles]:
     """The candidates of a key (rows class, N, K, format...): packed formats are (bits, group)."""
+    if key and key[0] == "moe":  # ("moe", block_m, N, K, format..., part): grouped products
+        return grouped_candidates(key[1]) if key[1] in (16, 64) else []
     if not key or key[0] not in _CLASS_ROWS:
         return []
     return candidates(_CLASS_ROWS[key[0]], packed=len(key) == 5)
