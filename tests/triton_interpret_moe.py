@@ -66,12 +66,13 @@ def grouped() -> None:
         y = moe.expert_swiglu(x, ids, ex)
         assert torch.equal(y, moe.expert_swiglu_unfused(x, ids, ex)), bits
         assert torch.equal(moe.expert_swiglu(x[3:4], ids[3:4], ex)[0], y[3]), bits
-        assert not registry_moe.launch_shapes_agree(x, ids, ex), bits  # narrow, swapped
+        if bits == (4, 4, 8):  # every launch shape, narrow and swapped, on one format
+            assert not registry_moe.launch_shapes_agree(x, ids, ex), bits
     # K = 2048: gate and up reduced in two segments, which every launch shape adds in order (in
     # fp32 rows, whose outputs show the sums' last bits: fp16 outputs round most of them away)
     x = torch.randn(4, 2048)
     ids = torch.sort(torch.rand(4, 4).argsort(-1)[:, :2], -1).values
-    gate, up = expert_stack(4, 32, 2048, 4), expert_stack(4, 32, 2048, 4)
+    gate, up = expert_stack(4, 16, 2048, 4), expert_stack(4, 16, 2048, 4)
     tiles = moe.tiles_torch(ids, 4, 16)
     want = moe.grouped_matmul(x, gate, tiles, gather_k=2, up=up)
     for shape in grouped_candidates(16)[1:]:
