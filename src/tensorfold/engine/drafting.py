@@ -92,7 +92,8 @@ class Drafting:
             room = self.room(req)
             if room > 0 and d.gate.open():
                 ready.append((req, room))
-        if self.align and self.can_ride(running) and 0 < len(ready) < len(running):
+        ride = self.align and self.can_ride(running)  # proposing changes no lane's room
+        if ride and 0 < len(ready) < len(running):
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
             if not self.pays(running, expected):
                 return  # the drafts would not pay for the others' rows: a plain pass
@@ -106,7 +107,7 @@ class Drafting:
             d.real = len(d.proposal)
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)
-        if self.align and self.can_ride(running):
+        if ride:
             self.share_pass(running)
 
     def share_pass(self, running: list[Request]) -> None:
@@ -137,17 +138,20 @@ class Drafting:
         """Every lane of an aligned pass could feed 1 + K rows: none reads its prompt, none is
         near its end, each has a drafting state (else the pass is mixed, eager, anyway)."""
         full = self.config.tokens
-        return all(not r.in_prompt and self.room(r) + self.recompute(r) == full for r in running)
+        return all(
+            not r.in_prompt
+            and r.lane.draft is not None
+            and self.room(r) + self.recompute(r) == full
+            for r in running
+        )
 
     def recompute(self, req: Request) -> int:
         """Committed rows an aligned lane feeds again after a rejection."""
         return req.num_tokens - req.lane.computed - 1
 
     def room(self, req: Request) -> int:
-        """Drafts a lane may carry in its next pass: aligned, fewer by the rows it recomputes;
-        fewer near its end; none (negative) for a lane that does not draft."""
-        if req.lane.draft is None:
-            return -(1 << 30)
+        """Drafts a drafting lane may carry in its next pass: aligned, fewer by the rows it
+        recomputes; fewer near its end."""
         recompute = self.recompute(req) if self.align else 0
         return min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
 
