@@ -24,7 +24,13 @@ import triton
 import triton.language as tl
 
 from ..quant import QuantizedWeight
-from .segments import _affine_segment, _affine_whole, _dense_segment, _dense_whole
+from .segments import (
+    _affine_segment,
+    _affine_whole,
+    _dense_segment,
+    _dense_whole,
+    _swapped_segment,
+)
 from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
     SEGMENT,
     SPLIT_MAX_ROWS,
@@ -205,35 +211,14 @@ def _affine_swapped_kernel(
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_k = tl.arange(0, BLOCK_K)
     first = pid_s if SPLIT else 0
     last = pid_s + 1 if SPLIT else NSEG
     total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for s in range(first, last):
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for i in range(SEG // BLOCK_K):
-            k0 = s * SEG + i * BLOCK_K
-            b_x = tl.load(
-                x_ptr + o_m[None, :] * stride_x + (k0 + o_k)[:, None],
-                mask=o_m[None, :] < M,
-                other=0.0,
-            )
-            b_w = _unpacked(
-                w_ptr,
-                s_ptr,
-                b_ptr,
-                o_n,
-                N,
-                k0,
-                stride_w,
-                stride_s,
-                BITS,
-                GROUP,
-                GROUPS,
-                BLOCK_N,
-                BLOCK_K,
-            )
-            acc = tl.dot(tl.trans(b_w.to(x_ptr.dtype.element_ty)), b_x, acc)
+        acc = _swapped_segment(
+            x_ptr, w_ptr, s_ptr, b_ptr, o_m, o_n, M, N, s * SEG, stride_x, stride_w, stride_s,
+            True, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
         total = tl.where(s == first, acc, total + acc)  # in segment order; no 0 + first (-0.0)
     mask = (o_m[None, :] < M) & (o_n[:, None] < N)
     if SPLIT:
