@@ -19,15 +19,8 @@ py=python3
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 git log -1 --format=%h 2>/dev/null | tee "$OUT/commit.txt"
 
-phase() {  # phase NAME SECONDS CMD...
-    local name=$1 limit=$2; shift 2
-    echo "=== $name (limit ${limit} s)"
-    local t=$(date +%s)
-    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
-    tail -n "${TAIL:-16}" "$OUT/$name.log"
-}
+TAIL=${TAIL:-16}
+source "$(dirname "$0")/serve_lib.sh"  # phase
 
 for p in $PHASES; do
     case $p in

@@ -24,15 +24,8 @@ fi
 export PYTHONPATH=/tmp/site:src:tests
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
-phase() {  # phase NAME SECONDS CMD...
-    local name=$1 limit=$2; shift 2
-    echo "=== $name (limit ${limit} s)"
-    local t=$(date +%s)
-    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
-    tail -n 40 "$OUT/$name.log"
-}
+TAIL=${TAIL:-40}
+source "$(dirname "$0")/serve_lib.sh"  # phase
 
 tests() {  # each '|'-separated group of TESTS in its own pytest, side by side
     local i=0 pids=() group

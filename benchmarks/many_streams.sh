@@ -28,16 +28,6 @@ CKPT=/tmp/tf-9b-4bit
 CONC=${CONC:-1,16,64}
 BENCH_SERVE="--concurrency $CONC --input-len 1024 --output-len 512 --tokenizer src/tensorfold/demo/bf16"
 
-phase() {  # phase NAME SECONDS CMD...
-    local name=$1 limit=$2; shift 2
-    echo "=== $name (limit ${limit} s)"
-    local t=$(date +%s)
-    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
-    tail -n "${TAIL:-24}" "$OUT/$name.log"
-}
-
 served() {  # served NAME PORT CMD...: start a server, bench serve it, stop it
     local name=$1 port=$2; shift 2
     "$@" > "$OUT/$name-server.log" 2>&1 &

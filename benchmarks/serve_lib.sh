@@ -1,4 +1,4 @@
-# Shared by the benchmark scripts that start a server: source it after setting $py.
+# Shared by the benchmark scripts: source it after setting $py (and $OUT, for `phase`).
 
 # up URL: true once URL answers.
 up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
@@ -12,4 +12,16 @@ wait_up() {
     sleep 0.5
   done
   echo "server did not start"; cat "$3"; return 2
+}
+
+# phase NAME SECONDS CMD...: run CMD under a time limit, its output in $OUT/NAME.log; print its
+# exit code, its time and the log's last ${TAIL:-24} lines.
+phase() {
+    local name=$1 limit=$2; shift 2
+    echo "=== $name (limit ${limit} s)"
+    local t=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
+    tail -n "${TAIL:-24}" "$OUT/$name.log"
 }
