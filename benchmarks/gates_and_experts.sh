@@ -21,6 +21,7 @@ git log -1 --format=%h 2>/dev/null | tee "$OUT/commit.txt"
 
 TAIL=${TAIL:-16}
 source "$(dirname "$0")/serve_lib.sh"  # phase
+site_wheels || exit 1
 
 for p in $PHASES; do
     case $p in

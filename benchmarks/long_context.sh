@@ -17,15 +17,12 @@ OUT=${1:?usage: long_context.sh OUT [phases]}
 PHASES=${2:-check probe depth}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:src:tests
+export PYTHONPATH=src:tests
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
 TAIL=${TAIL:-40}
 source "$(dirname "$0")/serve_lib.sh"  # phase
+site_wheels || exit 1
 
 tests() {  # each '|'-separated group of TESTS in its own pytest, side by side
     local i=0 pids=() group

@@ -16,13 +16,10 @@ OUT=${1:?usage: many_streams.sh OUT [phases]}
 PHASES=${2:-profile lanes admit}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:src:tests:benchmarks
+export PYTHONPATH=src:tests:benchmarks
 py=python3
 source "$(dirname "$0")/serve_lib.sh"
+site_wheels || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 CKPT=/tmp/tf-9b-4bit
 CONC=${CONC:-1,16,64}

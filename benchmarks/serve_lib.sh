@@ -1,5 +1,17 @@
 # Shared by the benchmark scripts: source it after setting $py (and $OUT, for `phase`).
 
+# site_wheels: install the wheels in .whl (packages a GPU machine lacks, benchmarks/README.md) into
+# /tmp/site (once a machine: two scripts run side by side share it) and put it first on
+# PYTHONPATH; nothing when .whl holds none.
+site_wheels() {
+    ls .whl/*.whl >/dev/null 2>&1 || return 0
+    if [ ! -e /tmp/site/.installed ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || return 1
+    fi
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+}
+
 # up URL: true once URL answers.
 up() { $py -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null; }
 
