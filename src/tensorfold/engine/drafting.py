@@ -150,10 +150,14 @@ class Drafting:
         return req.num_tokens - req.lane.computed - 1
 
     def room(self, req: Request) -> int:
-        """Drafts a drafting lane may carry in its next pass: aligned, fewer by the rows it
-        recomputes; fewer near its end."""
-        recompute = self.recompute(req) if self.align else 0
-        return min(self.config.tokens - recompute, req.max_tokens - len(req.output_ids) - 1)
+        """Drafts a drafting lane may carry in its next pass. Aligned: fewer by the rows it
+        recomputes, and near its end as many as its KV rows reach (the scheduler's lookahead):
+        drafts past its last token cost nothing in a graph's pass, the walk stops at the end.
+        Eager: none past its last token."""
+        if not self.align:
+            return min(self.config.tokens, req.max_tokens - len(req.output_ids) - 1)
+        reach = req.lane.kv_rows.shape[0] - req.num_tokens  # positions num_tokens.. it may fill
+        return min(self.config.tokens - self.recompute(req), reach)
 
     def before_pass(self, work) -> tuple[LaneRows, ...]:
         """Each drafting lane keeps the drafts its rows fit, and its state is copied to its

@@ -57,6 +57,9 @@ class Scheduler:
         self.config, self.kv, self.states, self.cache = config, kv, states, cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # rows an aligned verify pass may feed past a lane's last token: its KV rows reach that
+        # far (within the context), so a lane near its end keeps its graph's shape
+        self.lookahead = 0
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
@@ -66,7 +69,7 @@ class Scheduler:
             entry = None if fresh else self.cache.lookup(req.prompt_ids)
             held = self.kv.share(entry.pages) if entry else []  # pinned before any eviction
             partial = 1 if entry and entry.cut % self.kv.page_size else 0
-            need = self.kv.pages_for(req.capacity) - len(held) + partial
+            need = self.kv.pages_for(self.positions(req)) - len(held) + partial
             if self.cache is not None and need > self.kv.free_pages:
                 self.cache.make_room(pages=need)
             if need > self.kv.free_pages:
@@ -76,6 +79,10 @@ class Scheduler:
                 self.cache.record(entry)
             self.waiting.popleft()
             self._start(req, entry, held, need)
+
+    def positions(self, req: Request) -> int:
+        """Positions the lane's KV rows cover: its capacity and the lookahead, within the context."""
+        return min(req.capacity + self.lookahead, max(self.config.context, req.capacity))
 
     def _start(self, req: Request, entry, held: list[int], need: int) -> None:
         whole = entry.cut // self.kv.page_size if entry else 0
@@ -89,7 +96,7 @@ class Scheduler:
         if entry:
             self.states.restore(lane.slot, entry.snapshot)
             lane.computed = lane.cached = entry.cut
-        lane.kv_rows = self.kv.rows(lane.pages, req.capacity)
+        lane.kv_rows = self.kv.rows(lane.pages, self.positions(req))
         lane.cache_cuts = (
             self._cache_cuts(req) if self.cache is not None and self.cache.enabled else frozenset()
         )
