@@ -88,9 +88,11 @@ def test_prices_by_lane_bucket_and_rows():
     assert prices.ratio(1, 5) == pytest.approx(4 / 3)
     prices.record(3, 1, 0.010)  # 3 lanes price with 4
     assert lane_bucket(3) == lane_bucket(4) == 4 and prices.ratio(4, 1) == 1.0
-    for _ in range(40):
-        prices.record(1, 1, 0.006)  # a moving average: follows the card
-    assert prices.ratio(1, 5) == pytest.approx(4 / 6, abs=0.01)
+    prices.record(1, 5, 0.9)  # a first pass that records a graph: one slow pass changes nothing
+    assert prices.ratio(1, 5) == pytest.approx(4 / 3)
+    for _ in range(8):
+        prices.record(1, 1, 0.006)  # the least of the last 8: follows the card
+    assert prices.ratio(1, 5) == pytest.approx(4 / 6)
 
 
 def test_engine_prices_its_passes_and_an_always_wrong_drafter_stops(hf_tiny_b):
@@ -239,3 +241,47 @@ def test_lanes_near_their_end_keep_the_pass_a_graphs_shape(hf_tiny_b, monkeypatc
     shapes, want, got = _staggered(hf_tiny_b, monkeypatch, old_room=True)
     assert got == want
     assert sum(len(set(s)) > 1 for s in shapes) >= 3, shapes
+
+
+def test_a_new_lane_starts_from_what_finished_lanes_learnt():
+    """After lanes whose drafts all missed, a new lane's gate starts closed where even the
+    cheapest measured price is not paid (open while unpriced, or after lanes whose drafts were
+    kept)."""
+    from tensorfold.drafters.gate import LaneHistory
+
+    history = LaneHistory()
+    fresh = history.gate(4, 1.3)
+    assert fresh.open() and fresh.chance == 1.0  # nothing learnt: the hopeful start
+    for _ in range(3):
+        gate = Gate()
+        for _ in range(4):
+            gate.record(0, 4, price=1.3)
+        history.learn(gate)
+    closed = history.gate(4, 1.3)
+    assert closed.chance < 0.5 and _closed_for(closed) == FIRST_SKIP
+    assert history.gate(4, None).open()
+    for _ in range(6):
+        gate = Gate()
+        gate.record(4, 4, price=1.3)
+        history.learn(gate)
+    assert history.gate(4, 1.3).open() and history.gate(4, 1.3).chance > 0.9
+
+
+def test_a_second_request_of_an_always_wrong_drafter_verifies_less(hf_tiny_b):
+    """The engine's lanes share what their gates learnt: the second request after an always-wrong
+    one starts closed, and its tokens are plain's."""
+    prompt = sample_prompt(6, 12, 300)
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    eng = make_engine(hf_tiny_b, parallel=1, draft="ngram", draft_tokens=4)
+    eng.drafting.default = Script({tuple(prompt): want.output_ids}, lambda p: True)
+    counts = []
+    for _ in range(2):
+        before = eng.drafting.stats.verifies
+        req = eng.add_request(prompt, params)
+        eng.run_until_done()
+        assert req.output_ids == want.output_ids
+        counts.append(eng.drafting.stats.verifies - before)
+    assert counts[1] < counts[0], counts

@@ -7,6 +7,7 @@ tokens (docs/exactness.md, 'Drafting')."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 WORTH = 0.5  # drafts kept per verify pass below which drafting loses, while no price is measured
@@ -15,6 +16,7 @@ MOST_SKIPPED = 32  # a closed gate retries after at most this many chances (more
 RETRY_COST = 0.01  # priced: a closed gate's retries may cost this fraction of plain speed
 FIRST_SKIP = 4  # priced: chances a gate skips when it first closes
 DECAY = 0.75  # the weight of the past in each moving sum: about four verify passes
+WINDOW = 8  # passes of one shape a price is the least of
 
 
 @dataclass
@@ -69,6 +71,32 @@ class Gate:
         self.backoff = self.skip = min(most, max(first, 2 * self.backoff))
 
 
+@dataclass
+class LaneHistory:
+    """What the gates of finished lanes learnt, the start of a new lane's gate: the chance a
+    draft is kept, as moving sums over lanes (each finished lane that verified counts as one
+    verify pass, the start before any lane ended: a gate's hopeful one). A drafter that missed
+    on the last lanes starts a new lane closed where even the cheapest measured price is not
+    paid; one that was kept starts it open and hopeful."""
+
+    kept: float = 0.0
+    tried: float = 0.0
+
+    def learn(self, gate: Gate) -> None:
+        self.kept = self.kept * DECAY + gate.chance
+        self.tried = self.tried * DECAY + 1.0
+
+    def gate(self, k: int, price: float | None) -> Gate:
+        """A new lane's gate for drafts of k tokens, `price` the cheapest measured verify price."""
+        if self.tried == 0:
+            return Gate()
+        chance = min(1.0, self.kept / self.tried)
+        gate = Gate(rate=chance * k, kept=chance, tried=1.0)
+        if price is not None and not gate.worth(0, k, price):
+            gate.backoff = gate.skip = FIRST_SKIP
+        return gate
+
+
 def most_skipped(price: float) -> int:
     """The longest a closed gate waits at this price: a retry costs price - 1 plain passes."""
     return max(MOST_SKIPPED, min(256, int((max(1.0, price) - 1.0) / RETRY_COST)))
@@ -92,20 +120,28 @@ def lane_bucket(lanes: int) -> int:
 
 @dataclass
 class PassPrices:
-    """Measured seconds of the engine's passes by (lane bucket, rows per lane): a moving average
-    over the passes in which every lane fed that many rows and none read its prompt (the engine
-    records each; passes of other shapes are not priced)."""
+    """Measured seconds of the engine's passes by (lane bucket, rows per lane): the least of the
+    last WINDOW passes in which every lane fed that many rows and none read its prompt (the
+    engine records each; passes of other shapes are not priced). The least, because a pass's
+    time only ever gains from outside it: a first pass of a shape that compiles or records a
+    CUDA graph, a host hiccup; a moving average would carry such a pass for long."""
 
-    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    seconds: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
 
     def record(self, lanes: int, rows: int, seconds: float) -> None:
         key = (lane_bucket(lanes), rows)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else old + (seconds - old) / 8
+        self.seconds.setdefault(key, deque(maxlen=WINDOW)).append(seconds)
 
     def ratio(self, lanes: int, rows: int) -> float | None:
         """A pass of `rows` rows a lane over a plain one at this lane count; None until both
         were measured."""
         b = lane_bucket(lanes)
         verify, plain = self.seconds.get((b, rows)), self.seconds.get((b, 1))
-        return None if verify is None or not plain else verify / plain
+        if not verify or not plain or min(plain) <= 0:
+            return None
+        return min(verify) / min(plain)
+
+    def cheapest(self, rows: int) -> float | None:
+        """The least price of a pass of `rows` rows a lane at any lane count measured."""
+        found = [self.ratio(b, rows) for b, r in self.seconds if r == rows]
+        return min((f for f in found if f is not None), default=None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import PassPrices, verify_pays
+from ..drafters.gate import LaneHistory, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -65,6 +65,7 @@ class Drafting:
         self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
         self.prices = PassPrices()  # the engine's measured passes: what a verify costs the gate
+        self.history = LaneHistory()  # what finished lanes' gates learnt: a new gate's start
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
         """The request's drafting, or None when it drafts nothing (watched for every row's
@@ -77,7 +78,10 @@ class Drafting:
             drafters.append(self.default.for_request(req))
         if not enabled or watched or not drafters or not self.allowed:
             return None
-        return LaneDraft(tuple(drafters))
+        if prediction:  # the client's own guess: hopeful, whatever the drafter did before
+            return LaneDraft(tuple(drafters))
+        k = self.config.tokens
+        return LaneDraft(tuple(drafters), self.history.gate(k, self.prices.cheapest(k + 1)))
 
     def propose(self, running: list[Request]) -> None:
         """Each generating lane with nothing in flight proposes up to k tokens it may commit;
@@ -297,6 +301,8 @@ class Drafting:
 
     def release(self, req: Request) -> None:
         d = req.lane.draft
+        if d is not None and d.proposed and not isinstance(d.drafters[0], PredictionDrafter):
+            self.history.learn(d.gate)  # the drafter's record, not a client's guess
         if d is not None and d.spare >= 0:
             self.spares.release(d.spare)
             d.spare = -1
