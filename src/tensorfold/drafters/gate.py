@@ -76,8 +76,8 @@ class LaneHistory:
     """What the gates of finished lanes learnt, the start of a new lane's gate: the chance a
     draft is kept, as moving sums over lanes (each finished lane that verified counts as one
     verify pass, the start before any lane ended: a gate's hopeful one). A drafter that missed
-    on the last lanes starts a new lane closed where even the cheapest measured price is not
-    paid; one that was kept starts it open and hopeful."""
+    on the last lanes starts a new lane closed, for as long as a closed gate waits at most,
+    where even the cheapest measured price is not paid; one that was kept starts it open."""
 
     kept: float = 0.0
     tried: float = 0.0
@@ -93,7 +93,9 @@ class LaneHistory:
         chance = min(1.0, self.kept / self.tried)
         gate = Gate(rate=chance * k, kept=chance, tried=1.0)
         if price is not None and not gate.worth(0, k, price):
-            gate.backoff = gate.skip = FIRST_SKIP
+            # the last lanes' drafts did not pay: this lane's first try waits the longest a
+            # closed gate waits, rather than paying the ramp of 4, 8, 16 ... again
+            gate.backoff = gate.skip = most_skipped(price)
         return gate
 
 
