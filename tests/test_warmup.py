@@ -83,7 +83,7 @@ def test_a_product_of_no_rows_is_not_timed():
 
 def test_steps_reach_every_rows_class_and_lane_count():
     steps = warmup_steps(parallel=16, chunk=2048, context=4096)
-    assert {rows_class(n) for n, lanes in steps if lanes == 1} == {0, 1, 2, 3}
+    assert {rows_class(n) for n, lanes in steps if lanes == 1} == {0, 1, 2, 3, 4}
     assert (1, 16) in steps  # 16 lanes that finish one by one: every decode lane count
     assert all(n + lanes + 1 <= 4096 for n, lanes in warmup_steps(4, 4096, 4096))
 
@@ -91,8 +91,8 @@ def test_steps_reach_every_rows_class_and_lane_count():
 def test_warmed_engine_gives_cold_tokens(hf_tiny):
     cold = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
     warm = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
-    steps = warmup_steps(4, 600, 512)  # prompts of 16, 64 and 507 tokens, then 4 lanes
-    assert run_steps(warm, steps, budget_s=120) == len(steps) == 4
+    steps = warmup_steps(4, 600, 512)  # prompts of 16, 64, 128 and 507 tokens, then 4 lanes
+    assert run_steps(warm, steps, budget_s=120) == len(steps) == 5
     assert len(warm.prefix_cache) == 0 and warm.prefix_cache.budget_bytes == 1 << 20
     assert not warm.has_work() and not warm.scheduler.running
     prompt = [5, 9, 14, 3, 3, 7, 100, 42, 17]

@@ -36,7 +36,7 @@ def main() -> None:
         ), bits
     # K = 2048 is reduced in two segments: a few rows take the split form, many rows the whole
     # form; a row's bits must not change between them.
-    wide = torch.randn(80, 2048).half()  # > SPLIT_MAX_ROWS
+    wide = torch.randn(136, 2048).half()  # > SPLIT_MAX_ROWS
     w2 = torch.randn(48, 2048).half()
     plan = linear.LinearPlan.for_weight(48, 2048)
     assert plan.segments(2048) == 2
@@ -57,7 +57,7 @@ def main() -> None:
     assert (
         rel(linear.dequantize(packed.view(torch.int32), s, b, 4, 32, torch.float16), ref_w) < 1e-3
     )
-    shapes = [linear.candidates(m, packed=True) for m in (1, 40, 80)]  # each rows class's
+    shapes = [linear.candidates(m, packed=True) for m in (1, 40, 80, 300)]  # each class's
     for tiles in sum(shapes, []):  # launch shapes only
         assert torch.equal(
             linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7]

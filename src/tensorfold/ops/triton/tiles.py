@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 SEGMENT = 1024  # K columns per segment when K is a larger multiple of it
-SPLIT_MAX_ROWS = 64  # at most this many rows use the split form
+SPLIT_MAX_ROWS = 128  # at most this many rows use the split form (unless a shape asks `whole`)
 # few packed rows, weights on the MMA's wide side: (columns, warps, stages, plan blocks a step);
 # four 64-column blocks a step read 128 bytes of a 4-bit weight row per load
 SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4, 4, 2))
@@ -67,10 +67,16 @@ class Tiles:
         return k if plan.segment % k == 0 else plan.block_k
 
 
+ROW_CLASSES = (16, 64, 128, 512)  # the largest row count of each rows class but the last
+
+
 def rows_class(m: int) -> int:
-    """Row counts that share a launch shape: decode, verify, short prompt chunks, long ones (the
-    tile book times each class apart: a 256-row chunk and a 4,096-row chunk favour different shapes)."""
-    return 0 if m <= 16 else 1 if m <= SPLIT_MAX_ROWS else 2 if m <= 512 else 3
+    """Row counts that share a launch shape: decode and verify of few lanes, many lanes', verify
+    passes of many lanes (16 lanes of 1 + K rows), short prompt chunks, long ones. The tile book
+    times each class apart at the first row count it meets: an 80-row verify pass of 16 lanes
+    timed with a 512-row prompt chunk's class took the dequantize-first shape, 5.7 decode steps'
+    time on the card."""
+    return next((c for c, top in enumerate(ROW_CLASSES) if m <= top), len(ROW_CLASSES))
 
 
 def candidates(m: int, packed: bool) -> list[Tiles]:
@@ -89,6 +95,15 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         )
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
+        more = (
+            [Tiles(64, 64, 4, 3, wide=2)]
+            + [Tiles(m, n, w, 3, wide=x, swap=True) for m, n, w, x in MIDDLE_SWAPPED]
+            if packed
+            else []
+        )
+    elif cls == 2:  # the split form (more programs) or the whole; 64- and 128-row tiles
+        shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
+        shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
         more = (
             [Tiles(64, 64, 4, 3, wide=2)]
             + [Tiles(m, n, w, 3, wide=x, swap=True) for m, n, w, x in MIDDLE_SWAPPED]
@@ -200,7 +215,7 @@ class TileBook:
         return taken
 
 
-_CLASS_ROWS = {0: 1, 1: SPLIT_MAX_ROWS, 2: 512, 3: 4096}  # a row count of each rows class
+_CLASS_ROWS = {c: top for c, top in enumerate(ROW_CLASSES)} | {len(ROW_CLASSES): 4096}
 
 
 def _class_candidates(key: tuple) -> list[Tiles]:
