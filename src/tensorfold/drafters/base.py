@@ -27,6 +27,7 @@ class Drafter:
     of its own as CUDA graphs; `nbytes`: the memory it holds beside the target."""
 
     reads_states = False
+    holds_states = False  # keeps observed rows past the pass: the engine copies them for it
 
     def for_request(self, req) -> LaneDrafter:
         """A fresh drafter for one request (its own lookup tables)."""

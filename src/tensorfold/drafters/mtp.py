@@ -34,6 +34,7 @@ def head_dtype(target: Qwen35Model) -> torch.dtype:
 
 class MTPDrafter(Drafter):
     reads_states = True
+    holds_states = True  # rows wait for a proposal: each pass's rows copied once for all lanes
 
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
         if head is None:
@@ -99,9 +100,9 @@ class MTPLane(LaneDrafter):
         self.out: torch.Tensor | None = None  # the head's output at position done - 1
 
     def observe(self, start: int, hidden: torch.Tensor) -> None:
-        """hidden: the target's states of positions start.. from the pass just run. They are held
-        and run through the head when a proposal needs them: while the lane's gate is closed
-        the head costs nothing."""
+        """hidden: the target's states of positions start.. from the pass just run (the engine's
+        copy of the pass: held as views). They are run through the head when a proposal needs
+        them: while the lane's gate is closed the head costs nothing."""
         req = self.req
         if start > self.upto:  # resumed from the prompt cache: the head's rows there are not ours
             self.done = self.upto = start
@@ -109,7 +110,7 @@ class MTPLane(LaneDrafter):
         last = min(start + hidden.shape[0] - 1, req.num_tokens - 2)  # its next token committed
         if last < self.upto:
             return
-        self.pending.append(hidden[self.upto - start : last - start + 1].clone())
+        self.pending.append(hidden[self.upto - start : last - start + 1])  # the engine's copy
         self.upto = last + 1
         if self.upto - self.done >= self.MOST_PENDING:
             self._catch_up()

@@ -275,7 +275,11 @@ class Drafting:
 
     def observe(self, work, plan, hidden) -> None:
         """After a pass: each drafting lane's rows of the target's post-final-norm states, for a
-        drafter that reads them (`plan` lists the scheduled lanes first, in `work`'s order)."""
+        drafter that reads them (`plan` lists the scheduled lanes first, in `work`'s order).
+        A drafter that holds them past the pass gets one copy of the pass's rows (one launch,
+        not one a lane: the next pass overwrites a graph's output)."""
+        if self.default.holds_states:
+            hidden = hidden[: sum(w.rows for w in work)].clone()
         row0 = 0
         for w, rows in zip(work, plan):
             d = w.request.lane.draft
