@@ -36,6 +36,11 @@ class Drafter:
     def use_graphs(self, context: int, most: int) -> None:
         """The runner replays CUDA graphs; a drafter with steps of its own records them."""
 
+    def propose_many(self, asks: list[tuple]) -> list[list[int]]:
+        """Drafts for several lanes in one call: asks are (LaneDrafter, tokens, output, k). A
+        drafter with steps of its own may batch them; the plain way asks each lane in turn."""
+        return [lane.propose(tokens, output, k) for lane, tokens, output, k in asks]
+
     def features(self, target):
         """What it reads of the target's states (None: nothing)."""
         return None

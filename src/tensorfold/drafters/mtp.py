@@ -22,6 +22,7 @@ from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from ..runner.mtp_graph import MTPGraphs
 from .base import Drafter, LaneDrafter
+from .mtp_lanes import propose_lanes
 
 
 def head_dtype(target: Qwen35Model) -> torch.dtype:
@@ -58,6 +59,18 @@ class MTPDrafter(Drafter):
         asks when its passes replay graphs: eager head steps would cost more than the pass)."""
         rows = MTPLane.MOST_PENDING  # a lane never holds more rows than that
         self.graphs = MTPGraphs(self.head, self.target, self.kv, context, most, rows)
+
+    BATCH_FROM = 4  # with graphs, fewer proposing lanes replay their own (not timed apart yet)
+
+    def batches(self, lanes: int) -> bool:
+        """Whether `lanes` proposing lanes share the head's passes (mtp_lanes.py): with CUDA
+        graphs, from BATCH_FROM lanes; without, a lane's plain-torch steps are cheaper."""
+        return self.graphs is not None and lanes >= self.BATCH_FROM
+
+    def propose_many(self, asks: list[tuple]) -> list[list[int]]:
+        if not self.batches(len(asks)):
+            return super().propose_many(asks)
+        return propose_lanes(self, [(lane, tokens, k) for lane, tokens, _, k in asks])
 
     def features(self, target: Qwen35Model) -> torch.Tensor:
         """What it reads of each pass: the post-final-norm states of every row."""

@@ -101,13 +101,25 @@ class Drafting:
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
             if not self.pays(running, expected):
                 return  # the drafts would not pay for the others' rows: a plain pass
+        asks = []  # lanes the engine's drafter proposes for, all in one call
         for req, room in ready:
             d = req.lane.draft
             for drafter in d.drafters:
+                if self.default is not None and drafter is d.drafters[-1]:
+                    asks.append((req, room))
+                    break
                 d.proposal = list(drafter.propose(req.all_ids, req.output_ids, room))[:room]
                 if d.proposal:
                     d.source = drafter
                     break
+        if asks:
+            many = [(r.lane.draft.drafters[-1], r.all_ids, r.output_ids, n) for r, n in asks]
+            for (req, room), proposal in zip(asks, self.default.propose_many(many)):
+                d = req.lane.draft
+                d.proposal = list(proposal)[:room]
+                d.source = d.drafters[-1] if d.proposal else None
+        for req, room in ready:
+            d = req.lane.draft
             d.real = len(d.proposal)
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)

@@ -151,10 +151,12 @@ class MTPHead:
         return logits[0], x
 
     def forward_pass(
-        self, target: Qwen35Model, token_ids, hidden, batch: ForwardBatch, kv
+        self, target: Qwen35Model, token_ids, hidden, batch: ForwardBatch, kv, last=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` through the layers' own kernels over a pass of one lane's rows (`batch`):
-        on the GPU it makes no host sync, so a CUDA graph can record it (runner/mtp_graph.py)."""
+        on the GPU it makes no host sync, so a CUDA graph can record it (runner/mtp_graph.py).
+        `last` (rows of the pass): the logits of those rows [len(last), V] instead of the last
+        row's, for a pass over many lanes (drafters/mtp_lanes.py)."""
         cfg = target.config
         e = target.embed(token_ids).to(self.fc.weight.dtype)
         h = self.fc(torch.cat([self.norm_embedding(e), self.norm_hidden(hidden)], -1))
@@ -162,6 +164,8 @@ class MTPHead:
         h, x = self.post_norm(self.attention(self.input_norm(h), batch, rope, *kv), residual=h)
         h, x = self.norm(self.mlp(x), residual=h)
         head = self.lm_head or target.lm_head
+        if last is not None:
+            return head(x[last]), x
         return head(x[-1:])[0], x
 
     def _attend(self, cfg, x, start: int, kv_rows, kv) -> torch.Tensor:

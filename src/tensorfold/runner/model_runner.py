@@ -17,6 +17,22 @@ from .plan import LaneRows, PassPlan, padded
 SMALL_MODEL_BYTES = 512 << 20
 
 
+def eager_batch(
+    model: Qwen35Model, segments: tuple[Segment, ...], token_ids: torch.Tensor, logit_rows
+) -> ForwardBatch:
+    """An eager pass over `segments` (rows in their order) feeding `token_ids`."""
+    dev = token_ids.device
+    positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
+    return ForwardBatch(
+        token_ids=token_ids,
+        positions=positions,
+        kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
+        segments=segments,
+        logit_rows=torch.as_tensor(logit_rows, dtype=torch.long, device=dev),
+        lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
+    )
+
+
 def set_cpu_threads(weight_bytes: int, requested: int | None = None) -> int:
     """A power-of-two thread count: torch splits a large elementwise op into per-thread ranges,
     and only then do those ranges stay multiples of the vector width (no scalar tails). Small
@@ -90,19 +106,8 @@ class ModelRunner:
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n
-        dev = self.device
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
-        batch = ForwardBatch(
-            token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=positions,
-            kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
-            segments=tuple(segments),
-            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
-            lanes=lane_index(
-                tuple(segments), dev, self.model.config.conv_kernel, self.model.gdn_form == "chunk"
-            ),
-        )
-        return batch, owners
+        ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return eager_batch(self.model, tuple(segments), ids, logit_rows), owners
 
     def ranks_memory(self) -> list:
         """Each rank's bytes when the model is split (runner/distributed.py); none when whole."""
