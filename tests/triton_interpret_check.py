@@ -91,7 +91,7 @@ def super_blocks():
     first = (torch.randn(20, 4, 32).half(), kc, vc, slots)
     with torch.random.fork_rng():  # the other cases' draws leave the later checks' data as it was
         cases = [first]
-        for group, n in ((4, 600), (1, 300), (3, 270)):
+        for group, n in ((1, 600), (4, 300), (3, 270)):  # three super-blocks; GQA of 4
             kc, vc = torch.randn(n + 64, 2, 32).half(), torch.randn(n + 64, 2, 32).half()
             cases.append((torch.randn(n, 2 * group, 32).half(), kc, vc, torch.randperm(n + 64)[:n]))
         made = [_super_block_case(*case) for case in cases]
