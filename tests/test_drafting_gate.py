@@ -6,7 +6,14 @@ import pytest
 from drafting_util import Script
 from engine_util import make_engine, sample_prompt
 
-from tensorfold.drafters.gate import FIRST_SKIP, Gate, PassPrices, lane_bucket, most_skipped
+from tensorfold.drafters.gate import (
+    EXPLORE,
+    FIRST_SKIP,
+    Gate,
+    PassPrices,
+    lane_bucket,
+    most_skipped,
+)
 from tensorfold.engine.request import SamplingParams
 
 
@@ -257,8 +264,9 @@ def test_a_new_lane_starts_from_what_finished_lanes_learnt():
         for _ in range(4):
             gate.record(0, 4, price=1.3)
         history.learn(gate)
-    closed = history.gate(4, 1.3)
-    assert closed.chance < 0.5 and _closed_for(closed) == most_skipped(1.3)
+    starts = [history.gate(4, 1.3) for _ in range(EXPLORE)]
+    assert all(g.chance < 0.5 and _closed_for(g) == most_skipped(1.3) for g in starts[:-1])
+    assert starts[-1].open() and starts[-1].chance == 1.0  # one in EXPLORE tries afresh
     assert history.gate(4, None).open()
     for _ in range(6):
         gate = Gate()

@@ -17,6 +17,7 @@ RETRY_COST = 0.01  # priced: a closed gate's retries may cost this fraction of p
 FIRST_SKIP = 4  # priced: chances a gate skips when it first closes
 DECAY = 0.75  # the weight of the past in each moving sum: about four verify passes
 WINDOW = 8  # passes of one shape a price is the least of
+EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
 
 
 @dataclass
@@ -77,10 +78,12 @@ class LaneHistory:
     draft is kept, as moving sums over lanes (each finished lane that verified counts as one
     verify pass, the start before any lane ended: a gate's hopeful one). A drafter that missed
     on the last lanes starts a new lane closed, for as long as a closed gate waits at most,
-    where even the cheapest measured price is not paid; one that was kept starts it open."""
+    where even the cheapest measured price is not paid (but every EXPLORE-th such lane, whose
+    misses or wins teach the history again); one that was kept starts it open."""
 
     kept: float = 0.0
     tried: float = 0.0
+    closed_starts: int = 0  # lanes started closed; every EXPLORE-th starts hopeful instead
 
     def learn(self, gate: Gate) -> None:
         self.kept = self.kept * DECAY + gate.chance
@@ -93,6 +96,9 @@ class LaneHistory:
         chance = min(1.0, self.kept / self.tried)
         gate = Gate(rate=chance * k, kept=chance, tried=1.0)
         if price is not None and not gate.worth(0, k, price):
+            self.closed_starts += 1
+            if self.closed_starts % EXPLORE == 0:  # replies shorter than the wait would never
+                return Gate()  # try again: a drafter that came right is found by these lanes
             # the last lanes' drafts did not pay: this lane's first try waits the longest a
             # closed gate waits, rather than paying the ramp of 4, 8, 16 ... again
             gate.backoff = gate.skip = most_skipped(price)
