@@ -288,16 +288,23 @@ class Drafting:
     def observe(self, work, plan, hidden) -> None:
         """After a pass: each drafting lane's rows of the target's post-final-norm states, for a
         drafter that reads them (`plan` lists the scheduled lanes first, in `work`'s order).
-        A drafter that holds them past the pass gets one copy of the pass's rows (one launch,
-        not one a lane: the next pass overwrites a graph's output)."""
-        if self.default.holds_states:
-            hidden = hidden[: sum(w.rows for w in work)].clone()
+        A drafter that holds them past the pass gets copies (the next pass overwrites a graph's
+        output): of a generating pass, one copy for all lanes (one launch, not one a lane); of
+        a pass with prompt rows, one a lane, so that a lane's few held rows never keep a whole
+        prompt chunk's copy alive."""
+        total = sum(w.rows for w in work)
+        holds = self.default.holds_states
+        shared = holds and total <= len(work) * (self.config.tokens + 1)
+        if shared:
+            hidden = hidden[:total].clone()
         row0 = 0
         for w, rows in zip(work, plan):
             d = w.request.lane.draft
             if d is not None and w.request.lane.slot >= 0:
+                part = hidden[row0 : row0 + rows.rows]
+                part = part.clone() if holds and not shared else part
                 for drafter in d.drafters:
-                    drafter.observe(rows.start, hidden[row0 : row0 + rows.rows])
+                    drafter.observe(rows.start, part)
             row0 += rows.rows
 
     def catch_up(self, req: Request, runner) -> None:
