@@ -47,9 +47,8 @@ def timed_steps(eng: Engine, until) -> list[float]:
     return times
 
 
-def admit(model, lanes: int, n: int, mixed: int, seed: int) -> dict:
+def admit(eng: Engine, lanes: int, n: int, seed: int) -> dict:
     """Median pass before the prompt, worst pass while it is read, and its time to first token."""
-    eng = engine(model, lanes, n + STREAM.max_tokens + 64, mixed)
     streams = start_decoding(eng, lanes, STREAM, seed=seed)
     steps = len(streams[0].output_ids)
     before = timed_steps(eng, lambda: len(streams[0].output_ids) >= steps + 32)
@@ -106,8 +105,10 @@ def main() -> None:
         idle = idle_ttft(model, args.prompt, 1)
         for lanes in (int(x) for x in args.lanes.split(",")):
             for mixed in (int(x) for x in args.mixed.split(",")):
-                admit(model, lanes, 4096, mixed, 2)  # compiles the mixed passes' shapes
-                r = admit(model, lanes, args.prompt, mixed, 3)
+                eng = engine(model, lanes, args.prompt + STREAM.max_tokens + 64, mixed)
+                admit(eng, lanes, 4096, 2)  # compiles and records the mixed passes' shapes
+                r = admit(eng, lanes, args.prompt, 3)
+                del eng
                 steps = min(len(t) for t in r["tokens"])
                 same = alone(model, lanes, args.prompt, steps, 3) == [
                     t[:steps] for t in r["tokens"]

@@ -55,7 +55,7 @@ def profile(model, lanes: int, run: Run, steps: int) -> dict:
     clock.wrap(eng.scheduler, "schedule", "schedule", restore)
     clock.wrap(engine_module, "plan_pass", "plan", restore)
     clock.wrap(eng.runner, "execute", "runner (inputs, launch)", restore)
-    clock.wrap(model_runner, "graph_rows", "runner: graph shape", restore)
+    clock.wrap(model_runner, "graph_shape", "runner: graph shape", restore)
     clock.wrap(model_runner.ModelRunner, "_replay", "runner: replay + copy out", restore)
     clock.wrap(cuda_graph.PassGraph, "run", "runner: graph run", restore)
     clock.wrap(cuda_graph.PassGraph, "_load", "runner: graph inputs", restore)

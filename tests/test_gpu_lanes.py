@@ -1,9 +1,12 @@
 """Many lanes on the GPU (skipped without CUDA), 9B shape with random weights: concurrent = solo
 at 64 and 256 lanes with lanes of different lengths and sampling rules mixed, decode passes
 replayed from CUDA graphs of bucketed lane counts with padding lanes, graph = eager at a padded
-count, and a stream's tokens unchanged while a long prompt is read beside it in capped passes.
+count, and a stream's tokens unchanged while a long prompt is read beside it in capped passes
+(mixed graphs).
 (Grammars need a tokenizer, which the random checkpoint lacks: tests/test_gpu.py's server-free
 rules and the CPU's structured tests cover them.)"""
+
+import dataclasses
 
 import pytest
 import torch
@@ -73,8 +76,9 @@ def test_padded_graph_equals_eager_9b(nine_b):
 
 
 def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
-    """A stream decodes while a 6,000-token prompt is read beside it 256 rows a pass (eager
-    passes between its graph replays): its tokens and the prompt's equal each alone."""
+    """A stream decodes while a 6,000-token prompt is read beside it 256 rows a pass (mixed
+    graphs: the stream's row and a 256-row prompt piece): its tokens and the prompt's equal
+    each alone."""
     stream = (
         sample_prompt(31, 40, VOCAB),
         SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
@@ -93,3 +97,26 @@ def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
     assert second.lane.computed == 256
     eng.run_until_done()
     assert [(r.output_ids, prints[r.request_id]) for r in (first, second)] == alone
+    assert eng.runner.replays.get((1, 1, 256), 0) > 10  # the prompt's pieces beside the stream
+
+
+def test_padded_mixed_graph_equals_eager_9b(nine_b):
+    """5 decoding lanes (the 8-lane bucket: 3 padding lanes) and a 700-token prompt read beside
+    them 128 rows a pass from mixed graphs give the eager passes' bytes, every lane's
+    fingerprint included."""
+    jobs = [(ids, dataclasses.replace(p, max_tokens=30)) for ids, p in _jobs(5)]
+    prompt = (sample_prompt(33, 700, VOCAB), SamplingParams(max_tokens=8, temperature=0.0))
+
+    def run(**kw):
+        eng = _engine(nine_b, 8, mixed_chunk=128, **kw)
+        prints = {}
+        reqs = [eng.add_request(ids, p, watch=finish_prints(eng, prints)) for ids, p in jobs]
+        while any(r.in_prompt or not r.output_ids for r in reqs):
+            eng.step()
+        reqs.append(eng.add_request(*prompt, watch=finish_prints(eng, prints)))
+        eng.run_until_done()
+        return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
+
+    graphed, eng = run()
+    assert graphed == run(cuda_graphs=False)[0]
+    assert eng.runner.replays.get((8, 1, 128), 0) >= 4  # 5 whole pieces; the last (60 rows) eager

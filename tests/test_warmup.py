@@ -1,6 +1,7 @@
 """The warm-up before serving: the tile file round-trips and refuses what is not a candidate, the
 warm-up leaves no trace in the engine (warmed = cold, token for token), and the server says
-"loading" until it ends."""
+"loading" until it ends; with mixed graphs it reads a prompt beside lanes falling through every
+lane-count bucket."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from server_harness import make_engine, solo, start_server, wait_for
 
 from tensorfold.engine.request import SamplingParams
-from tensorfold.engine.warmup import run_steps, warm_up, warmup_steps
+from tensorfold.engine.warmup import mixed_ends, run_steps, warm_up, warmup_steps
 from tensorfold.ops.quant import QuantizedWeight, quantize
 from tensorfold.ops.triton.linear import matmul
 from tensorfold.ops.triton.tiles import (
@@ -20,6 +21,7 @@ from tensorfold.ops.triton.tiles import (
     grouped_candidates,
     rows_class,
 )
+from tensorfold.runner.cuda_graph import bucket, graph_shape, lane_buckets
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -139,3 +141,28 @@ def test_failed_warmup_still_serves(hf_tiny):
             )
     finally:
         live.stop()
+
+
+def test_mixed_ends_fall_through_every_bucket():
+    buckets = lane_buckets(64)
+    ends = mixed_ends(63, buckets)
+    alive = [sum(e > t for e in ends) for t in range(1, max(ends))]  # decode passes
+    assert [bucket(n, buckets) for n in alive] == [64, 56, 48, 40, 32, 24, 16, 8, 4, 2, 1]
+    assert mixed_ends(1, (1, 2)) == [2]
+
+
+def test_mixed_warm_up_runs_a_mixed_pass_of_every_bucket(hf_tiny):
+    """On the CPU the passes run eagerly; each bucket's pass is of a mixed graph's shape."""
+    eng = make_engine(hf_tiny, parallel=6, context=512, chunk=64, mixed_chunk=8)
+    runner, shapes, execute = eng.runner, [], eng.runner.execute
+    runner.mixed_rows, runner.buckets = frozenset({8}), lane_buckets(6)
+
+    def seen(plan):
+        shapes.append(graph_shape(plan, runner.graph_rows, runner.mixed_rows))
+        return execute(plan)
+
+    runner.execute = seen
+    assert run_steps(eng, [], budget_s=120) == 1
+    mixed = {bucket(s.lanes, runner.buckets) for s in shapes if s is not None and s.prompt}
+    assert mixed == set(runner.buckets) == {1, 2, 4, 6}  # 5 decoding lanes replay the 6 graph
+    assert not eng.has_work() and not eng.scheduler.running

@@ -5,7 +5,8 @@ On the GPU a product's launch shape is timed once per (product, rows class) by t
 Triton compiles each kernel variant on first use; a decode pass of each lane-count bucket is
 recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
-`parallel` lanes; prompt chunks of 16, 64, 128, 512 and `chunk` rows) with the prompt cache off, then
+`parallel` lanes; prompt chunks of 16, 64, 128, 512 and `chunk` rows; with `--mixed-chunk`, a
+prompt read beside lanes falling through every bucket) with the prompt cache off, then
 keeps the tile book's choices in a small file keyed by the card and the versions, so the next start
 times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
 stale file can change a token: they only change how soon the first one comes.
@@ -50,6 +51,36 @@ def warmup_steps(parallel: int, chunk: int, context: int) -> list[tuple[int, int
     longest = max(1, context - parallel - 1)
     prompts = sorted({min(n, chunk, longest) for n in (16, 64, 128, 512, chunk)})
     return [(n, 1) for n in prompts] + [(1, parallel)]
+
+
+def mixed_ends(lanes: int, buckets: tuple[int, ...]) -> list[int]:
+    """max_tokens of each of `lanes` lanes decoding beside a prompt so that, pass after pass,
+    the lanes left fall from one lane-count bucket to the next below it (each bucket's mixed
+    graph then runs once): a lane's first token comes from its prompt pass, then one a pass."""
+    counts, c = [], lanes
+    while c >= 1:
+        counts.append(c)
+        c = max((b for b in buckets if b < c), default=0)
+    return [1 + sum(1 for n in counts if n > i) for i in range(lanes)]
+
+
+def wants_mixed(engine: Engine) -> bool:
+    """Mixed graphs to record: prompt pieces beside decoding lanes replay from graphs."""
+    return bool(engine.runner.mixed_rows) and engine.config.parallel > 1
+
+
+def _run_mixed(engine: Engine, vocab: int) -> None:
+    """Lanes decode while a prompt is read beside them a mixed piece a pass (mixed_ends)."""
+    c, runner = engine.config, engine.runner
+    ends = mixed_ends(c.parallel - 1, runner.buckets)
+    n = min(c.chunk + max(runner.mixed_rows) * (max(ends) + 1), c.context - 1)
+    for lane, end in enumerate(ends):
+        params = SamplingParams(max_tokens=end, temperature=0.0, ignore_eos=True)
+        engine.add_request([(11 + lane) % vocab], params, f"warmup-mixed-{lane}")
+    ids = [(5 + 17 * i) % vocab for i in range(n)]
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    engine.add_request(ids, params, "warmup-mixed-prompt")
+    engine.run_until_done()
 
 
 def _tile_book(engine: Engine):
@@ -105,27 +136,33 @@ def warm_up(
     steps = warmup_steps(c.parallel, c.chunk, c.context)
     start = time.monotonic()
     done = run_steps(engine, steps, budget_s, progress)
+    planned = len(steps) + wants_mixed(engine)
     if book is not None and path is not None:
         book.save(path)
     chosen = len(book.chosen) if book is not None else 0
     return WarmupReport(
-        done, len(steps), time.monotonic() - start, cached, chosen, str(path) if path else None
+        done, planned, time.monotonic() - start, cached, chosen, str(path) if path else None
     )
 
 
 def run_steps(
     engine: Engine, steps: list[tuple[int, int]], budget_s: float, progress: bool = False
 ) -> int:
-    """Runs the steps with the prompt cache off (nothing of the warm-up is kept); stops starting
-    new steps past `budget_s` (what is left is chosen on first use, as without a warm-up)."""
+    """Runs the steps (and the mixed step, when the engine has mixed graphs) with the prompt
+    cache off (nothing of the warm-up is kept); stops starting new steps past `budget_s` (what
+    is left is chosen on first use, as without a warm-up)."""
     start, done = time.monotonic(), 0
     budget, engine.prefix_cache.budget_bytes = engine.prefix_cache.budget_bytes, 0
     try:
-        bar = _progress(len(steps), progress)
-        for prompt, lanes in steps:
+        vocab = engine.model.config.vocab_size
+        runs = [lambda p=p, n=n: _run_step(engine, p, n, vocab) for p, n in steps]
+        if wants_mixed(engine):
+            runs.append(lambda: _run_mixed(engine, vocab))
+        bar = _progress(len(runs), progress)
+        for run in runs:
             if time.monotonic() - start > budget_s:
                 break
-            _run_step(engine, prompt, lanes, engine.model.config.vocab_size)
+            run()
             done += 1
             bar.update(1)
         bar.close()

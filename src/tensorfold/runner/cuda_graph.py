@@ -13,6 +13,11 @@ runner's graphs share one memory pool: its largest pass's working memory is held
 Lane counts come in buckets (1, 2, 4, 8, then every 8 up to --parallel, as vLLM's capture sizes):
 a pass of 13 lanes replays the 16-lane graph with 3 padding lanes (runner/plan.py, `padded`), so
 a server whose lane count wanders records a few graphs, not one for every count.
+
+A mixed graph adds one prompt lane of a fixed row count (`--mixed-chunk`) after the decoding
+lanes and their padding: a prompt read beside running streams in capped pieces then costs its
+rows' device time, not an eager pass's launches. It returns the decoding rows' logits and the
+prompt piece's last row's (wanted when the piece ends the prompt).
 """
 
 from __future__ import annotations
@@ -27,65 +32,97 @@ from ..ops.conv import conv_gather
 from .plan import PassPlan
 
 
+@dataclass(frozen=True)
+class GraphShape:
+    """A graph's pass: `lanes` lanes of `rows` rows each (decode: 1; verify: 1 + K), then one
+    prompt lane of `prompt` rows when `prompt` is not 0."""
+
+    lanes: int
+    rows: int
+    prompt: int = 0
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return (self.lanes, self.rows) + ((self.prompt,) if self.prompt else ())
+
+    @property
+    def lane_rows(self) -> tuple[int, ...]:
+        return (self.rows,) * self.lanes + ((self.prompt,) if self.prompt else ())
+
+
 @dataclass
 class StaticLanes:
-    """A pass of `lanes` lanes of `rows` consecutive rows each over static buffers: fed tokens
-    and positions are copied in, the KV write rows and attention tiles' first positions are
-    computed from them inside the graph (refresh)."""
+    """A pass of a graph's shape over static buffers: fed tokens and positions are copied in,
+    the KV write rows and attention tiles' first positions are computed from them inside the
+    graph (refresh)."""
 
     batch: ForwardBatch
-    inputs: torch.Tensor  # [2, lanes * rows]: fed tokens, positions
+    inputs: torch.Tensor  # [2, rows]: fed tokens, positions
     table: torch.Tensor  # [lanes, context] every lane's KV slot table
     slots: torch.Tensor  # [lanes] GDN state slots
     kv_write: torch.Tensor
     pos0: torch.Tensor
+    tile_row0: torch.Tensor  # [tiles] the pass row of each attention tile's first row
+    first_rows: torch.Tensor  # [lanes] the pass row of each lane's first row
+    row_lane: torch.Tensor  # [rows] the lane of each row
 
     @classmethod
-    def make(cls, lanes: int, rows: int, context: int, conv_kernel: int, dev, table=None):
-        """`table` [lanes, context] may be shared with other passes of the same lanes."""
+    def make(cls, lanes: int, rows: int, context: int, conv_kernel: int, dev, table=None, prompt=0):
+        """`table` [lanes, context] may be shared with other passes of the same lanes; `prompt`:
+        the rows of one prompt lane after the `lanes` lanes of `rows` rows."""
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
-        n = lanes * rows
+        counts = GraphShape(lanes, rows, prompt).lane_rows
+        row0 = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        n = row0[-1]
         inputs = torch.zeros(2, n, dtype=torch.long, device=dev)
         if table is None:
-            table = torch.zeros(lanes, context, dtype=torch.int32, device=dev)
-        slots = torch.zeros(lanes, dtype=torch.long, device=dev)
+            table = torch.zeros(len(counts), context, dtype=torch.int32, device=dev)
+        slots = torch.zeros(len(counts), dtype=torch.long, device=dev)
         kv_write = torch.zeros(n, dtype=torch.long, device=dev)
-        size = tile_rows(rows)  # the tiles an eager pass would cut
-        starts = range(0, rows, size)
-        pos0 = torch.zeros(lanes * len(starts), dtype=torch.int32, device=dev)
-        shape = tuple(Segment(0, 0, i * rows, rows, None) for i in range(lanes))
+        size = tile_rows(max(counts))  # the tiles an eager pass would cut
+        cuts = [(i, s) for i, c in enumerate(counts) for s in range(0, c, size)]
+        pos0 = torch.zeros(len(cuts), dtype=torch.int32, device=dev)
+        shape = tuple(Segment(0, 0, row0[i], c, None) for i, c in enumerate(counts))
         taps, keep = conv_gather(shape, conv_kernel)
+        tile_row0 = [row0[i] + s for i, s in cuts]
         tiles = AttentionTiles(
-            as_t([i * rows + s for i in range(lanes) for s in starts], torch.int32),
-            as_t([min(size, rows - s) for _ in range(lanes) for s in starts], torch.int32),
+            as_t(tile_row0, torch.int32),
+            as_t([min(size, counts[i] - s) for i, s in cuts], torch.int32),
             pos0,
-            as_t([i * context for i in range(lanes) for _ in starts], torch.int32),
+            as_t([i * context for i, _ in cuts], torch.int32),
             table.view(-1),
             size,
-            min(size, rows),
+            min(size, max(counts)),
             context,  # any lane may reach its capacity: its super-blocks past its length exit
         )
-        bounds = as_t([i * rows for i in range(lanes + 1)])
-        tails = torch.zeros(lanes, dtype=torch.long, device=dev)
-        index = LaneIndex(slots, bounds, as_t(taps), as_t(keep), tiles, tails)
-        batch = ForwardBatch(inputs[0], inputs[1], kv_write, (), as_t(range(n)), index)
-        return cls(batch, inputs, table, slots, kv_write, pos0)
+        tails = torch.zeros(len(counts), dtype=torch.long, device=dev)
+        index = LaneIndex(slots, as_t(row0), as_t(taps), as_t(keep), tiles, tails)
+        wanted = list(range(lanes * rows)) + ([n - 1] if prompt else [])
+        batch = ForwardBatch(inputs[0], inputs[1], kv_write, (), as_t(wanted), index)
+        lane_of = [i for i, c in enumerate(counts) for _ in range(c)]
+        return cls(
+            batch, inputs, table, slots, kv_write, pos0,
+            as_t(tile_row0), as_t(row0[:-1]), as_t(lane_of),
+        )  # fmt: skip
 
     def refresh(self) -> None:
         """Inside the graph: the KV write rows and tile starts of the positions fed."""
-        lanes = self.table.shape[0]
-        positions = self.inputs[1].view(lanes, -1)
-        size = self.batch.lanes.attention.size
-        self.pos0.copy_(positions[:, ::size].reshape(-1).to(torch.int32))
-        self.batch.lanes.tails.copy_(positions[:, 0] % CHUNK)
-        self.kv_write.copy_(self.table.gather(1, positions).view(-1).long())
+        positions = self.inputs[1]
+        self.pos0.copy_(positions[self.tile_row0].to(torch.int32))
+        self.batch.lanes.tails.copy_(positions[self.first_rows] % CHUNK)
+        self.kv_write.copy_(self.table[self.row_lane, positions].long())
 
 
 class PassGraph:
-    def __init__(self, model, caches, lanes: int, rows: int, context: int, pool=None) -> None:
+    def __init__(
+        self, model, caches, lanes: int, rows: int, context: int, pool=None, prompt: int = 0
+    ) -> None:
         self.pool = pool  # the memory pool it shares with the others
         self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
-        self.lane = StaticLanes.make(lanes, rows, context, model.config.conv_kernel, model.device)
+        cfg = model.config
+        self.lane = StaticLanes.make(
+            lanes, rows, context, cfg.conv_kernel, model.device, prompt=prompt
+        )
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
         self.batch = self.lane.batch
         self.members: tuple = ()
@@ -111,7 +148,8 @@ class PassGraph:
         return self.model.forward(self.batch, self.caches)
 
     def run(self, plan: PassPlan) -> torch.Tensor:
-        """Logits [lanes * rows, V] of every row (the plan's lanes in order). On a replay the
+        """Logits [lanes * rows (+ 1), V] of every decoding row (the plan's lanes in order) and
+        of a prompt lane's last row. On a replay the
         model's kept states (an MTP or DFlash drafter reads them) are the graph's own buffers."""
         self._load(plan)
         model = self.model
@@ -163,6 +201,23 @@ def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:
         if len(lane.logits) == 0 or lane.logits.stop != n:
             return None
     return n
+
+
+def graph_shape(plan: PassPlan, allowed: frozenset[int], prompts: frozenset[int]):
+    """The GraphShape of a pass a graph can replay, or None: lanes of equal rows (graph_rows),
+    or such lanes and then one prompt lane of one of `prompts` rows wanting no logits or its
+    last row's."""
+    rows = graph_rows(plan, allowed)
+    if rows is not None:
+        return GraphShape(len(plan), rows)
+    if not prompts or len(plan) < 2:
+        return None
+    last = plan.lanes[-1]
+    wants = last.logits
+    if last.rows not in prompts or (len(wants) and wants != range(last.rows - 1, last.rows)):
+        return None
+    rows = graph_rows(PassPlan(plan.lanes[:-1]), allowed)
+    return None if rows is None else GraphShape(len(plan) - 1, rows, last.rows)
 
 
 def lane_logits(plan: PassPlan, rows: int, logits: torch.Tensor) -> dict[int, torch.Tensor]:

@@ -11,7 +11,7 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import PassGraph, bucket, graph_rows, lane_logits
+from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits
 from .plan import LaneRows, PassPlan, padded
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -75,7 +75,10 @@ class ModelRunner:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.context, self.graphs = context, {}
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
-        self.replays: dict[tuple[int, int], int] = {}  # (lanes, rows) -> passes run from graphs
+        # a prompt piece's rows a mixed graph may take after them (engine: --mixed-chunk)
+        self.mixed_rows: frozenset[int] = frozenset()
+        # (lanes, rows) or (lanes, rows, prompt rows) -> passes run from graphs
+        self.replays: dict[tuple[int, ...], int] = {}
         self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.buckets: tuple[int, ...] = ()  # lane counts graphs are recorded for (pad_lanes)
         self.pad: tuple[int, torch.Tensor] | None = None  # padding lanes' state slot, KV rows
@@ -84,9 +87,9 @@ class ModelRunner:
     def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
         """Returns {index in plan: logits [r, V]} of the rows each lane asks for (its `logits`
         offsets), for the lanes that ask for any."""
-        rows = graph_rows(plan, self.graph_rows) if self.use_graphs else None
-        if rows is not None:
-            return self._replay(plan, rows)
+        shape = graph_shape(plan, self.graph_rows, self.mixed_rows) if self.use_graphs else None
+        if shape is not None:
+            return self._replay(plan, shape)
         batch, owners = self.batch(plan)
         with torch.inference_mode():
             logits = self.model.forward(batch, self.caches)
@@ -136,21 +139,42 @@ class ModelRunner:
         kv_rows = page_rows[torch.arange(rows, device=page_rows.device) % page_rows.shape[0]]
         return LaneRows("padding", slot, 0, (0,) * rows, kv_rows, (), range(rows - 1, rows))
 
-    def _replay(self, plan: PassPlan, rows: int) -> dict[int, torch.Tensor]:
-        lanes = bucket(len(plan), self.buckets)
-        full = plan if lanes == len(plan) else padded(plan, lanes, self.pad_lane(rows))
-        key = (lanes, rows)
+    def _replay(self, plan: PassPlan, shape: GraphShape) -> dict[int, torch.Tensor]:
+        """The pass from its bucket's graph: padding lanes after the decoding lanes, before a
+        mixed graph's prompt lane."""
+        n, rows = shape.lanes, shape.rows
+        lanes = bucket(n, self.buckets)
+        pads = lanes > n
+        full = padded(plan, len(plan) + lanes - n, self.pad_lane(rows), at=n) if pads else plan
+        key = GraphShape(lanes, rows, shape.prompt).key
         graph = self.graphs.get(key)
         if graph is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = self.graphs[key] = PassGraph(
-                self.model, self.caches, lanes, rows, self.context, self.pool
+                self.model, self.caches, lanes, rows, self.context, self.pool, shape.prompt
             )
         # the graph's output buffer is rewritten by the next replay; padding rows are dropped
-        logits = graph.run(full)[: len(plan) * rows].clone()
+        out = graph.run(full)
+        if shape.prompt and pads:  # one copy of the real rows
+            logits = torch.cat([out[: n * rows], out[lanes * rows :]])
+            self._drop_padding(n * rows, lanes * rows)
+        else:
+            logits = out[: n * rows + (1 if shape.prompt else 0)].clone()
         self.replays[key] = self.replays.get(key, 0) + 1
-        return lane_logits(plan, rows, logits)
+        got = lane_logits(PassPlan(plan.lanes[:n]), rows, logits)
+        if shape.prompt and len(plan.lanes[n].logits):
+            got[n] = logits[n * rows :]
+        return got
+
+    def _drop_padding(self, start: int, stop: int) -> None:
+        """The model's kept states (a drafter reads them by the plan's rows) without the padding
+        lanes' rows start:stop of a mixed graph."""
+        model = self.model
+        for name in ("hidden", "tapped"):
+            kept = getattr(model, name)
+            if kept is not None:
+                setattr(model, name, torch.cat([kept[:start], kept[stop:]]))
 
     def fingerprint(self, lane: LaneRows, logits: torch.Tensor | None) -> str:
         """sha256 of the lane's GDN and conv states and its KV rows after `lane.start`

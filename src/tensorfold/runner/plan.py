@@ -47,11 +47,13 @@ class PassPlan:
         return sum(lane.rows for lane in self.lanes)
 
 
-def padded(plan: PassPlan, lanes: int, pad: LaneRows) -> PassPlan:
-    """`plan` with copies of `pad` after its lanes up to `lanes` lanes: a CUDA graph recorded for
-    a bucket of lane counts replays a smaller pass. A padding lane writes only its own scratch
-    state slot and KV page, and every lane's rows are computed apart from the others' (the
+def padded(plan: PassPlan, lanes: int, pad: LaneRows, at: int | None = None) -> PassPlan:
+    """`plan` with copies of `pad` after its first `at` lanes (all of them by default) up to
+    `lanes` lanes: a CUDA graph recorded for a bucket of lane counts replays a smaller pass (a
+    mixed graph's prompt lane stays last). A padding lane writes only its own scratch state slot
+    and KV page, and every lane's rows are computed apart from the others' (the
     batch-invariance of docs/exactness.md), so the real lanes' bits do not change."""
     if lanes < len(plan):
         raise ValueError(f"cannot pad a pass of {len(plan)} lanes to {lanes}")
-    return PassPlan(plan.lanes + (pad,) * (lanes - len(plan)))
+    at = len(plan) if at is None else at
+    return PassPlan(plan.lanes[:at] + (pad,) * (lanes - len(plan)) + plan.lanes[at:])

@@ -1,0 +1,137 @@
+"""Mixed pass graphs, checked on the CPU with the graph recording stood in for: decoding lanes
+(padded to their bucket) and one prompt piece of `--mixed-chunk` rows after them. The graph's
+static batch equals the eager batch of the padded pass; each lane gets the logits rows the eager
+pass gives it, and a drafter reads the kept states of the plan's rows, padding left out."""
+
+import pytest
+import torch
+from engine_util import make_engine, sample_prompt
+
+from tensorfold.engine.passes import logit_rows
+from tensorfold.engine.request import SamplingParams, Watch
+from tensorfold.runner.cuda_graph import GraphShape, graph_shape
+from tensorfold.runner.plan import PassPlan, padded
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+PIECE = 8
+
+
+def plan(*lanes) -> PassPlan:
+    return PassPlan(tuple(req.rows(n, logit_rows(req, n)) for req, n in lanes))
+
+
+class _Tagged:
+    """Stands in for the model: each wanted row's 'logits' and every row's kept state are its
+    token and position, so a row handed to the wrong lane is seen."""
+
+    def __init__(self, model):
+        self.device, self.config, self.gdn_form = model.device, model.config, model.gdn_form
+        self.batch, self.hidden, self.tapped = None, None, None
+
+    def forward(self, batch, caches):
+        self.batch = batch
+        rows = torch.stack([batch.token_ids, batch.positions], 1)
+        self.hidden, self.tapped = rows.float(), rows.float() + 0.5
+        return rows[batch.logit_rows]
+
+
+class _FakeGraph:
+    def replay(self):
+        pass
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    """torch.cuda's graph recording stood in for: a recorded pass runs once, eagerly."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: torch.no_grad())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+
+def _streams(hf_tiny_b, decoding: int, prompt_len: int, more: int = 0):
+    """An engine with `decoding` lanes generating and one lane that has read none of its
+    prompt; a slot for the padding lane and `more` for other lanes."""
+    eng = make_engine(hf_tiny_b, parallel=decoding + 2 + more, context=256, mixed_chunk=PIECE)
+    reqs = [eng.add_request(sample_prompt(40 + i, 5 + 7 * i, 300), GREEDY) for i in range(decoding)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    reader = eng.add_request(sample_prompt(77, prompt_len, 300), GREEDY)
+    eng.step()  # admitted: its first piece beside the decoding lanes
+    assert reader.lane.computed == PIECE
+    eng.runner.mixed_rows = frozenset({PIECE})
+    eng.runner.pad_lanes((1, 2, 4, 8))
+    return eng, reqs, reader
+
+
+def _same_batch(g, e) -> None:
+    """The graph's static batch equals the eager batch (tiles read the same table rows)."""
+    assert torch.equal(g.token_ids, e.token_ids) and torch.equal(g.positions, e.positions)
+    assert torch.equal(g.kv_write, e.kv_write)
+    gl, el = g.lanes, e.lanes
+    assert torch.equal(gl.slots, el.slots) and torch.equal(gl.cu_seqlens, el.cu_seqlens)
+    assert torch.equal(gl.conv_taps, el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
+    assert torch.equal(gl.tails, el.tails)
+    tiles, ref = gl.attention, el.attention
+    assert tiles.row0.tolist() == ref.row0.tolist() and tiles.rows.tolist() == ref.rows.tolist()
+    assert tiles.pos0.tolist() == ref.pos0.tolist() and tiles.size == ref.size
+    for t in range(ref.row0.shape[0]):
+        n = int(ref.pos0[t] + ref.rows[t])
+        base, ref_base = int(tiles.table_base[t]), int(ref.table_base[t])
+        assert torch.equal(tiles.kv_rows[base : base + n], ref.kv_rows[ref_base : ref_base + n])
+
+
+def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
+    shape = graph_shape(work, runner.graph_rows, runner.mixed_rows)
+    assert shape == want_shape
+    real = runner.model
+    fake = runner.model = _Tagged(real)
+    runner.graphs.clear()  # a new graph each time: its recorded pass runs for real here
+    got = runner._replay(work, shape)
+    graph_batch, kept = fake.batch, (fake.hidden, fake.tapped)
+    lanes = next(b for b in runner.buckets if b >= shape.lanes)
+    full = padded(work, len(work) + lanes - shape.lanes, runner.pad_lane(1), at=shape.lanes)
+    _same_batch(graph_batch, runner.batch(full)[0])
+    eager, owners = runner.batch(work)
+    want = fake.forward(eager, None)
+    assert sorted(got) == sorted(set(owners))
+    for i in got:
+        assert torch.equal(got[i], want[[r for r, o in enumerate(owners) if o == i]])
+    # the plan's rows in order, as Drafting.observe reads them
+    assert torch.equal(kept[0], fake.hidden) and torch.equal(kept[1], fake.tapped)
+    runner.model = real
+
+
+@pytest.mark.parametrize("decoding", [1, 3, 4])  # padded to 1, 4 (one padding lane), 4
+def test_mixed_graph_batch_and_rows_match_the_eager_pass(hf_tiny_b, recording, decoding):
+    eng, reqs, reader = _streams(hf_tiny_b, decoding, 3 * PIECE + 3)
+    runner = eng.runner
+    middle = plan(*((r, 1) for r in reqs), (reader, PIECE))
+    assert len(middle.lanes[-1].logits) == 0  # a piece inside the prompt wants no logits
+    _check(runner, middle, GraphShape(decoding, 1, PIECE))
+    reader.lane.computed = 2 * PIECE + 3  # the prompt's last piece: its last row's
+    last = plan(*((r, 1) for r in reqs), (reader, PIECE))
+    assert last.lanes[-1].logits == range(PIECE - 1, PIECE)
+    _check(runner, last, GraphShape(decoding, 1, PIECE))
+
+
+def test_mixed_graph_shapes(hf_tiny_b):
+    """Only decoding lanes of equal rows and then one prompt piece of an allowed size, wanting
+    no logits or its last row's, make a mixed graph's pass."""
+    eng, reqs, reader = _streams(hf_tiny_b, 2, 40, more=2)
+    one, piece = frozenset({1}), frozenset({PIECE})
+    a, b = reqs
+    assert graph_shape(plan((a, 1), (b, 1)), one, piece) == GraphShape(2, 1)
+    assert graph_shape(plan((a, 1), (reader, PIECE)), one, piece) == GraphShape(1, 1, PIECE)
+    assert graph_shape(plan((a, 1), (reader, PIECE)), one, frozenset()) is None  # no mixed rows
+    assert graph_shape(plan((a, 1), (reader, PIECE - 1)), one, piece) is None  # another size
+    assert graph_shape(plan((reader, PIECE)), one, piece) is None  # no decoding lane
+    assert graph_shape(plan((reader, PIECE), (a, 1)), one, piece) is None  # prompt not last
+    assert graph_shape(plan((a, 1), (b, 2), (reader, PIECE)), one, piece) is None  # rows differ
+    other = eng.add_request(sample_prompt(78, 40, 300), GREEDY)
+    eng.step()
+    two = plan((a, 1), (other, PIECE), (reader, PIECE))
+    assert graph_shape(two, one, piece) is None  # two prompt lanes
+    watched = eng.add_request(sample_prompt(79, 40, 300), GREEDY, watch=Watch(keep_logits=True))
+    eng.step()
+    assert graph_shape(plan((a, 1), (watched, PIECE)), one, piece) is None  # every row's logits
