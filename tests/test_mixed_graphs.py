@@ -1,7 +1,9 @@
 """Mixed pass graphs, checked on the CPU with the graph recording stood in for: decoding lanes
-(padded to their bucket) and one prompt piece of `--mixed-chunk` rows after them. The graph's
-static batch equals the eager batch of the padded pass; each lane gets the logits rows the eager
-pass gives it, and a drafter reads the kept states of the plan's rows, padding left out."""
+(padded to their bucket) and one prompt piece of up to `--mixed-chunk` rows after them. On the
+piece's real rows the graph's static batch equals the eager batch of the padded pass (its
+padding rows write only the scratch KV row; the recurrence, the conv's kept rows, the attention
+tiles and the logits row follow the real count); each lane gets the logits rows the eager pass
+gives it, and a drafter reads the kept states of the plan's rows, padding left out."""
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from tensorfold.runner.cuda_graph import GraphShape, graph_shape
 from tensorfold.runner.plan import PassPlan, padded
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-PIECE = 8
+PIECE = 80  # two attention tiles of 64: a short piece leaves the second empty
 
 
 def plan(*lanes) -> PassPlan:
@@ -52,37 +54,46 @@ def recording(monkeypatch):
 def _streams(hf_tiny_b, decoding: int, prompt_len: int, more: int = 0):
     """An engine with `decoding` lanes generating and one lane that has read none of its
     prompt; a slot for the padding lane and `more` for other lanes."""
-    eng = make_engine(hf_tiny_b, parallel=decoding + 2 + more, context=256, mixed_chunk=PIECE)
+    eng = make_engine(hf_tiny_b, parallel=decoding + 2 + more, context=512, mixed_chunk=PIECE)
     reqs = [eng.add_request(sample_prompt(40 + i, 5 + 7 * i, 300), GREEDY) for i in range(decoding)]
     while any(r.in_prompt or not r.output_ids for r in reqs):
         eng.step()
     reader = eng.add_request(sample_prompt(77, prompt_len, 300), GREEDY)
     eng.step()  # admitted: its first piece beside the decoding lanes
     assert reader.lane.computed == PIECE
-    eng.runner.mixed_rows = frozenset({PIECE})
+    eng.runner.piece_rows = PIECE
     eng.runner.pad_lanes((1, 2, 4, 8))
     return eng, reqs, reader
 
 
-def _same_batch(g, e) -> None:
-    """The graph's static batch equals the eager batch (tiles read the same table rows)."""
-    assert torch.equal(g.token_ids, e.token_ids) and torch.equal(g.positions, e.positions)
-    assert torch.equal(g.kv_write, e.kv_write)
+def _same_batch(g, e, scratch: int) -> None:
+    """The graph's static batch g equals the eager batch e on e's rows (tiles read the same
+    table rows); g's rows past them write the scratch KV row."""
+    m = e.num_rows
+    assert torch.equal(g.token_ids[:m], e.token_ids) and torch.equal(g.positions[:m], e.positions)
+    assert torch.equal(g.kv_write[:m], e.kv_write) and set(g.kv_write[m:].tolist()) <= {scratch}
     gl, el = g.lanes, e.lanes
     assert torch.equal(gl.slots, el.slots) and torch.equal(gl.cu_seqlens, el.cu_seqlens)
-    assert torch.equal(gl.conv_taps, el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
+    assert torch.equal(gl.conv_taps[:m], el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
     assert torch.equal(gl.tails, el.tails)
-    tiles, ref = gl.attention, el.attention
-    assert tiles.row0.tolist() == ref.row0.tolist() and tiles.rows.tolist() == ref.rows.tolist()
-    assert tiles.pos0.tolist() == ref.pos0.tolist() and tiles.size == ref.size
-    for t in range(ref.row0.shape[0]):
-        n = int(ref.pos0[t] + ref.rows[t])
-        base, ref_base = int(tiles.table_base[t]), int(ref.table_base[t])
-        assert torch.equal(tiles.kv_rows[base : base + n], ref.kv_rows[ref_base : ref_base + n])
+    # each real row in some tile at its position, reading its lane's table up to it (a short
+    # piece may be cut in 16-row tiles eagerly and in 64-row ones in the graph: the same bits)
+    assert _tiled_rows(gl.attention) == _tiled_rows(el.attention)
+
+
+def _tiled_rows(tiles) -> dict[int, tuple[int, list[int]]]:
+    """{pass row: (its position, the KV rows of its lane's positions up to it)}"""
+    out = {}
+    for t in range(tiles.row0.shape[0]):
+        base = int(tiles.table_base[t])
+        for j in range(int(tiles.rows[t])):
+            pos = int(tiles.pos0[t]) + j
+            out[int(tiles.row0[t]) + j] = (pos, tiles.kv_rows[base : base + pos + 1].tolist())
+    return out
 
 
 def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
-    shape = graph_shape(work, runner.graph_rows, runner.mixed_rows)
+    shape = graph_shape(work, runner.graph_rows, runner.piece_rows)
     assert shape == want_shape
     real = runner.model
     fake = runner.model = _Tagged(real)
@@ -91,47 +102,57 @@ def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
     graph_batch, kept = fake.batch, (fake.hidden, fake.tapped)
     lanes = next(b for b in runner.buckets if b >= shape.lanes)
     full = padded(work, len(work) + lanes - shape.lanes, runner.pad_lane(1), at=shape.lanes)
-    _same_batch(graph_batch, runner.batch(full)[0])
+    _same_batch(graph_batch, runner.batch(full)[0], int(runner.pad[1][0]))
     eager, owners = runner.batch(work)
     want = fake.forward(eager, None)
     assert sorted(got) == sorted(set(owners))
     for i in got:
         assert torch.equal(got[i], want[[r for r, o in enumerate(owners) if o == i]])
-    # the plan's rows in order, as Drafting.observe reads them
-    assert torch.equal(kept[0], fake.hidden) and torch.equal(kept[1], fake.tapped)
+    # the plan's rows in order, as Drafting.observe reads them (past them, the piece's padding)
+    rows = eager.num_rows
+    assert torch.equal(kept[0][:rows], fake.hidden) and torch.equal(kept[1][:rows], fake.tapped)
+    assert kept[0].shape[0] == rows + PIECE - work.lanes[-1].rows
     runner.model = real
 
 
 @pytest.mark.parametrize("decoding", [1, 3, 4])  # padded to 1, 4 (one padding lane), 4
 def test_mixed_graph_batch_and_rows_match_the_eager_pass(hf_tiny_b, recording, decoding):
-    eng, reqs, reader = _streams(hf_tiny_b, decoding, 3 * PIECE + 3)
+    eng, reqs, reader = _streams(hf_tiny_b, decoding, 2 * PIECE + 30)
     runner = eng.runner
     middle = plan(*((r, 1) for r in reqs), (reader, PIECE))
     assert len(middle.lanes[-1].logits) == 0  # a piece inside the prompt wants no logits
     _check(runner, middle, GraphShape(decoding, 1, PIECE))
-    reader.lane.computed = 2 * PIECE + 3  # the prompt's last piece: its last row's
-    last = plan(*((r, 1) for r in reqs), (reader, PIECE))
-    assert last.lanes[-1].logits == range(PIECE - 1, PIECE)
+    short = plan(*((r, 1) for r in reqs), (reader, 21))  # 21 real rows: the second tile empty
+    _check(runner, short, GraphShape(decoding, 1, PIECE))
+    reader.lane.computed = 2 * PIECE  # the prompt's last piece (30 rows): its last row's logits
+    last = plan(*((r, 1) for r in reqs), (reader, 30))
+    assert last.lanes[-1].logits == range(29, 30)
     _check(runner, last, GraphShape(decoding, 1, PIECE))
+    reader.lane.computed = 2 * PIECE + 28  # two rows: the conv keeps a row of its old state
+    _check(runner, plan(*((r, 1) for r in reqs), (reader, 2)), GraphShape(decoding, 1, PIECE))
+    reader.lane.computed = 2 * PIECE + 29  # the prompt's last row: as another decoding lane
+    one_row = plan(*((r, 1) for r in reqs), (reader, 1))
+    assert graph_shape(one_row, runner.graph_rows, PIECE) == GraphShape(decoding + 1, 1)
 
 
 def test_mixed_graph_shapes(hf_tiny_b):
-    """Only decoding lanes of equal rows and then one prompt piece of an allowed size, wanting
-    no logits or its last row's, make a mixed graph's pass."""
-    eng, reqs, reader = _streams(hf_tiny_b, 2, 40, more=2)
-    one, piece = frozenset({1}), frozenset({PIECE})
+    """Only decoding lanes of equal rows and then one prompt piece of at most the graphs' piece
+    rows, wanting no logits or its last row's, make a mixed graph's pass."""
+    eng, reqs, reader = _streams(hf_tiny_b, 2, 3 * PIECE, more=2)
+    one = frozenset({1})
     a, b = reqs
-    assert graph_shape(plan((a, 1), (b, 1)), one, piece) == GraphShape(2, 1)
-    assert graph_shape(plan((a, 1), (reader, PIECE)), one, piece) == GraphShape(1, 1, PIECE)
-    assert graph_shape(plan((a, 1), (reader, PIECE)), one, frozenset()) is None  # no mixed rows
-    assert graph_shape(plan((a, 1), (reader, PIECE - 1)), one, piece) is None  # another size
-    assert graph_shape(plan((reader, PIECE)), one, piece) is None  # no decoding lane
-    assert graph_shape(plan((reader, PIECE), (a, 1)), one, piece) is None  # prompt not last
-    assert graph_shape(plan((a, 1), (b, 2), (reader, PIECE)), one, piece) is None  # rows differ
+    assert graph_shape(plan((a, 1), (b, 1)), one, PIECE) == GraphShape(2, 1)
+    assert graph_shape(plan((a, 1), (reader, PIECE)), one, PIECE) == GraphShape(1, 1, PIECE)
+    assert graph_shape(plan((a, 1), (reader, 7)), one, PIECE) == GraphShape(1, 1, PIECE)
+    assert graph_shape(plan((a, 1), (reader, PIECE)), one, 0) is None  # no mixed graphs
+    assert graph_shape(plan((a, 1), (reader, PIECE + 1)), one, PIECE) is None  # too long
+    assert graph_shape(plan((reader, PIECE)), one, PIECE) is None  # no decoding lane
+    assert graph_shape(plan((reader, PIECE), (a, 1)), one, PIECE) is None  # prompt not last
+    assert graph_shape(plan((a, 1), (b, 2), (reader, PIECE)), one, PIECE) is None  # rows differ
     other = eng.add_request(sample_prompt(78, 40, 300), GREEDY)
     eng.step()
-    two = plan((a, 1), (other, PIECE), (reader, PIECE))
-    assert graph_shape(two, one, piece) is None  # two prompt lanes
+    two = plan((a, 1), (other, 8), (reader, 8))
+    assert graph_shape(two, one, PIECE) is None  # two prompt lanes
     watched = eng.add_request(sample_prompt(79, 40, 300), GREEDY, watch=Watch(keep_logits=True))
     eng.step()
-    assert graph_shape(plan((a, 1), (watched, PIECE)), one, piece) is None  # every row's logits
+    assert graph_shape(plan((a, 1), (watched, 8)), one, PIECE) is None  # every row's logits

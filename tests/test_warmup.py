@@ -155,10 +155,10 @@ def test_mixed_warm_up_runs_a_mixed_pass_of_every_bucket(hf_tiny):
     """On the CPU the passes run eagerly; each bucket's pass is of a mixed graph's shape."""
     eng = make_engine(hf_tiny, parallel=6, context=512, chunk=64, mixed_chunk=8)
     runner, shapes, execute = eng.runner, [], eng.runner.execute
-    runner.mixed_rows, runner.buckets = frozenset({8}), lane_buckets(6)
+    runner.piece_rows, runner.buckets = 8, lane_buckets(6)
 
     def seen(plan):
-        shapes.append(graph_shape(plan, runner.graph_rows, runner.mixed_rows))
+        shapes.append(graph_shape(plan, runner.graph_rows, runner.piece_rows))
         return execute(plan)
 
     runner.execute = seen

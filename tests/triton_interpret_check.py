@@ -71,6 +71,7 @@ def main() -> None:
     fused_kernels()
     fused_norms(q, kc, vc, tiles, ref)
     recurrence()
+    padded_rows(q, kc, vc)
     experts()
     print("interpreted kernels match their references")
 
@@ -276,6 +277,35 @@ def recurrence() -> None:
         )
         parts.append(out[10:])
     assert torch.equal(torch.cat(parts), whole) and torch.equal(again[1], states[2])
+
+
+def padded_rows(q, kc, vc) -> None:
+    """A lane whose rows past its real ones are padding (a mixed graph's prompt piece): the
+    recurrence stops at the lane's bound and attention skips a tile of no rows, the real rows'
+    bytes those of the real rows alone, the padding rows left at zero (`zeroed`)."""
+    from dataclasses import replace
+
+    from tensorfold.ops.triton.gated_delta import gated_delta_lanes
+
+    t, pad, hk, hv, dk = 11, 6, 2, 4, 32
+    q4, k4 = torch.randn(t + pad, hk, dk).half(), torch.randn(t + pad, hk, dk).half()
+    v4, g4 = torch.randn(t + pad, hv, dk).half(), -torch.rand(t + pad, hv) * 0.5
+    b4, slot = torch.rand(t + pad, hv).half(), torch.tensor([1])
+    alone, padded = torch.zeros(2, hv, dk, dk), torch.zeros(2, hv, dk, dk)
+    real = [x[:t] for x in (q4, k4, v4, g4, b4)]
+    want = gated_delta_lanes(*real, alone, slot, torch.tensor([0, t]))
+    got = gated_delta_lanes(q4, k4, v4, g4, b4, padded, slot, torch.tensor([0, t]), zeroed=True)
+    assert torch.equal(got[:t], want) and torch.equal(padded, alone)
+    assert not got[t:].any()
+    n = q.shape[0]  # 20 rows of a lane in tiles of 16: the second tile of 4 rows
+    tiles = ref_attention.AttentionTiles.build(
+        (Segment(0, 0, 0, n, torch.randperm(64)[:n]),), "cpu", size=16
+    )
+    want = attention.paged_attention(q, kc, vc, tiles, 32**-0.5)
+    short = replace(tiles, rows=torch.tensor([16, 0], dtype=torch.int32))  # 16 real rows
+    for plan in ("serial", "split"):
+        got = attention.paged_attention(q, kc, vc, short, 32**-0.5, plan=plan, zeroed=True)
+        assert near(got[:16], want[:16]) and not got[16:].any(), plan
 
 
 if __name__ == "__main__":

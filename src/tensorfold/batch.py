@@ -36,6 +36,10 @@ class LaneIndex:
     gdn: object = (
         None  # ops.triton.gated_delta_chunk.LanePlan of an eager CUDA pass; None otherwise
     )
+    # rows past a lane's real ones (a mixed graph's prompt piece): no kernel of the recurrence or
+    # attention writes them, so their outputs start as zeros and the rows stay finite (the
+    # experts' routing reads every row)
+    padded: bool = False
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,14 @@ def mixed_ends(lanes: int, buckets: tuple[int, ...]) -> list[int]:
 
 def wants_mixed(engine: Engine) -> bool:
     """Mixed graphs to record: prompt pieces beside decoding lanes replay from graphs."""
-    return bool(engine.runner.mixed_rows) and engine.config.parallel > 1
+    return engine.runner.piece_rows > 0 and engine.config.parallel > 1
 
 
 def _run_mixed(engine: Engine, vocab: int) -> None:
     """Lanes decode while a prompt is read beside them a mixed piece a pass (mixed_ends)."""
     c, runner = engine.config, engine.runner
     ends = mixed_ends(c.parallel - 1, runner.buckets)
-    n = min(c.chunk + max(runner.mixed_rows) * (max(ends) + 1), c.context - 1)
+    n = min(c.chunk + runner.piece_rows * (max(ends) + 1), c.context - 1)
     for lane, end in enumerate(ends):
         params = SamplingParams(max_tokens=end, temperature=0.0, ignore_eos=True)
         engine.add_request([(11 + lane) % vocab], params, f"warmup-mixed-{lane}")

@@ -181,6 +181,7 @@ def gated_delta(
             states.recurrent,
             batch.lanes.slots,
             batch.lanes.cu_seqlens,
+            batch.lanes.padded,
         )
     return ref_gdn.recurrence_lanes(x, g, beta, states, shape, batch.segments)
 
@@ -197,7 +198,8 @@ def gated_attention(
     if q.is_cuda:
         from .triton.attention import paged_attention
 
-        out = paged_attention(q, k_cache, v_cache, batch.lanes.attention, scale, gate=gate)
+        tiles, zeroed = batch.lanes.attention, batch.lanes.padded
+        out = paged_attention(q, k_cache, v_cache, tiles, scale, gate=gate, zeroed=zeroed)
         return out.view(q.shape[0], -1)
     return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
 

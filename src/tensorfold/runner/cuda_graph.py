@@ -14,10 +14,11 @@ Lane counts come in buckets (1, 2, 4, 8, then every 8 up to --parallel, as vLLM'
 a pass of 13 lanes replays the 16-lane graph with 3 padding lanes (runner/plan.py, `padded`), so
 a server whose lane count wanders records a few graphs, not one for every count.
 
-A mixed graph adds one prompt lane of a fixed row count (`--mixed-chunk`) after the decoding
-lanes and their padding: a prompt read beside running streams in capped pieces then costs its
-rows' device time, not an eager pass's launches. It returns the decoding rows' logits and the
-prompt piece's last row's (wanted when the piece ends the prompt).
+A mixed graph adds one prompt lane of up to `--mixed-chunk` rows after the decoding lanes and
+their padding (PromptPiece: the rows past a piece's real ones are padding): a prompt read
+beside running streams in capped pieces then costs its rows' device time, not an eager pass's
+launches. It returns the decoding rows' logits and the piece's last real row's (wanted when the
+piece ends the prompt).
 """
 
 from __future__ import annotations
@@ -50,6 +51,23 @@ class GraphShape:
         return (self.rows,) * self.lanes + ((self.prompt,) if self.prompt else ())
 
 
+@dataclass(frozen=True)
+class PromptPiece:
+    """A mixed graph's prompt lane, last in the pass: its first rows are real, their count
+    copied in per pass (`real`); the rows past them are padding that writes its K/V to a
+    scratch row, which no kernel of a real row reads (the recurrence, the conv's kept rows, the
+    attention tiles and the logits row follow the real count, on the device; LaneIndex.padded
+    keeps the padding rows finite)."""
+
+    real: torch.Tensor  # [1] the piece's real rows this pass
+    lane: int  # its lane index
+    row0: int  # its first row in the pass
+    hist: int  # the conv's kept rows a lane (kernel - 1)
+    tile_starts: torch.Tensor  # [its tiles] each tile's first row within the piece
+    scratch: int  # the KV row its padding rows write
+    row_ids: torch.Tensor  # [rows of the pass] 0, 1, 2, ...
+
+
 @dataclass
 class StaticLanes:
     """A pass of a graph's shape over static buffers: fed tokens and positions are copied in,
@@ -57,7 +75,7 @@ class StaticLanes:
     graph (refresh)."""
 
     batch: ForwardBatch
-    inputs: torch.Tensor  # [2, rows]: fed tokens, positions
+    inputs: torch.Tensor  # [2, rows (+ 1)]: fed tokens, positions (a piece's real rows)
     table: torch.Tensor  # [lanes, context] every lane's KV slot table
     slots: torch.Tensor  # [lanes] GDN state slots
     kv_write: torch.Tensor
@@ -65,16 +83,20 @@ class StaticLanes:
     tile_row0: torch.Tensor  # [tiles] the pass row of each attention tile's first row
     first_rows: torch.Tensor  # [lanes] the pass row of each lane's first row
     row_lane: torch.Tensor  # [rows] the lane of each row
+    piece: PromptPiece | None = None
 
     @classmethod
-    def make(cls, lanes: int, rows: int, context: int, conv_kernel: int, dev, table=None, prompt=0):
+    def make(
+        cls, lanes, rows, context, conv_kernel, dev, table=None, prompt=0, scratch=0
+    ) -> "StaticLanes":
         """`table` [lanes, context] may be shared with other passes of the same lanes; `prompt`:
-        the rows of one prompt lane after the `lanes` lanes of `rows` rows."""
+        the most rows of one prompt lane after the `lanes` lanes of `rows` rows (`scratch`: the
+        KV row its padding rows write)."""
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
         counts = GraphShape(lanes, rows, prompt).lane_rows
         row0 = [sum(counts[:i]) for i in range(len(counts) + 1)]
         n = row0[-1]
-        inputs = torch.zeros(2, n, dtype=torch.long, device=dev)
+        inputs = torch.zeros(2, n + (1 if prompt else 0), dtype=torch.long, device=dev)
         if table is None:
             table = torch.zeros(len(counts), context, dtype=torch.int32, device=dev)
         slots = torch.zeros(len(counts), dtype=torch.long, device=dev)
@@ -96,32 +118,58 @@ class StaticLanes:
             context,  # any lane may reach its capacity: its super-blocks past its length exit
         )
         tails = torch.zeros(len(counts), dtype=torch.long, device=dev)
-        index = LaneIndex(slots, as_t(row0), as_t(taps), as_t(keep), tiles, tails)
+        index = LaneIndex(
+            slots, as_t(row0), as_t(taps), as_t(keep), tiles, tails, padded=bool(prompt)
+        )
         wanted = list(range(lanes * rows)) + ([n - 1] if prompt else [])
-        batch = ForwardBatch(inputs[0], inputs[1], kv_write, (), as_t(wanted), index)
+        batch = ForwardBatch(inputs[0, :n], inputs[1, :n], kv_write, (), as_t(wanted), index)
         lane_of = [i for i, c in enumerate(counts) for _ in range(c)]
+        piece = None
+        if prompt:
+            starts = [s for i, s in cuts if i == lanes]
+            piece = PromptPiece(
+                inputs[0, n:], lanes, row0[lanes], conv_kernel - 1, as_t(starts, torch.int32),
+                scratch, torch.arange(n, device=dev),
+            )  # fmt: skip
         return cls(
             batch, inputs, table, slots, kv_write, pos0,
-            as_t(tile_row0), as_t(row0[:-1]), as_t(lane_of),
+            as_t(tile_row0), as_t(row0[:-1]), as_t(lane_of), piece,
         )  # fmt: skip
 
     def refresh(self) -> None:
-        """Inside the graph: the KV write rows and tile starts of the positions fed."""
-        positions = self.inputs[1]
+        """Inside the graph: the KV write rows and tile starts of the positions fed (and what
+        follows a prompt piece's real rows)."""
+        positions = self.batch.positions
         self.pos0.copy_(positions[self.tile_row0].to(torch.int32))
         self.batch.lanes.tails.copy_(positions[self.first_rows] % CHUNK)
-        self.kv_write.copy_(self.table[self.row_lane, positions].long())
+        write = self.table[self.row_lane, positions].long()
+        p = self.piece
+        if p is None:
+            self.kv_write.copy_(write)
+            return
+        lanes, end = self.batch.lanes, p.row0 + p.real  # [1]: the pass row past the real ones
+        self.kv_write.copy_(torch.where(p.row_ids < end, write, p.scratch))
+        lanes.cu_seqlens[-1:].copy_(end)
+        tiles = lanes.attention
+        count = p.tile_starts.shape[0]
+        size = tiles.size
+        tiles.rows[-count:].copy_((p.real - p.tile_starts).clamp(0, size).to(torch.int32))
+        # the conv's kept rows: the piece's last `hist` rows of [its conv state ; its rows]
+        q = p.real + torch.arange(p.hist, device=end.device)
+        past = len(self.first_rows) * p.hist + p.row0 - p.hist
+        lanes.conv_keep[-1].copy_(torch.where(q < p.hist, p.lane * p.hist + q, past + q))
+        self.batch.logit_rows[-1:].copy_(end - 1)
 
 
 class PassGraph:
     def __init__(
-        self, model, caches, lanes: int, rows: int, context: int, pool=None, prompt: int = 0
+        self, model, caches, lanes, rows, context, pool=None, prompt: int = 0, scratch: int = 0
     ) -> None:
         self.pool = pool  # the memory pool it shares with the others
         self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
         cfg = model.config
         self.lane = StaticLanes.make(
-            lanes, rows, context, cfg.conv_kernel, model.device, prompt=prompt
+            lanes, rows, context, cfg.conv_kernel, model.device, prompt=prompt, scratch=scratch
         )
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
         self.batch = self.lane.batch
@@ -141,6 +189,11 @@ class PassGraph:
         for lane in plan:
             ids += lane.token_ids
             positions += range(lane.start, lane.start + lane.rows)
+        piece = self.lane.piece
+        if piece is not None:  # padding rows at the piece's last position, then its real rows
+            pad = self.inputs.shape[1] - 1 - len(ids)
+            ids += [0] * pad + [plan.lanes[-1].rows]
+            positions += [positions[-1]] * (pad + 1)
         self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
 
     def _forward(self) -> torch.Tensor:
@@ -203,21 +256,21 @@ def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:
     return n
 
 
-def graph_shape(plan: PassPlan, allowed: frozenset[int], prompts: frozenset[int]):
+def graph_shape(plan: PassPlan, allowed: frozenset[int], piece: int = 0):
     """The GraphShape of a pass a graph can replay, or None: lanes of equal rows (graph_rows),
-    or such lanes and then one prompt lane of one of `prompts` rows wanting no logits or its
-    last row's."""
+    or (`piece` rows > 0) such lanes and then one prompt lane of at most `piece` rows wanting
+    no logits or its last row's: a mixed graph of `piece` rows."""
     rows = graph_rows(plan, allowed)
     if rows is not None:
         return GraphShape(len(plan), rows)
-    if not prompts or len(plan) < 2:
+    if not piece or len(plan) < 2:
         return None
     last = plan.lanes[-1]
     wants = last.logits
-    if last.rows not in prompts or (len(wants) and wants != range(last.rows - 1, last.rows)):
+    if last.rows > piece or (len(wants) and wants != range(last.rows - 1, last.rows)):
         return None
     rows = graph_rows(PassPlan(plan.lanes[:-1]), allowed)
-    return None if rows is None else GraphShape(len(plan) - 1, rows, last.rows)
+    return None if rows is None else GraphShape(len(plan) - 1, rows, piece)
 
 
 def lane_logits(plan: PassPlan, rows: int, logits: torch.Tensor) -> dict[int, torch.Tensor]:

@@ -75,8 +75,8 @@ class ModelRunner:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.context, self.graphs = context, {}
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
-        # a prompt piece's rows a mixed graph may take after them (engine: --mixed-chunk)
-        self.mixed_rows: frozenset[int] = frozenset()
+        # the most rows of a prompt piece a mixed graph takes after them (engine: --mixed-chunk)
+        self.piece_rows = 0
         # (lanes, rows) or (lanes, rows, prompt rows) -> passes run from graphs
         self.replays: dict[tuple[int, ...], int] = {}
         self.pool = None  # the graphs' shared memory pool, made with the first graph
@@ -87,7 +87,7 @@ class ModelRunner:
     def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
         """Returns {index in plan: logits [r, V]} of the rows each lane asks for (its `logits`
         offsets), for the lanes that ask for any."""
-        shape = graph_shape(plan, self.graph_rows, self.mixed_rows) if self.use_graphs else None
+        shape = graph_shape(plan, self.graph_rows, self.piece_rows) if self.use_graphs else None
         if shape is not None:
             return self._replay(plan, shape)
         batch, owners = self.batch(plan)
@@ -151,8 +151,9 @@ class ModelRunner:
         if graph is None:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
+            scratch = int(self.pad[1][0]) if self.pad else 0  # the padding lanes' page
             graph = self.graphs[key] = PassGraph(
-                self.model, self.caches, lanes, rows, self.context, self.pool, shape.prompt
+                self.model, self.caches, lanes, rows, self.context, self.pool, shape.prompt, scratch
             )
         # the graph's output buffer is rewritten by the next replay; padding rows are dropped
         out = graph.run(full)

@@ -47,8 +47,8 @@ def add_parser(sub) -> None:
         default=None,
         help="prompt rows a pass takes in all while other lanes decode, so their next tokens "
         "wait for a short pass (default: no cap, whole --chunk passes; 256 halves the 9B's "
-        "worst gap between tokens at some cost in throughput); on a GPU a piece of exactly "
-        "this many rows beside decoding lanes replays a CUDA graph",
+        "worst gap between tokens at some cost in throughput); on a GPU a piece beside "
+        "decoding lanes replays a CUDA graph",
     )
     p.add_argument(
         "--max-tokens",

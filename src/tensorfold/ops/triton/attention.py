@@ -315,15 +315,17 @@ def paged_attention(
     gate: torch.Tensor | None = None,
     fault: int = 0,
     plan: str | None = None,
+    zeroed: bool = False,
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
-    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given. `plan` forces
-    'serial' or 'split' (checks only); `fault` is a planted fault (the registry's controls)."""
+    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given (`zeroed`: rows in
+    no tile are zeros). `plan` forces 'serial' or 'split' (checks only); `fault` is a planted
+    fault (the registry's controls)."""
     n, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     q = q.contiguous()
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q) if zeroed else torch.empty_like(q)
     g = gate if gate is not None else q
     plan = plan or choose_plan(tiles, hq, d, q.device)
     block_m = _block_m(group, SERIAL_ROWS if plan == "serial" else SPLIT_ROWS)

@@ -140,11 +140,12 @@ def gated_delta_lanes(
     states: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
+    zeroed: bool = False,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
     Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is states[slots[i]], updated in
-    place. Returns o [T, Hv, dv] in v's dtype.
+    place. Returns o [T, Hv, dv] in v's dtype (`zeroed`: rows outside every lane are zeros).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -158,7 +159,7 @@ def gated_delta_lanes(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
             raise ValueError(f"{name} must have contiguous heads within a row")
-    o = torch.empty((rows, hv, dv), dtype=v.dtype, device=v.device)
+    o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(BLOCK_V, dv)
     _recurrence[(slots.shape[0], hv, dv // bv)](
         q,
