@@ -109,7 +109,7 @@ def test_padded_mixed_graph_equals_eager_9b(nine_b):
     prompt = (sample_prompt(33, 700, VOCAB), SamplingParams(max_tokens=8, temperature=0.0))
 
     def run(**kw):
-        eng = _engine(nine_b, 8, mixed_chunk=128, **kw)
+        eng = _engine(nine_b, 8, context=1024, mixed_chunk=128, **kw)
         prints = {}
         reqs = [eng.add_request(ids, p, watch=finish_prints(eng, prints)) for ids, p in jobs]
         while any(r.in_prompt or not r.output_ids for r in reqs):
