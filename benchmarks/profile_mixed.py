@@ -4,8 +4,11 @@ wall time of a pass replayed from its mixed graph, and the kernels of a few eage
 by name; then the same with the attention's split plan forced for the prompt tiles (the plans
 give the same bits; only their speed differs), on a random checkpoint (9B shape).
 
-    PYTHONPATH=src:benchmarks python3 benchmarks/profile_mixed.py --lanes 1,16 --pieces 128,256 \
+    PYTHONPATH=src:benchmarks python3 benchmarks/profile_mixed.py --cases 1x127,1x128,16x112,16x128 \
         --depth 16384
+
+(LANESxPIECE: 1 + 127 and 16 + 112 rows fill one 128-row product tile, 1 + 128 and 16 + 128 spill
+into a second.)
 """
 
 from __future__ import annotations
@@ -66,24 +69,23 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/mixed")
     p.add_argument("--shape", default="9b")
     p.add_argument("--models", default="4bit")
-    p.add_argument("--lanes", default="1,16")
-    p.add_argument("--pieces", default="128,256")
+    p.add_argument("--cases", default="1x128,16x128", help="LANESxPIECE, comma-separated")
     p.add_argument("--depth", type=int, default=16384)
     args = p.parse_args()
     run = Run(in_memory=True)
     plan = attention.choose_plan
     for name in args.models.split(","):
         model = run.load(run.checkpoint(Path(args.out) / name, args.shape, name))
-        for lanes in (int(x) for x in args.lanes.split(",")):
-            for piece in (int(x) for x in args.pieces.split(",")):
-                eng, _ = reading(model, lanes, piece, args.depth)
-                label = f"{name}, {lanes} streams, piece {piece}, depth {args.depth}"
-                print(measure(eng, label), flush=True)
-                attention.choose_plan = lambda *a: "split"
-                eng.runner.graphs.clear()  # recorded again with the split plan
-                print(measure(eng, label + ", split plan"), flush=True)
-                attention.choose_plan = plan
-                del eng
+        for case in args.cases.split(","):
+            lanes, piece = (int(x) for x in case.split("x"))
+            eng, _ = reading(model, lanes, piece, args.depth)
+            label = f"{name}, {lanes} streams, piece {piece}, depth {args.depth}"
+            print(measure(eng, label), flush=True)
+            attention.choose_plan = lambda *a: "split"
+            eng.runner.graphs.clear()  # recorded again with the split plan
+            print(measure(eng, label + ", split plan"), flush=True)
+            attention.choose_plan = plan
+            del eng
         del model
         torch.cuda.empty_cache()
 
