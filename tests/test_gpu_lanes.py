@@ -19,7 +19,7 @@ from engine_util import finish_prints, sample_prompt  # noqa: E402
 
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
 from tensorfold.engine.request import SamplingParams  # noqa: E402
-from tensorfold.runner.cuda_graph import lane_buckets  # noqa: E402
+from tensorfold.runner.cuda_graph import lane_buckets, piece_room  # noqa: E402
 
 VOCAB = 248320
 
@@ -97,14 +97,15 @@ def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
     assert second.lane.computed == 256
     eng.run_until_done()
     assert [(r.output_ids, prints[r.request_id]) for r in (first, second)] == alone
-    assert eng.runner.replays.get((1, 1, 256), 0) > 10  # the prompt's pieces beside the stream
+    key = (1, 1, piece_room(256, 1))  # 255 rows: the pass's 256 fill two product tiles
+    assert eng.runner.replays.get(key, 0) > 10  # the prompt's pieces beside the stream
 
 
 def test_padded_mixed_graph_equals_eager_9b(nine_b):
     """5 decoding lanes (the 8-lane bucket: 3 padding lanes) and a 700-token prompt read beside
-    them 128 rows a pass from mixed graphs (the last piece of 60 rows in the same graph, its
-    padding rows writing a scratch row) give the eager passes' bytes, every lane's fingerprint
-    included."""
+    them from mixed graphs (pieces of 120 rows, so that a pass is 128 rows; the last piece of
+    100 rows in the same graph, its padding rows writing a scratch row) give the eager passes'
+    bytes, every lane's fingerprint included."""
     jobs = [(ids, dataclasses.replace(p, max_tokens=30)) for ids, p in _jobs(5)]
     prompt = (sample_prompt(33, 700, VOCAB), SamplingParams(max_tokens=8, temperature=0.0))
 
@@ -120,4 +121,5 @@ def test_padded_mixed_graph_equals_eager_9b(nine_b):
 
     graphed, eng = run()
     assert graphed == run(cuda_graphs=False)[0]
-    assert eng.runner.replays.get((8, 1, 128), 0) >= 6  # 5 whole pieces and the last 60 rows
+    # pieces of 120 rows beside the 8-lane bucket (a 128-row pass): 5, and the last 100 rows
+    assert eng.runner.replays.get((8, 1, piece_room(128, 8)), 0) >= 6

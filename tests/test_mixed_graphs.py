@@ -11,7 +11,7 @@ from engine_util import make_engine, sample_prompt
 
 from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
-from tensorfold.runner.cuda_graph import GraphShape, graph_shape
+from tensorfold.runner.cuda_graph import GraphShape, graph_shape, lane_buckets, piece_room
 from tensorfold.runner.plan import PassPlan, padded
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -93,7 +93,7 @@ def _tiled_rows(tiles) -> dict[int, tuple[int, list[int]]]:
 
 
 def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
-    shape = graph_shape(work, runner.graph_rows, runner.piece_rows)
+    shape = graph_shape(work, runner.graph_rows, runner.piece_rows, runner.buckets)
     assert shape == want_shape
     real = runner.model
     fake = runner.model = _Tagged(real)
@@ -156,3 +156,36 @@ def test_mixed_graph_shapes(hf_tiny_b):
     watched = eng.add_request(sample_prompt(79, 40, 300), GREEDY, watch=Watch(keep_logits=True))
     eng.step()
     assert graph_shape(plan((a, 1), (watched, 8)), one, PIECE) is None  # every row's logits
+
+
+def test_a_piece_ends_the_pass_on_a_product_tile():
+    """A piece's room beside `decode` rows (padding lanes' included) ends the pass's rows on a
+    multiple of 128 rows, unless that leaves less than half the piece."""
+    assert [piece_room(128, d) for d in (0, 1, 16, 64, 100, 128, 136)] == [
+        128, 127, 112, 64, 128, 128, 120,
+    ]  # fmt: skip
+    assert piece_room(256, 16) == 240 and piece_room(80, 4) == 80 and piece_room(8, 3) == 8
+
+
+def test_the_scheduler_cuts_pieces_to_the_mixed_graphs_room(hf_tiny_b):
+    """With mixed graphs the prompt piece beside decoding lanes is the graph's room for their
+    bucket (3 lanes replay the 4-lane graph: 124 rows), and the pass is that graph's."""
+    eng = make_engine(hf_tiny_b, parallel=5, context=512, chunk=256, mixed_chunk=128)
+    reqs = [eng.add_request(sample_prompt(60 + i, 9, 300), GREEDY) for i in range(3)]
+    while any(r.in_prompt or not r.output_ids for r in reqs):
+        eng.step()
+    runner = eng.runner
+    runner.piece_rows, runner.buckets = 128, lane_buckets(5)
+    eng.scheduler.mixed_room = runner.mixed_room
+    shapes, execute = [], runner.execute
+    runner.execute = lambda plan: (
+        shapes.append(graph_shape(plan, runner.graph_rows, runner.piece_rows, runner.buckets))
+        or execute(plan)
+    )
+    reader = eng.add_request(sample_prompt(70, 300, 300), GREEDY)
+    eng.step()
+    assert reader.lane.computed == 124 and shapes[-1] == GraphShape(3, 1, 124)
+    eng.step()
+    assert reader.lane.computed == 248 and shapes[-1] == GraphShape(3, 1, 124)
+    eng.step()  # the last 52 rows: the same graph, its rows past them padding
+    assert not reader.in_prompt and shapes[-1] == GraphShape(3, 1, 124)

@@ -86,7 +86,8 @@ class Engine:
                 self.drafting.use_graphs(config.context)
                 self.scheduler.lookahead = config.draft_tokens if config.draft else 0
                 if config.mixed_chunk and config.gdn_form != "chunk":  # prompt pieces beside
-                    self.runner.piece_rows = config.mixed_chunk  # decoding lanes
+                    self.runner.piece_rows = config.mixed_chunk  # decoding lanes, in graphs
+                    self.scheduler.mixed_room = self.runner.mixed_room
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..cache import KVPool, StatePool
@@ -60,6 +61,9 @@ class Scheduler:
         # rows an aligned verify pass may feed past a lane's last token: its KV rows reach that
         # far (within the context), so a lane near its end keeps its graph's shape
         self.lookahead = 0
+        # the prompt rows a pass takes beside decoding lanes of these rows each (None:
+        # mixed_chunk); with mixed graphs, the graph's room (runner: mixed_room)
+        self.mixed_room: Callable[[list[int]], int] | None = None
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.config.parallel and self.states.free_slots:
@@ -127,7 +131,9 @@ class Scheduler:
                 work.append(Work(req, rows[id(req)] + drafted))
                 budget -= drafted
         if work and self.config.mixed_chunk is not None:  # prompt rows beside decoding lanes
-            budget = min(budget, self.config.mixed_chunk)
+            room = self.mixed_room
+            cap = self.config.mixed_chunk if room is None else room([w.rows for w in work])
+            budget = min(budget, cap)
         for req in self.running:  # then prompt rows, oldest lane first
             if req.in_prompt and budget > 0:
                 n = min(self.config.chunk, len(req.prompt_ids) - req.lane.computed, budget)

@@ -48,6 +48,9 @@ class AttentionTiles:
     size: int = Q_TILE  # rows a tile: Q_TILE, or PROMPT_TILE for passes with long lanes
     longest: int = Q_TILE  # valid rows of the fullest tile (<= size): the launch's sub-tiles
     keys: int = SUPER_BLOCK  # positions of the longest lane (an upper bound): its super-blocks
+    # tiles that may hold more than one row (0: count every tile): decode tiles beside a prompt
+    # piece hold one row over a short lane, so the GPU's split of the keys is sized by the rest
+    wide: int = 0
 
     @staticmethod
     def build(segments: tuple[Segment, ...], device, size: int | None = None) -> "AttentionTiles":
@@ -75,6 +78,7 @@ class AttentionTiles:
             size,
             max(rows, default=1),
             keys,
+            sum(1 for r in rows if r > 1),
         )
 
 

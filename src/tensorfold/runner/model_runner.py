@@ -11,7 +11,7 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits
+from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, piece_room
 from .plan import LaneRows, PassPlan, padded
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -87,7 +87,11 @@ class ModelRunner:
     def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
         """Returns {index in plan: logits [r, V]} of the rows each lane asks for (its `logits`
         offsets), for the lanes that ask for any."""
-        shape = graph_shape(plan, self.graph_rows, self.piece_rows) if self.use_graphs else None
+        shape = (
+            graph_shape(plan, self.graph_rows, self.piece_rows, self.buckets)
+            if self.use_graphs
+            else None
+        )
         if shape is not None:
             return self._replay(plan, shape)
         batch, owners = self.batch(plan)
@@ -122,6 +126,14 @@ class ModelRunner:
     def greedy(self, rows: torch.Tensor) -> list[int]:
         """The first maximum of each logit row [R, V] (one device sync for all of them)."""
         return rows.argmax(-1).tolist()
+
+    def mixed_room(self, decode_rows: list[int]) -> int:
+        """The prompt rows a mixed graph takes beside decoding lanes of `decode_rows` rows each
+        (`piece_rows` when they differ: that pass is eager)."""
+        if len(set(decode_rows)) != 1:
+            return self.piece_rows
+        lanes = bucket(len(decode_rows), self.buckets)
+        return piece_room(self.piece_rows, lanes * decode_rows[0])
 
     def pad_lanes(self, buckets: tuple[int, ...]) -> None:
         """Replays passes in graphs of `buckets` lane counts, padded with lanes that write one

@@ -294,15 +294,21 @@ def _sms(index: int) -> int:
 PARTIAL_BYTES = 1 << 30  # short chunks over long lanes take the split plan within this
 
 
-def choose_plan(tiles: AttentionTiles, hq: int, d: int, device) -> str:
+def busy_tiles(tiles: AttentionTiles) -> int:
+    """Tiles that carry the work: those that may hold more than one row (a prompt piece's beside
+    decoding lanes' single rows), or every tile when none does."""
+    return tiles.wide or tiles.row0.shape[0]
+
+
+def choose_plan(tiles: AttentionTiles, hq: int, d: int, device, rows: int | None = None) -> str:
     """'split' for decode and verify tiles, and for prompt tiles too few to fill the card over
-    lanes of more than a few super-blocks; else 'serial'. The plans compute the same bits, so
-    this choice is free."""
+    lanes of more than a few super-blocks (`rows`: the pass's, whose parts the split keeps);
+    else 'serial'. The plans compute the same bits, so this choice is free."""
     if tiles.size <= 16:
         return "split"
-    n = tiles.row0.shape[0] * tiles.size
+    n = rows if rows is not None else tiles.row0.shape[0] * tiles.size
     parts = n * hq * triton.cdiv(tiles.keys, SUPER_BLOCK) * (d + 2) * 4
-    few = tiles.row0.shape[0] * hq < sm_count(device) and tiles.keys > 4 * SUPER_BLOCK
+    few = busy_tiles(tiles) * hq < sm_count(device) and tiles.keys > 4 * SUPER_BLOCK
     return "split" if few and parts <= PARTIAL_BYTES else "serial"
 
 
@@ -327,7 +333,7 @@ def paged_attention(
     q = q.contiguous()
     out = torch.zeros_like(q) if zeroed else torch.empty_like(q)
     g = gate if gate is not None else q
-    plan = plan or choose_plan(tiles, hq, d, q.device)
+    plan = plan or choose_plan(tiles, hq, d, q.device, n)
     block_m = _block_m(group, SERIAL_ROWS if plan == "serial" else SPLIT_ROWS)
     sub = triton.cdiv(min(tiles.size, tiles.longest), packed_rows(group, block_m))
     grid = (tiles.row0.shape[0], hkv * sub)
@@ -344,7 +350,9 @@ def paged_attention(
     blocks = triton.cdiv(tiles.keys, SUPER_BLOCK) + (PLANTED_BLOCKS if fault else 0)
     part = torch.empty((n, hq, blocks, d), dtype=torch.float32, device=q.device)
     ml = torch.empty((n, hq, blocks, 2), dtype=torch.float32, device=q.device)
-    z = max(1, min(blocks, triton.cdiv(SPLIT_WAVES * sm_count(q.device), grid[0] * grid[1])))
+    # the keys' split sized by the tiles with work (other programs past their super-blocks exit)
+    waves = triton.cdiv(SPLIT_WAVES * sm_count(q.device), busy_tiles(tiles) * grid[1])
+    z = max(1, min(blocks, waves))
     _split_kernel[grid + (z,)](
         *common, sub, part, ml, hq, blocks, z, **consts, num_warps=WARPS, num_stages=SPLIT_STAGES
     )
