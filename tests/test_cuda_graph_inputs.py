@@ -7,6 +7,7 @@ import pytest
 import torch
 from drafting_util import Script
 from engine_util import make_engine, sample_prompt
+from graph_util import stand_in_recording
 
 from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
@@ -182,17 +183,10 @@ class _Kept(_Capture):
         return super().forward(batch, caches)
 
 
-class _FakeGraph:
-    def replay(self):
-        pass
-
-
 def test_a_replay_hands_the_drafter_the_graphs_kept_states(hf_tiny_b, monkeypatch):
     """The first run returns the eager pass's logits and kept states (the recorded pass is not
     run); a replay points the model's kept states at the recorded pass's buffers."""
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: torch.no_grad())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    stand_in_recording(monkeypatch)
     eng = make_engine(hf_tiny_b, parallel=2, context=256)
     reqs = [eng.add_request(sample_prompt(5 + i, 7, 300), GREEDY) for i in range(2)]
     while any(r.in_prompt for r in reqs):

@@ -8,6 +8,7 @@ gives it, and a drafter reads the kept states of the plan's rows, padding left o
 import pytest
 import torch
 from engine_util import make_engine, sample_prompt
+from graph_util import stand_in_recording
 
 from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
@@ -37,18 +38,10 @@ class _Tagged:
         return rows[batch.logit_rows]
 
 
-class _FakeGraph:
-    def replay(self):
-        pass
-
-
 @pytest.fixture
 def recording(monkeypatch):
     """torch.cuda's graph recording stood in for: a recorded pass runs once, eagerly."""
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: torch.no_grad())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    stand_in_recording(monkeypatch)
 
 
 def _streams(hf_tiny_b, decoding: int, prompt_len: int, more: int = 0):

@@ -66,6 +66,7 @@ class PromptPiece:
     tile_starts: torch.Tensor  # [its tiles] each tile's first row within the piece
     scratch: int  # the KV row its padding rows write
     row_ids: torch.Tensor  # [rows of the pass] 0, 1, 2, ...
+    hist_ids: torch.Tensor  # [hist] 0, 1, ...
 
 
 @dataclass
@@ -130,7 +131,7 @@ class StaticLanes:
             starts = [s for i, s in cuts if i == lanes]
             piece = PromptPiece(
                 inputs[0, n:], lanes, row0[lanes], conv_kernel - 1, as_t(starts, torch.int32),
-                scratch, torch.arange(n, device=dev),
+                scratch, torch.arange(n, device=dev), torch.arange(conv_kernel - 1, device=dev),
             )  # fmt: skip
         return cls(
             batch, inputs, table, slots, kv_write, pos0,
@@ -156,7 +157,7 @@ class StaticLanes:
         size = tiles.size
         tiles.rows[-count:].copy_((p.real - p.tile_starts).clamp(0, size).to(torch.int32))
         # the conv's kept rows: the piece's last `hist` rows of [its conv state ; its rows]
-        q = p.real + torch.arange(p.hist, device=end.device)
+        q = p.real + p.hist_ids
         past = len(self.first_rows) * p.hist + p.row0 - p.hist
         lanes.conv_keep[-1].copy_(torch.where(q < p.hist, p.lane * p.hist + q, past + q))
         self.batch.logit_rows[-1:].copy_(end - 1)
@@ -271,6 +272,12 @@ def piece_room(piece: int, decode_rows: int) -> int:
     return room if room >= max(1, piece // 2) else piece
 
 
+def mixed_room(piece: int, lanes: int, rows: int, buckets=()) -> int:
+    """The prompt rows of the mixed graph beside `lanes` decoding lanes of `rows` rows each
+    (padded to their bucket)."""
+    return piece_room(piece, bucket(lanes, buckets) * rows)
+
+
 def graph_shape(plan: PassPlan, allowed: frozenset[int], piece: int = 0, buckets=()):
     """The GraphShape of a pass a graph can replay, or None: lanes of equal rows (graph_rows),
     or (`piece` rows > 0) such lanes and then one prompt lane of at most piece_room rows beside
@@ -287,7 +294,7 @@ def graph_shape(plan: PassPlan, allowed: frozenset[int], piece: int = 0, buckets
     rows = graph_rows(PassPlan(plan.lanes[:-1]), allowed)
     if rows is None:
         return None
-    room = piece_room(piece, bucket(len(plan) - 1, buckets) * rows)
+    room = mixed_room(piece, len(plan) - 1, rows, buckets)
     return GraphShape(len(plan) - 1, rows, room) if last.rows <= room else None
 
 

@@ -11,7 +11,7 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, piece_room
+from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, mixed_room
 from .plan import LaneRows, PassPlan, padded
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -132,8 +132,7 @@ class ModelRunner:
         (`piece_rows` when they differ: that pass is eager)."""
         if len(set(decode_rows)) != 1:
             return self.piece_rows
-        lanes = bucket(len(decode_rows), self.buckets)
-        return piece_room(self.piece_rows, lanes * decode_rows[0])
+        return mixed_room(self.piece_rows, len(decode_rows), decode_rows[0], self.buckets)
 
     def pad_lanes(self, buckets: tuple[int, ...]) -> None:
         """Replays passes in graphs of `buckets` lane counts, padded with lanes that write one

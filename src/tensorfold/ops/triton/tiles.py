@@ -95,21 +95,11 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         )
     elif cls == 1:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
-        more = (
-            [Tiles(64, 64, 4, 3, wide=2)]
-            + [Tiles(m, n, w, 3, wide=x, swap=True) for m, n, w, x in MIDDLE_SWAPPED]
-            if packed
-            else []
-        )
+        more = _middle_packed() if packed else []
     elif cls == 2:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
-        more = (
-            [Tiles(64, 64, 4, 3, wide=2)]
-            + [Tiles(m, n, w, 3, wide=x, swap=True) for m, n, w, x in MIDDLE_SWAPPED]
-            if packed
-            else []
-        )
+        more = _middle_packed() if packed else []
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
         # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
@@ -123,6 +113,12 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             else []
         )
     return shapes + more
+
+
+def _middle_packed() -> list[Tiles]:
+    """Packed shapes of 17-128 rows beside the plain ones: the wider step, the swapped forms."""
+    swapped = [Tiles(r, n, w, 3, wide=x, swap=True) for r, n, w, x in MIDDLE_SWAPPED]
+    return [Tiles(64, 64, 4, 3, wide=2)] + swapped
 
 
 GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
