@@ -15,11 +15,13 @@ from tensorfold.engine.warmup import mixed_ends, run_steps, warm_up, warmup_step
 from tensorfold.ops.quant import QuantizedWeight, quantize
 from tensorfold.ops.triton.linear import matmul
 from tensorfold.ops.triton.tiles import (
+    ROW_CLASSES,
     TileBook,
     Tiles,
     candidates,
     grouped_candidates,
     rows_class,
+    timing_rows,
 )
 from tensorfold.runner.cuda_graph import bucket, graph_shape, lane_buckets
 
@@ -28,8 +30,10 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 def test_tile_file_round_trip(tmp_path):
     book = TileBook()
-    book.chosen[(0, 4096, 12288, 4, 64)] = candidates(1, packed=True)[-1]
-    book.chosen[(3, 1024, 2048, "torch.bfloat16")] = candidates(4096, packed=False)[1]
+    book.chosen[(rows_class(1), 4096, 12288, 4, 64)] = candidates(1, packed=True)[-1]
+    book.chosen[(rows_class(4096), 1024, 2048, "torch.bfloat16")] = candidates(4096, packed=False)[
+        1
+    ]
     path = tmp_path / "tiles.json"
     book.save(path)
     again = TileBook()
@@ -40,12 +44,13 @@ def test_tile_file_round_trip(tmp_path):
 def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
     book = TileBook()
     book.chosen[(0, 64, 64, 4, 64)] = Tiles(16, 999, 4, 4)  # no rows class offers it
-    book.chosen[(7, 64, 64, 4, 64)] = candidates(1, packed=True)[0]  # no such rows class
-    book.chosen[(1, 64, 64, 4, 64)] = candidates(40, packed=True)[0]
+    book.chosen[(len(ROW_CLASSES) + 1, 64, 64, 4, 64)] = candidates(1, packed=True)[0]  # no class
+    book.chosen[(rows_class(16), 64, 64, 4, 64)] = candidates(40, packed=True)[0]  # 40 rows' shape
+    book.chosen[(rows_class(40), 64, 64, 4, 64)] = candidates(40, packed=True)[0]
     path = tmp_path / "tiles.json"
     book.save(path)
     again = TileBook()
-    assert again.load(path) == 1 and list(again.chosen) == [(1, 64, 64, 4, 64)]
+    assert again.load(path) == 1 and list(again.chosen) == [(rows_class(40), 64, 64, 4, 64)]
     path.write_text('{"entries": [{"key": [0, 1, 2, 4, 64], "tiles": {"block_m": "x", "bad": 1}}]}')
     assert TileBook().load(path) == 0
     path.write_text("not json")
@@ -85,7 +90,8 @@ def test_a_product_of_no_rows_is_not_timed():
 
 def test_steps_reach_every_rows_class_and_lane_count():
     steps = warmup_steps(parallel=16, chunk=2048, context=4096)
-    assert {rows_class(n) for n, lanes in steps if lanes == 1} == {0, 1, 2, 3, 4}
+    prompts = {rows_class(n) for n, lanes in steps if lanes == 1}
+    assert prompts | {rows_class(1)} == set(range(len(ROW_CLASSES) + 1))  # decode: one row
     assert (1, 16) in steps  # 16 lanes that finish one by one: every decode lane count
     assert all(n + lanes + 1 <= 4096 for n, lanes in warmup_steps(4, 4096, 4096))
 
@@ -93,8 +99,8 @@ def test_steps_reach_every_rows_class_and_lane_count():
 def test_warmed_engine_gives_cold_tokens(hf_tiny):
     cold = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
     warm = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
-    steps = warmup_steps(4, 600, 512)  # prompts of 16, 64, 128 and 507 tokens, then 4 lanes
-    assert run_steps(warm, steps, budget_s=120) == len(steps) == 5
+    steps = warmup_steps(4, 600, 512)  # prompts of 16, 32, 64, 128 and 507 tokens, then 4 lanes
+    assert run_steps(warm, steps, budget_s=120) == len(steps) == 6
     assert len(warm.prefix_cache) == 0 and warm.prefix_cache.budget_bytes == 1 << 20
     assert not warm.has_work() and not warm.scheduler.running
     prompt = [5, 9, 14, 3, 3, 7, 100, 42, 17]
@@ -166,3 +172,26 @@ def test_mixed_warm_up_runs_a_mixed_pass_of_every_bucket(hf_tiny):
     mixed = {bucket(s.lanes, runner.buckets) for s in shapes if s is not None and s.prompt}
     assert mixed == set(runner.buckets) == {1, 2, 4, 6}  # 5 decoding lanes replay the 6 graph
     assert not eng.has_work() and not eng.scheduler.running
+
+
+def test_a_rows_class_is_timed_at_its_own_rows(monkeypatch):
+    """Whatever pass meets a rows class first, its candidates are timed through the timer (the
+    product at the class's largest row count), never on the pass's rows, and the fastest is kept."""
+    from tensorfold.ops.triton import tiles
+
+    assert [timing_rows(m) for m in (1, 2, 16, 17, 40, 64, 65, 129, 600)] == [
+        1, 16, 16, 32, 64, 64, 128, 512, 600,
+    ]  # fmt: skip
+    options = candidates(40, packed=True)
+    fastest = options[2]
+    timed, ran = [], []
+    monkeypatch.setattr(tiles, "gpu_seconds", lambda fn, reps: fn() or 1.0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def timer(t):
+        timed.append(t)
+        return 0.5 if t == fastest else None  # gpu_seconds: fn() or 1.0
+
+    key = (rows_class(40), 64, 64, 4, 64)
+    assert TileBook().pick(key, 40, True, ran.append, timer=timer) == fastest
+    assert not ran and set(timed) == set(options)

@@ -67,24 +67,30 @@ class Tiles:
         return k if plan.segment % k == 0 else plan.block_k
 
 
-ROW_CLASSES = (16, 64, 128, 512)  # the largest row count of each rows class but the last
+ROW_CLASSES = (1, 16, 32, 64, 128, 512)  # the largest row count of each rows class but the last
 
 
 def rows_class(m: int) -> int:
-    """Row counts that share a launch shape: decode and verify of few lanes, many lanes', verify
-    passes of many lanes (16 lanes of 1 + K rows), short prompt chunks, long ones. The tile book
-    times each class apart at the first row count it meets: an 80-row verify pass of 16 lanes
-    timed with a 512-row prompt chunk's class took the dequantize-first shape, 5.7 decode steps'
-    time on the card."""
+    """Row counts that share a launch shape: one stream's decode; few lanes' decode and verify;
+    many lanes' decode (17-32, 33-64); verify passes of many lanes (16 lanes of 1 + K rows); short
+    prompt chunks; long ones. An 80-row verify pass of 16 lanes sharing a 512-row prompt chunk's
+    class took the dequantize-first shape, 5.7 decode steps' time on the card."""
     return next((c for c, top in enumerate(ROW_CLASSES) if m <= top), len(ROW_CLASSES))
+
+
+def timing_rows(m: int) -> int:
+    """The row count a rows class is timed at: its largest (the lane-count bucket that fills it),
+    whatever pass meets it first; past the last class, the pass's own. Timed at the first count
+    met, the 17-64 rows class took a 32-row tile's shape and a 64-lane decode step ran 15% slower."""
+    c = rows_class(m)
+    return ROW_CLASSES[c] if c < len(ROW_CLASSES) else m
 
 
 def candidates(m: int, packed: bool) -> list[Tiles]:
     """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
     H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own layout,
     few packed rows in the whole form, four blocks a step.)"""
-    cls = rows_class(m)
-    if cls == 0:
+    if m <= 16:
         shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
         more = (
             [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
@@ -93,10 +99,10 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
-    elif cls == 1:
+    elif m <= 64:
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
         more = _middle_packed() if packed else []
-    elif cls == 2:  # the split form (more programs) or the whole; 64- and 128-row tiles
+    elif m <= SPLIT_MAX_ROWS:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
         more = _middle_packed() if packed else []
@@ -162,23 +168,32 @@ class TileBook:
         self.chosen: dict[tuple, Tiles] = {}
         self.reps = reps
 
-    def pick(self, key: tuple, m: int, packed: bool, run, options: list[Tiles] | None = None):
+    def pick(
+        self,
+        key: tuple,
+        m: int,
+        packed: bool,
+        run,
+        options: list[Tiles] | None = None,
+        timer=None,
+    ):
         """The launch shape for a product of m rows; `key` names the product and its rows class
-        (`options`: the candidates when they are not a linear product's)."""
+        (`options`: the candidates when they are not a linear product's; `timer`: the product
+        run at the rows class's timing rows, when they are not the pass's own)."""
         if key in self.chosen:
             return self.chosen[key]
         options = options or candidates(m, packed)
         if len(options) == 1 or torch.cuda.is_current_stream_capturing():
             return options[0]
-        times = {}
+        times, timed = {}, timer or run
         for t in options:
             try:
-                run(t)  # compiles, and warms the caches
+                timed(t)  # compiles, and warms the caches
             except Exception:  # noqa: BLE001 - a shape the card cannot launch is not a choice
                 if t is options[0]:
                     raise
                 continue
-            times[t] = gpu_seconds(lambda: run(t), self.reps)  # noqa: B023
+            times[t] = gpu_seconds(lambda: timed(t), self.reps)  # noqa: B023
         self.chosen[key] = min(times, key=times.get) if times else options[0]
         return self.chosen[key]
 
