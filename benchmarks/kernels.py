@@ -4,7 +4,8 @@
   launch shape the tile book may pick, as GB/s of weight bytes read, its output byte-equal to the
   default shape's, and the best shape's share of the card's copy rate.
 - The GDN recurrence at the shape's layer size: µs per token step over a long prompt, and one
-  decode step for 1 and 16 lanes, against fla's recurrent kernel where fla is installed.
+  decode step for 1 to 256 lanes (GB/s of state traffic), in both launch orders (checked
+  bitwise), against fla's recurrent kernel where fla is installed.
 
     PYTHONPATH=src python3 benchmarks/kernels.py [--shape 9b] [--tokens 8192]
 """
@@ -98,7 +99,10 @@ def product_rows(
     return out
 
 
-def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
+def recurrence_rows(cfg: dict, tokens: int, lane_counts: tuple[int, ...]) -> list[str]:
+    """The recurrence over a long prompt, and one decode step of each lane count as GB/s of the
+    states read and written, in both launch orders of ours (their outputs and states compared
+    bitwise) and fla's recurrent kernel where fla is installed."""
     hk, hv, dk = (
         cfg["linear_num_key_heads"],
         cfg["linear_num_value_heads"],
@@ -112,12 +116,15 @@ def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
             -torch.rand(t, hv, device="cuda") * 0.5,
             torch.rand(t, hv, device="cuda").to(torch.bfloat16),
         )
-        states = torch.zeros(lanes, hv, dk, dk, device="cuda")
+        states = torch.randn(lanes, hv, dk, dk, device="cuda") * 0.1
         slots = torch.arange(lanes, device="cuda")
         cu = torch.linspace(0, t, lanes + 1, device="cuda").long()
         return q, k, v, g, beta, states, slots, cu
 
-    kernels = {"ours": gated_delta_lanes}
+    kernels = {
+        "ours": gated_delta_lanes,
+        "ours lane-major": lambda *a: gated_delta_lanes(*a, blocks_first=False),
+    }
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
 
@@ -140,9 +147,10 @@ def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
         kernels["fla"] = fla
     except ImportError:
         pass
-    rows = []
+    cases = [(tokens, 1)] + [(lanes, lanes) for lanes in lane_counts]
+    rows = [_same_bits(kernels, inputs(t, lanes), f"{t} rows, {lanes} lanes") for t, lanes in cases]
     for name, fn in kernels.items():
-        graph = name == "ours"  # fla's wrapper reads cu_seqlens on the host: timed eagerly
+        graph = name != "fla"  # fla's wrapper reads cu_seqlens on the host: timed eagerly
         how = "graph" if graph else "eager"
         args = inputs(tokens, 1)
         secs = timed(lambda: fn(*args), 3, graph)  # noqa: B023
@@ -150,13 +158,25 @@ def recurrence_rows(cfg: dict, tokens: int) -> list[str]:
             f"| recurrence {name} | prompt {tokens} tokens | {how} | {secs * 1e3:.2f} ms | "
             f"{secs / tokens * 1e6:.2f} µs a step | |"
         )
-        for lanes in (1, 16):
+        for lanes in lane_counts:
             args = inputs(lanes, lanes)
             secs = timed(lambda: fn(*args), 50, graph)  # noqa: B023
+            moved = 2 * args[5].numel() * 4  # the states read and written
             rows.append(
-                f"| recurrence {name} | decode {lanes} lanes | {how} | {secs * 1e6:.1f} µs | | |"
+                f"| recurrence {name} | decode {lanes} lanes | {how} | {secs * 1e6:.1f} µs | "
+                f"{moved / secs / 1e9:,.0f} GB/s of state | |"
             )
     return rows
+
+
+def _same_bits(kernels: dict, args: tuple, what: str) -> str:
+    """Our launch orders on the same inputs: outputs and states byte-equal."""
+    results = []
+    for name in ("ours", "ours lane-major"):
+        fresh = tuple(a.clone() for a in args)
+        results.append((kernels[name](*fresh), fresh[5]))
+    same = all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    return f"| recurrence launch orders | {what} | | | | {'equal' if same else 'DIFFERS'} |"
 
 
 def main() -> None:
@@ -167,6 +187,7 @@ def main() -> None:
     p.add_argument("--formats", default="bf16,4:64", help="bf16 and/or BITS:GROUP, comma-separated")
     p.add_argument("--rows", type=int, default=1, help="rows per product (decode: 1)")
     p.add_argument("--no-recurrence", action="store_true")
+    p.add_argument("--lanes", default="1,16,64,256", help="decode lane counts of the recurrence")
     args = p.parse_args()
     formats = [
         None if f == "bf16" else tuple(int(v) for v in f.split(":"))
@@ -175,7 +196,8 @@ def main() -> None:
     cfg = text_config(args.shape)
     copy = ceilings()["copy_bytes_per_s"]  # the same measurement as h200.py's table
     print(f"copy {copy / 1e12:.2f} TB/s", flush=True)
-    rows = [] if args.no_recurrence else recurrence_rows(cfg, args.tokens)
+    lanes = tuple(int(n) for n in args.lanes.split(","))
+    rows = [] if args.no_recurrence else recurrence_rows(cfg, args.tokens, lanes)
     print("\n".join(rows), flush=True)
     for name, (n, k) in products(cfg).items():
         if args.only and name not in args.only.split(","):

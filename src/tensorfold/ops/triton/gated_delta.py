@@ -18,6 +18,9 @@ import triton.language as tl
 BLOCK_V = (
     16  # value columns per program: the whole configuration is fixed (it decides reduction trees)
 )
+# Launch order only (never arithmetic): True puts a (lane, head)'s value blocks next to each other
+# in the grid, so programs running together read neighbouring 64-byte pieces of the state's rows.
+BLOCKS_FIRST = True
 
 
 @triton.jit
@@ -70,8 +73,12 @@ def _recurrence(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
+    BLOCKS_FIRST: tl.constexpr,
 ):
-    i, h, iv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if BLOCKS_FIRST:
+        iv, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    else:
+        i, h, iv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_ptr + i).to(tl.int32)
     eos = tl.load(cu_ptr + i + 1).to(tl.int32)
     last = tl.maximum(eos - 1, 0)  # prefetches are clamped to the lane's last row
@@ -141,6 +148,7 @@ def gated_delta_lanes(
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
     zeroed: bool = False,
+    blocks_first: bool = BLOCKS_FIRST,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
@@ -161,7 +169,9 @@ def gated_delta_lanes(
             raise ValueError(f"{name} must have contiguous heads within a row")
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(BLOCK_V, dv)
-    _recurrence[(slots.shape[0], hv, dv // bv)](
+    lanes = slots.shape[0]
+    grid = (dv // bv, hv, lanes) if blocks_first else (lanes, hv, dv // bv)
+    _recurrence[grid](
         q,
         k,
         v,
@@ -181,6 +191,7 @@ def gated_delta_lanes(
         K=dk,
         V=dv,
         BV=bv,
+        BLOCKS_FIRST=blocks_first,
         num_warps=1,
         num_stages=1,
     )
