@@ -99,9 +99,13 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
-    elif m <= 64:
-        shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)]
-        more = _middle_packed() if packed else []
+    elif m <= 64:  # the whole form too: a wide product's split sums cost a second pass over N
+        shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)] + [Tiles(64, 128, 4, 3, whole=True)]
+        more = (
+            _middle_packed() + [Tiles(64, 128, 8, 3, wide=2, swap=True, whole=True)]
+            if packed
+            else []
+        )
     elif m <= SPLIT_MAX_ROWS:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
