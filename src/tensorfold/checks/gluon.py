@@ -59,6 +59,11 @@ def check_gluon(bits: int, impl, small: bool) -> list[str]:
     return bad
 
 
+def _name(bits: int, staged: bool) -> str:
+    """The entry of a form: words two steps ahead in registers, or a segment's staged."""
+    return f"linear.affine{bits}.gluon" + (".staged" if staged else "")
+
+
 def _available() -> bool:
     return (
         linear.gluon_affine is not None
@@ -67,20 +72,23 @@ def _available() -> bool:
     )
 
 
-def _partials(bits, x, words, scales, biases, group, segment, fault=0):
-    return linear.gluon_affine.partials(x, words, scales, biases, bits, group, segment, fault=fault)
+def _partials(bits, x, words, scales, biases, group, segment, fault=0, staged=False):
+    return linear.gluon_affine.partials(
+        x, words, scales, biases, bits, group, segment, fault=fault, staged=staged
+    )
 
 
+FORMS = [(b, k, staged) for b, k in ((4, 128), (8, 64)) for staged in (False, True)]
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
-    (f"linear.affine{b}.gluon", "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 16 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b))
-    for b, k in ((4, 128), (8, 64))
+    (_name(b, staged), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 16 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b))
+    for b, k, staged in FORMS
 ] if _available() else []  # fmt: skip
-IMPLS = {f"linear.affine{b}.gluon": functools.partial(_partials, b) for b in (4, 8)}
+IMPLS = {_name(b, staged): functools.partial(_partials, b, staged=staged) for b, _, staged in FORMS}
 CONTROLS = [
     c
-    for b in (4, 8)
+    for b, _, staged in FORMS
     for c in (
-        (f"linear.affine{b}.gluon", "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1)),
-        (f"linear.affine{b}.gluon", "a segment summed as two chains", functools.partial(_partials, b, fault=2)),
+        (_name(b, staged), "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1, staged=staged)),
+        (_name(b, staged), "a segment summed as two chains", functools.partial(_partials, b, fault=2, staged=staged)),
     )
 ] if _available() else []  # fmt: skip

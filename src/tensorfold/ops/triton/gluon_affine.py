@@ -30,6 +30,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
@@ -38,6 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 # every thread's inputs stored before the MMAs read them (renamed barrier() in later Tritons)
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# global -> shared copies in flight (cp.async; renamed async_load in later Tritons)
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -186,6 +189,18 @@ def _scale_offsets(n_base, k_seg, N, stride_s, L5: gl.constexpr, RT: gl.constexp
 
 
 @gluon.jit
+def _word_fault(word, BITS: gl.constexpr, FAULT: gl.constexpr):
+    """The word index as planted for the registry (FAULT == 1): 8-column blocks 1 and 2 of every
+    4 swapped, so K is regrouped across MMAs; unchanged otherwise."""
+    if FAULT == 1:
+        if BITS == 4:  # a word is one block
+            word = _swap_bits(word, 1)
+        else:  # two words a block
+            word = 2 * _swap_bits(word // 2, 1) + word % 2
+    return word
+
+
+@gluon.jit
 def _operand4(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KWG: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
     """4-bit words [RT, 2, 8, 4, NG, KWG] of a program's first step, every lane of a byte group
     loading the same words, and the byte selectors."""
@@ -193,9 +208,7 @@ def _operand4(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, RT: gl.conste
     c6 = _axis(4, 3, 6, LW)
     ng6 = _axis(NG, 4, 6, LW)
     kw6 = _axis(KWG, 5, 6, LW)
-    word = ng6 * KWG + kw6
-    if FAULT == 1:  # planted for the registry: words 1 and 2 of every 4 swapped (K regrouped)
-        word = _swap_bits(word, 1)
+    word = _word_fault(ng6 * KWG + kw6, 4, FAULT)
     p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 8 + word) + c6 * 0
     row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
     sel = 0x7650 + c6 + kw6 * 0 + ng6 * 0 + n6 * 0  # byte c of the word, then 0, 0, 0x4B
@@ -211,9 +224,7 @@ def _operand8(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, LS: gl.conste
     c6 = _axis(4, 3, 6, LW)
     ng6 = _axis(NG, 4, 6, LW)
     kw6 = _axis(2 * KBG, 5, 6, LW)
-    word = ng6 * (2 * KBG) + kw6  # (so the loads' contiguity is plain to the compiler)
-    if FAULT == 1:  # planted: 8-column blocks 1 and 2 of every 4 swapped (K regrouped)
-        word = 2 * _swap_bits(word // 2, 1) + word % 2
+    word = _word_fault(ng6 * (2 * KBG) + kw6, 8, FAULT)  # contiguity plain to the compiler
     p_w = w_ptr + n6.to(gl.int64) * stride_w + (k_seg // 4 + word) + c6 * 0
     row_ok = (n6 < N) & (c6 >= 0) & (kw6 >= 0)
     lane = _axis(4, 3, 6, LS) + _axis(RT, 0, 6, LS) * 0 + _axis(NG, 4, 6, LS) * 0
@@ -221,6 +232,35 @@ def _operand8(w_ptr, n_base, k_seg, N, stride_w, LW: gl.constexpr, LS: gl.conste
     c_lo = lane < 2  # values 2c, 2c+1 are in the block's first word for lanes 0 and 1
     sel = 0x7650 + 2 * (lane % 2)  # byte 2 (c % 2) of the word, then 0, 0, 0x4B
     return p_w, row_ok, c_lo, sel
+
+
+@gluon.jit
+def _stage_words(w_ptr, w_smem, n_base, k_seg, N, stride_w, BITS: gl.constexpr, RT: gl.constexpr, NG: gl.constexpr, KWN: gl.constexpr, KW: gl.constexpr, NSTEP: gl.constexpr, FAULT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Every step's words [RT, 2, 8, NG, KWN] of the program's segment copied to shared memory
+    by async copies of 16 bytes, one commit group a step, all in flight at once."""
+    TW: gl.constexpr = min(4, KWN // 4)  # threads along a row's words of one group, 4 words each
+    LC: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1, 1, 1, 4],
+        threads_per_warp=[1, 1, 8, 4 // TW, TW],
+        warps_per_cta=[num_warps, 1, 1, 1, 1],
+        order=[4, 3, 2, 1, 0],
+    )
+    n5 = _rows(n_base, RT, 5, LC)
+    word = _word_fault(_axis(NG, 3, 5, LC) * KWN + _axis(KWN, 4, 5, LC), BITS, FAULT)
+    p_c = w_ptr + n5.to(gl.int64) * stride_w + (k_seg * BITS // 32 + word)
+    ok = (n5 < N) & (word >= 0)
+    for i in gl.static_range(NSTEP):
+        _async_load(w_smem.index(i), p_c + i * KW, mask=ok)
+        async_copy.commit_group()
+
+
+@gluon.jit
+def _staged(w_smem, i: gl.constexpr, NSTEP: gl.constexpr, zeros, L5: gl.constexpr):
+    """Step i's words from shared memory, once its copies landed, broadcast over the 4 lanes of
+    each byte group (zeros: the words' full shape and layout)."""
+    async_copy.wait_group(NSTEP - 1 - i)
+    _barrier()  # every thread's copies of the step, not only this thread's
+    return gl.expand_dims(w_smem.index(i).load(L5), 3) + zeros
 
 
 @gluon.jit
@@ -244,6 +284,7 @@ def _affine_swapped(
     MT: gl.constexpr,
     X_LAYOUT: gl.constexpr,
     FAULT: gl.constexpr,
+    STAGED: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
@@ -271,23 +312,35 @@ def _affine_swapped(
         warps_per_cta=[num_warps, 1, 1, 1, 1, 1, 1],
         order=[6, 5, 4, 3, 2, 1, 0],
     )
+    LW: gl.constexpr = gl.BlockedLayout(  # the 8-bit words (two an 8-column block)
+        size_per_thread=[1, 2, 1, 1, NG, 2 * KBG],
+        threads_per_warp=[1, 1, 8, 4, 1, 1],
+        warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
+        order=[5, 4, 3, 2, 1, 0],
+    )
     if BITS == 4:  # a word is one 8-column block
         p_w, row_ok, sel = _operand4(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
         c_lo = sel  # a placeholder: only the 8-bit tile picks a word by lane
+        LW5: gl.constexpr = gl.SliceLayout(3, LS)  # a staged step's words, before the lanes
     else:  # two words an 8-column block
-        LW: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 2, 1, 1, NG, 2 * KBG],
-            threads_per_warp=[1, 1, 8, 4, 1, 1],
-            warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
-            order=[5, 4, 3, 2, 1, 0],
-        )
+        LW5: gl.constexpr = gl.SliceLayout(3, LW)
         p_w, row_ok, c_lo, sel = _operand8(
             w_ptr, pid_n * BN, k_seg, N, stride_w, LW, LS, RT, NG, KBG, FAULT
         )
     L5: gl.constexpr = gl.SliceLayout(5, LS)  # one scale per (row, group)
     p_s, s_ok = _scale_offsets(pid_n * BN, k_seg, N, stride_s, L5, RT, NG, KBG, GROUP)
-
-    w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
+    KWN: gl.constexpr = KW // NG  # words of a row in one scale group of a step
+    if STAGED:  # the whole segment's words in flight at once, in shared memory
+        W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
+        w_smem = gl.allocate_shared_memory(gl.int32, [NSTEP, RT, 2, 8, NG, KWN], W_SMEM)
+        _stage_words(
+            w_ptr, w_smem, pid_n * BN, k_seg, N, stride_w, BITS, RT, NG, KWN, KW, NSTEP, FAULT,
+            num_warps,
+        )  # fmt: skip
+        zeros = row_ok.to(gl.int32) * 0  # the words' full shape and layout
+        w0 = zeros
+    else:
+        w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
     # the rows' inputs for the whole segment, once, into shared memory
     LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [NSTEP, MT, BK], X_LAYOUT)
@@ -309,21 +362,38 @@ def _affine_swapped(
     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
     first_half = gl.zeros([BN, MT], gl.float32, layout=MMA)
     LAST: gl.constexpr = NSTEP - 1
-    ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
+    if STAGED:
+        w0 = _staged(w_smem, 0, NSTEP, zeros, LW5)
     a = _step_tile(w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT)
-    for i in range(LAST):
-        later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
-        acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
-        nxt = _step_tile(
-            ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT
-        )
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
-        a = nxt
-        ahead = later
-        if FAULT == 2:  # planted for the registry: the segment summed as two chains, then added
-            if i == NSTEP // 2 - 1:
-                first_half = acc
-                acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    if STAGED:  # unrolled: each step waits for its own copies
+        for i in gl.static_range(LAST):
+            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
+            nxt = _step_tile(
+                _staged(w_smem, i + 1, NSTEP, zeros, LW5), s_ptr, b_ptr, p_s, s_ok, c_lo, sel,
+                i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT,
+            )  # fmt: skip
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            a = nxt
+            if FAULT == 2:
+                if i == NSTEP // 2 - 1:
+                    first_half = acc
+                    acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    else:
+        ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
+        for i in range(LAST):
+            later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
+            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
+            nxt = _step_tile(
+                ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
+                A_LAYOUT,
+            )  # fmt: skip
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
+            a = nxt
+            ahead = later
+            if FAULT == 2:  # planted: the segment summed as two chains, then added
+                if i == NSTEP // 2 - 1:
+                    first_half = acc
+                    acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
     acc = warpgroup_mma(a, x_smem.index(LAST).permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if FAULT == 2:
@@ -362,10 +432,20 @@ def applies(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
 
 
 def partials(
-    x, words, scales, biases, bits: int, group: int, segment: int, fault: int = 0
+    x,
+    words,
+    scales,
+    biases,
+    bits: int,
+    group: int,
+    segment: int,
+    fault: int = 0,
+    staged: bool = False,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
-    (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains)."""
+    (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains;
+    `staged`: a segment's words copied to shared memory all at once rather than two steps
+    ahead in registers, the same values and MMAs)."""
     m, k = x.shape
     n = words.shape[0]
     mt = 8 if m <= 8 else 16  # the rows pad to the MMA's narrow side
@@ -391,6 +471,7 @@ def partials(
         MT=mt,
         X_LAYOUT=_x_layout(mt, STEP_K[bits]),
         FAULT=fault,
+        STAGED=staged,
         num_warps=4,
     )
     return part

@@ -337,7 +337,9 @@ def affine_matmul(
     if t.gluon and gluon_affine is not None:
         if gluon_affine.applies(x, bits, x.shape[1], plan.segment):
             return _sum(
-                gluon_affine.partials(x, words, scales, biases, bits, group_size, plan.segment),
+                gluon_affine.partials(
+                    x, words, scales, biases, bits, group_size, plan.segment, staged=t.staged
+                ),
                 out,
             )
     return _launch(

@@ -57,6 +57,7 @@ class Tiles:
     )
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
     gluon: bool = False  # 4-/8-bit, few rows: the Gluon kernel where it applies, else swapped form
+    staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -96,6 +97,7 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
             + [Tiles(16, n, w, s, wide=x, swap=True) for n, w, s, x in SWAPPED]
             + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True)]
+            + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=True)]
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
