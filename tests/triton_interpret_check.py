@@ -277,6 +277,12 @@ def recurrence() -> None:
         )
         parts.append(out[10:])
     assert torch.equal(torch.cat(parts), whole) and torch.equal(again[1], states[2])
+    # Either launch order (a lane's value blocks together, or the lanes together): the same bytes.
+    lanes = torch.zeros(3, hv, dk, dk)
+    cu = torch.tensor([0, 10, 10 + t])
+    rows = [torch.cat([torch.randn(10, *x.shape[1:]).to(x.dtype), x]) for x in (q, k, v, g, beta)]
+    by_lane = gated_delta_lanes(*rows, lanes, torch.tensor([0, 2]), cu, blocks_first=False)
+    assert torch.equal(by_lane[10:], whole) and torch.equal(lanes[2], states[2])
 
 
 def padded_rows(q, kc, vc) -> None:
