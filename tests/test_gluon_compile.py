@@ -30,7 +30,7 @@ SIGNATURE = dict(
 )
 
 
-def _compile(group: int, mt: int, fault: int = 0, bits: int = 4):
+def _compile(group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = False):
     bk = gluon_affine.STEP_K[bits]
     consts = dict(
         BITS=bits,
@@ -41,6 +41,7 @@ def _compile(group: int, mt: int, fault: int = 0, bits: int = 4):
         MT=mt,
         X_LAYOUT=gluon_affine._x_layout(mt, bk),
         FAULT=fault,
+        STAGED=staged,
         num_warps=4,
     )
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
@@ -74,3 +75,19 @@ def test_planted_regrouping_changes_only_the_data_order(bits):
         mmas = len(re.findall(r"wgmma\.mma_async", ck.asm["ptx"]))
         assert mmas == 2 * gluon_affine.STEP_K[bits] // 16
         assert "ld.shared" not in ck.asm["ptx"]
+
+
+@pytest.mark.parametrize("bits,group,mt", [(4, 32, 16), (4, 64, 8), (4, 128, 16), (8, 64, 16)])
+def test_staged_words_arrive_by_16_byte_copies(bits, group, mt):
+    """The staged form: a segment's words reach shared memory by 16-byte async copies only, and
+    the dequantized tile still reaches the MMA in kWidth 2 with no shuffle; the segment's steps
+    are unrolled, each with its BK / 16 chained MMAs."""
+    ck = _compile(group, mt, bits=bits, staged=True)
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, (0x[0-9a-f]+)", ptx)
+    assert copies and set(copies) == {"0x10"}, "the words must arrive by 16-byte copies"
+    operands = re.findall(r"dot_op<\{opIdx = 0, parent = #mma, kWidth = (\d+)\}>", ttgir)
+    assert operands and set(operands) == {"2"}, "the register operand must have kWidth 2"
+    assert "shfl" not in ptx, "the weight tile was shuffled between lanes"
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 1024 // 16  # SEG / 16, every step
+    assert f"m64n{mt}k16" in ptx
