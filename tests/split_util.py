@@ -61,10 +61,11 @@ def scenario_results(make_engine, vocab: int) -> dict:
     return out
 
 
-def whole_results(path, dtype=torch.float32) -> dict:
+def whole_results(path, dtype=torch.float32, **engine) -> dict:
+    """The exactness scenarios on the whole model (`engine`: settings over ENGINE's)."""
     model = load_model(path, dtype=dtype)
     return scenario_results(
-        lambda **cfg: Engine(model, None, EngineConfig(**{**ENGINE, **cfg})),
+        lambda **cfg: Engine(model, None, EngineConfig(**{**ENGINE, **engine, **cfg})),
         model.config.vocab_size,
     )
 
@@ -110,6 +111,9 @@ def _wait(queue, procs) -> tuple[str, object]:
 
 SCENARIOS = {
     "exactness": lambda make, model: scenario_results(make, model.config.vocab_size),
+    "exactness-chunk-form": lambda make, model: scenario_results(
+        lambda **cfg: make(gdn_form="chunk", **cfg), model.config.vocab_size
+    ),
 }
 
 

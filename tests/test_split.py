@@ -53,6 +53,23 @@ def test_split_equals_whole(fixture, world, request):
     assert whole["decode_128"] == whole["decode_37"]
 
 
+@pytest.mark.parametrize("fixture, world", [("hf_tiny", 2), ("hf_tiny", 4), ("mlx_moe_q4", 2)])
+def test_split_equals_whole_in_the_chunk_form(fixture, world, request):
+    """The gated delta rule in 64-row grid chunks under a split: each rank keeps its heads'
+    boundary states and tails, and the leader's form reaches the followers; token ids, logits
+    bytes and fingerprints (tails included) equal the whole model's in the same form (four ranks:
+    the GDN key heads replicated; the MoE model's experts split by expert)."""
+    path = request.getfixturevalue(fixture)
+    whole = whole_results(path, gdn_form="chunk")
+    split = split_results(path, world, scenario="exactness-chunk-form")
+    assert split.keys() == whole.keys()
+    for key in whole:
+        assert split[key] == whole[key], key
+    assert whole["decode_128"] == whole["decode_37"]
+    recurrence = whole_results(path)  # the other form rounds differently: the chunks ran
+    assert whole["prompt_logits_128"] != recurrence["prompt_logits_128"]
+
+
 def test_refusals_name_the_split(hf_tiny, hf_tiny_b, hf_moe):
     cfg = ModelConfig.from_dir(hf_tiny_b)  # one GDN value head per key head: not 2 ranks each
     with pytest.raises(SplitRefused, match="linear_num_value_heads \\(2\\) cannot give each rank"):

@@ -117,8 +117,6 @@ class Qwen35Model:
         """Every Gated DeltaNet layer's exact form (ops.dispatch.gated_delta)."""
         if form not in ("recurrence", "chunk"):
             raise ValueError(f"gdn form {form!r}: expected 'recurrence' or 'chunk'")
-        if form == "chunk" and self.group is not None:
-            raise ValueError("the chunk form is not served with a tensor split yet")
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.form = form

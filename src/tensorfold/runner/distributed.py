@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..batch import CHUNK
 from ..cache import ModelCaches
 from ..cache.sizing import PoolPlan
 from ..errors import RankLost, SplitRefused
@@ -191,7 +192,8 @@ class SplitRunner(ModelRunner):
         self.vocab_widths = row_widths(model.config.vocab_size, self.world)  # the head's cut
         self.log = CacheLog(caches)
         pools = (caches.kv.num_pages, caches.kv.page_size, caches.states.num_slots)
-        self._send(Plan((), "hello", body=(identity(model), *pools, *args)))
+        hello = (identity(model), *pools, model.gdn_form, *args)
+        self._send(Plan((), "hello", body=hello))
         self._report_lock = threading.Lock()
         self._tables: dict[str, tuple[int, ...]] = {}  # page tables the followers hold
         atexit.register(self._close_at_exit)  # a forgotten close() must not leave ranks waiting
@@ -340,13 +342,14 @@ def follow(model: Qwen35Model) -> None:
     while True:
         plan: Plan = _broadcast(None, group.control)
         if plan.kind == "hello":
-            leader, pages, page_size, slots, threads, graphs, context = plan.body
+            leader, pages, page_size, slots, form, threads, graphs, context = plan.body
             if leader != identity(model):
                 raise SplitRefused(
                     f"rank {group.rank} loaded another model than rank 0 "
                     f"({identity(model)} against {leader})"
                 )
-            caches = build_caches(model, pages, page_size, slots)
+            model.set_gdn_form(form)  # the leader's exact form of the gated delta rule
+            caches = build_caches(model, pages, page_size, slots, CHUNK if form == "chunk" else 0)
             runner, snaps, rows = ModelRunner(model, caches, threads, graphs, context), {}, {}
             held[:] = [caches]
             if reports is None:
@@ -393,10 +396,14 @@ def _report_memory(model: Qwen35Model, held: list[ModelCaches], group: Group) ->
         return
 
 
-def build_caches(model: Qwen35Model, pages: int, page_size: int, slots: int) -> ModelCaches:
-    """The pools of a following rank: the leader's page and slot counts, its own heads' widths."""
+def build_caches(
+    model: Qwen35Model, pages: int, page_size: int, slots: int, tail_rows: int = 0
+) -> ModelCaches:
+    """The pools of a following rank: the leader's page and slot counts and tail rows (the chunk
+    form's), its own heads' widths."""
     w = model.cache_widths
     plan = PoolPlan(
-        model.config, w.kv_heads, w.conv_dim, w.v_heads, model.dtype, pages, page_size, slots, 0
-    )
+        model.config, w.kv_heads, w.conv_dim, w.v_heads, model.dtype, pages, page_size, slots,
+        tail_rows,
+    )  # fmt: skip
     return plan.allocate(model.device)
