@@ -71,6 +71,7 @@ def main() -> None:
     fused_kernels()
     fused_norms(q, kc, vc, tiles, ref)
     recurrence()
+    sampling()
     padded_rows(q, kc, vc)
     experts()
     print("interpreted kernels match their references")
@@ -283,6 +284,38 @@ def recurrence() -> None:
     rows = [torch.cat([torch.randn(10, *x.shape[1:]).to(x.dtype), x]) for x in (q, k, v, g, beta)]
     by_lane = gated_delta_lanes(*rows, lanes, torch.tensor([0, 2]), cu, blocks_first=False)
     assert torch.equal(by_lane[10:], whole) and torch.equal(lanes[2], states[2])
+
+
+def sampling() -> None:
+    """Sampled rows in one kernel: the tokens of `sample_row`'s rule for temperature, top-k,
+    top-p and min-p, and each row's token the same alone as among the others."""
+    from tensorfold.ops.sampling import sample_row, uniform
+    from tensorfold.ops.triton.sampling import choose
+
+    cases = [(0.8, 0, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 0, 1.0, 0.05)]
+    cases += [(0.9, 20, 0.8, 0.02), (1.0, 1, 1.0, 0.0), (1.0, 0, 1e-4, 0.0)]
+    rows = (torch.randn(3 * len(cases), 3000) * 3).double()
+    params = [cases[i % len(cases)] for i in range(rows.shape[0])]
+    us = [uniform(7, 100 + i) for i in range(rows.shape[0])]
+    t, k, p, m = zip(*params)
+    together = choose(rows, t, k, p, m, us).tolist()
+    assert together == [sample_row(rows[i], *params[i], us[i]) for i in range(rows.shape[0])]
+    edges = [  # ties at top-k and top-p boundaries, the support's ends, a u on a boundary
+        ([0.0, 2.0, 1.0, 2.0, 2.0, -1.0], (1.0, 2, 1.0, 0.0)),
+        ([0.0] * 4, (1.0, 0, 0.5, 0.0)),
+        ([0.0] * 4, (1.0, 0, 0.51, 0.0)),
+        ([1.0, -2.0, 3.5, 0.2, 2.9], (1.0, 0, 1e-9, 0.0)),
+        ([1.0, -2.0, 3.5, 0.2, 2.9], (1.0, 0, 1.0, 1.0)),
+        ([0.0, 0.0], (1.0, 0, 1.0, 0.0)),
+    ]
+    for row, q in edges:
+        x = torch.tensor(row, dtype=torch.float64)
+        for u in (0.0, 0.25, 0.5 - 2**-53, 0.5, 0.75, 1 - 2**-53):
+            assert choose(x[None], *([v] for v in q), [u]).tolist() == [sample_row(x, *q, u)]
+    for i in (0, 4, 8, 20):
+        assert choose(
+            rows[i : i + 1], t[i : i + 1], k[i : i + 1], p[i : i + 1], m[i : i + 1], us[i : i + 1]
+        ).tolist() == [together[i]]
 
 
 def padded_rows(q, kc, vc) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import InvalidRequest
-from ..ops.sampling import sample_row, uniform
+from ..ops import dispatch as op
+from ..ops.sampling import uniform
 from .constraints import GrammarBook, apply_mask
 from .logits_rules import shape_logits, shapes_logits
 from .request import Request
@@ -21,18 +22,37 @@ class Sampler:
         self.greedy, self.eos_ids, self.grammars = greedy, eos_ids, grammars
 
     def choose(self, ready: list[tuple[Request, torch.Tensor]]) -> list[int]:
-        """Next tokens of the lanes that produce one: plain greedy rows in one argmax; a row
-        with its own rule, or sampled, through `choose_token`."""
+        """Next tokens of the lanes that produce one: plain greedy rows in one argmax; every
+        other row through its request's rule, then its argmax (greedy) or, with the other
+        sampled rows, one `sample` call (`choose_token` is the same rule for one row)."""
         plain = [i for i, (req, _) in enumerate(ready) if plain_greedy(req)]
         tokens: list[int] = [0] * len(ready)
         if plain:
             for i, t in zip(plain, self.greedy(torch.stack([ready[i][1] for i in plain]))):
                 tokens[i] = t
-        batched = set(plain)
+        batched, sampled = set(plain), []
         for i, (req, row) in enumerate(ready):
-            if i not in batched:
-                tokens[i] = self.choose_token(req, row)
+            if i in batched:
+                continue
+            x = self.rule_row(req, req.output_ids, row)
+            if req.params.temperature <= 0.0:
+                tokens[i] = int(torch.argmax(x))
+            else:
+                sampled.append((i, req, x))
+        for (i, _, _), token in zip(sampled, self.sample([(req, x) for _, req, x in sampled])):
+            tokens[i] = token
         return tokens
+
+    def sample(self, rows: list[tuple[Request, torch.Tensor]]) -> list[int]:
+        """The sampled tokens of rows (each through its request's rule) in one call: each
+        request's temperature, top-k, top-p, min-p and its draw at its next position."""
+        if not rows:
+            return []
+        params = [
+            (r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p) for r, _ in rows
+        ]
+        us = [uniform(r.seed, r.num_tokens, r.choice) for r, _ in rows]
+        return op.sample_rows([x for _, x in rows], params, us)
 
     def rule_row(self, req: Request, output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
         """The row the request samples from after `output_ids` (its reply so far, or any prefix
@@ -57,12 +77,10 @@ class Sampler:
     def choose_token(self, req: Request, logits: torch.Tensor) -> int:
         """The token the request chooses from one row of logits at its next position
         (req.num_tokens)."""
-        p = req.params
         row = self.rule_row(req, req.output_ids, logits)
-        if p.temperature <= 0.0:
+        if req.params.temperature <= 0.0:
             return int(torch.argmax(row))
-        u = uniform(req.seed, req.num_tokens, req.choice)
-        return sample_row(row, p.temperature, p.top_k, p.top_p, p.min_p, u)
+        return self.sample([(req, row)])[0]  # the batched passes' rule, one row
 
     def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
         """choose_token of every row at once for a plain greedy request, whose choice does not

@@ -17,6 +17,7 @@ from . import gates as ref_gates
 from . import linear as ref_linear
 from . import moe as ref_moe
 from . import norm as ref_norm
+from . import sampling as ref_sampling
 from .quant import QuantizedWeight
 from .rope import apply_rope
 
@@ -237,3 +238,21 @@ def moe_combine(
 
         return combine(routed, weights, shared, shared_logit)
     return ref_moe.combine(routed, weights, shared, shared_logit)
+
+
+def sample_rows(
+    rows: list[torch.Tensor], params: list[tuple[float, int, float, float]], us: list[float]
+) -> list[int]:
+    """The sampled token of each row (through its request's rule already): (temperature, top_k,
+    top_p, min_p) and the draw u a row, `ops.sampling.sample_row`'s rule; on the GPU one sort
+    and one kernel for all the rows (a row's token never depends on the others)."""
+    if rows[0].is_cuda:
+        from .triton.sampling import GROUP, choose
+
+        tokens = []
+        for a in range(0, len(rows), GROUP):  # a group's fp64 copies and sort, not every row's
+            t, k, p, m = zip(*params[a : a + GROUP])
+            x = torch.stack([row.to(torch.float64) for row in rows[a : a + GROUP]])
+            tokens.append(choose(x, t, k, p, m, us[a : a + GROUP]))
+        return torch.cat(tokens).tolist()
+    return [ref_sampling.sample_row(row, *q, u) for row, q, u in zip(rows, params, us)]
