@@ -56,6 +56,20 @@ def test_serve_reports_every_figure_and_the_same_tokens_at_every_level(live, cap
     assert shas["1"] == shas["3"] and len(set(shas["1"])) == 6  # six prompts, six replies
 
 
+def test_serve_sampled_gives_each_prompt_its_tokens_at_every_level(live, capsys, tmp_path):
+    """--temperature: every prompt sampled with its own seed; the exact server's replies are the
+    same at both levels, and they are not the greedy ones."""
+    args = ["--concurrency", "1,3", "--input-len", "12", "--output-len", "8", "--num-prompts", "4"]
+    code, _, data = serve(
+        capsys, live.url, live.name, tmp_path / "t.json", *args, "--temperature", "1.5"
+    )
+    assert code == 0 and data["same_tokens"] is True and data["temperature"] == 1.5
+    assert all(r["completed"] == 4 for r in data["runs"])
+    _, _, greedy = serve(capsys, live.url, live.name, tmp_path / "g.json", *args)
+    sampled = [x["sha"] for x in data["records"]["1"]]
+    assert sampled != [x["sha"] for x in greedy["records"]["1"]]
+
+
 def test_serve_at_a_request_rate_and_as_text(live, capsys, tmp_path):
     code, _, data = serve(
         capsys,

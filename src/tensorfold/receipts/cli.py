@@ -190,6 +190,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.request_rate,
         args.dataset,
         args.seed,
+        args.temperature,
     )
     plot = _plot(args, "runs")
     return serve_command(cfg, Tokens(cfg.endpoint, cfg.model, args.tokenizer), args.output, plot)
@@ -215,6 +216,12 @@ def _serve_parser(tools) -> None:
     )
     p.add_argument("--dataset", default="random", help="random (token ids) or text")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy; above 0 each prompt is sampled with seed --seed + its index",
+    )
     _plot_args(p)
     p.set_defaults(func=_guarded(_serve))
 

@@ -35,6 +35,7 @@ class ServeConfig:
     request_rate: float = math.inf  # Poisson arrivals per second (inf: all at once)
     dataset: str = "random"  # "random" token ids or "text"
     seed: int = 0
+    temperature: float = 0.0  # above 0: each prompt sampled with seed + its index
 
     def __post_init__(self) -> None:
         checks = [
@@ -45,6 +46,7 @@ class ServeConfig:
             ),
             (self.input_len >= 1, "--input-len", ">= 1"),
             (self.output_len >= 1, "--output-len", ">= 1"),
+            (self.temperature >= 0, "--temperature", ">= 0"),
             (self.requests >= 0, "--num-prompts", ">= 0"),
             (self.request_rate > 0, "--request-rate", "> 0 (inf: all at once)"),
             (self.dataset in ("random", "text"), "--dataset", "random or text"),
@@ -71,16 +73,21 @@ def make_prompts(cfg: ServeConfig, tokens: Tokens, n: int) -> list[list[int] | s
     return [tokens.decode(pool[i : i + cfg.input_len]) for i in range(n)]
 
 
-def body(cfg: ServeConfig, prompt: list[int] | str) -> dict:
-    return {
+def body(cfg: ServeConfig, prompt: list[int] | str, index: int = 0) -> dict:
+    """Prompt `index`'s request: greedy, or sampled with its own seed (the same at every level,
+    so an exact server gives it the same tokens at every concurrency)."""
+    out = {
         "model": cfg.model,
         "prompt": prompt,
         "max_tokens": cfg.output_len,
-        "temperature": 0,
+        "temperature": cfg.temperature,
         "ignore_eos": True,
         "return_token_ids": True,  # the tokens' hash compares levels; peers ignore it
         "stream_options": {"include_usage": True},
     }
+    if cfg.temperature > 0:
+        out["seed"] = cfg.seed + index
+    return out
 
 
 def request_record(s: Stream, prompt_tokens: int, sent: float) -> dict:
@@ -116,7 +123,7 @@ def run_level(cfg: ServeConfig, level: int, prompts: list, bar=None) -> list[dic
     def one(i: int, prompt) -> None:
         sent = time.perf_counter()
         try:
-            s = cfg.endpoint.stream("/v1/completions", body(cfg, prompt))
+            s = cfg.endpoint.stream("/v1/completions", body(cfg, prompt, i))
         except Exception as exc:  # a dropped connection is a failed request, not a crash
             s = Stream(0, sent, end=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
         n = len(prompt) if isinstance(prompt, list) else cfg.input_len
@@ -179,8 +186,8 @@ def summarize(level: int, cfg: ServeConfig, records: list[dict]) -> dict:
 
 
 def same_tokens(levels: dict[int, list[dict]]) -> bool | None:
-    """Whether each prompt got the same tokens at every level that sent it (greedy: an exact
-    server's promise); None with one level."""
+    """Whether each prompt got the same tokens at every level that sent it (greedy or seeded:
+    an exact server's promise); None with one level."""
     if len(levels) < 2:
         return None
     by_prompt: dict[int, set] = {}
@@ -228,6 +235,7 @@ def serve_command(cfg: ServeConfig, tokens: Tokens, output: str | None, plot=Non
             "input_len": cfg.input_len,
             "output_len": cfg.output_len,
             "dataset": cfg.dataset,
+            "temperature": cfg.temperature,
             "runs": rows,
             "same_tokens": same,
             "records": {str(k): v for k, v in levels.items()},
