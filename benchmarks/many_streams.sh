@@ -10,7 +10,8 @@
 # phases, in the order given: peerbuild (llama.cpp's build and GGUF in the background; `peer`
 # waits for it), profile, lanes, admit, ckpt (a random 4-bit checkpoint on disk for the served
 # runs), served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
-# same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, ADMIT_*.
+# same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, TEMPERATURE,
+# ADMIT_*.
 set -u
 OUT=${1:?usage: many_streams.sh OUT [phases]}
 PHASES=${2:-profile lanes admit}
@@ -24,6 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 CKPT=/tmp/tf-9b-4bit
 CONC=${CONC:-1,16,64}
 BENCH_SERVE="--concurrency $CONC --input-len 1024 --output-len 512 --tokenizer src/tensorfold/demo/bf16"
+BENCH_SERVE+=" --temperature ${TEMPERATURE:-0}"  # 1: the sampled path, the API's default
 
 served() {  # served NAME PORT CMD...: start a server, bench serve it, stop it
     local name=$1 port=$2; shift 2
