@@ -12,7 +12,7 @@ gluon_affine = pytest.importorskip(
     "tensorfold.ops.triton.gluon_affine", reason="needs a Triton with Gluon"
 )
 triton = pytest.importorskip("triton")
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from hopper import compile_for_hopper  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 SIGNATURE = dict(
@@ -47,10 +47,7 @@ def _compile(group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = 
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
     src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)
-    try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    except FileNotFoundError as e:  # a Triton wheel without its bundled ptxas
-        pytest.skip(f"no ptxas: {e}")
+    return compile_for_hopper(src)
 
 
 @pytest.mark.parametrize(

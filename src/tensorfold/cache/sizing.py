@@ -13,6 +13,11 @@ from . import KVPool, ModelCaches, StatePool
 from .budget import check_fits
 
 
+def chunk_tail(chunk_form: bool) -> int:
+    """Rows of a state slot's tail: the chunk form keeps a lane's rows since its last boundary."""
+    return CHUNK if chunk_form else 0
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     """The two pools of one process (a rank of a split: the widths of its heads)."""
@@ -52,7 +57,7 @@ class PoolPlan:
             0,
             page_size,
             lanes * (2 if spares else 1) + padding,
-            CHUNK if chunk_form else 0,
+            chunk_tail(chunk_form),
         )
         pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_bytes)
         pages += padding

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch import CHUNK
 from ..cache import ModelCaches
-from ..cache.sizing import PoolPlan
+from ..cache.sizing import PoolPlan, chunk_tail
 from ..errors import RankLost, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
 from ..models.split import row_widths
@@ -349,7 +348,7 @@ def follow(model: Qwen35Model) -> None:
                     f"({identity(model)} against {leader})"
                 )
             model.set_gdn_form(form)  # the leader's exact form of the gated delta rule
-            caches = build_caches(model, pages, page_size, slots, CHUNK if form == "chunk" else 0)
+            caches = build_caches(model, pages, page_size, slots, chunk_tail(form == "chunk"))
             runner, snaps, rows = ModelRunner(model, caches, threads, graphs, context), {}, {}
             held[:] = [caches]
             if reports is None:
@@ -397,13 +396,13 @@ def _report_memory(model: Qwen35Model, held: list[ModelCaches], group: Group) ->
 
 
 def build_caches(
-    model: Qwen35Model, pages: int, page_size: int, slots: int, tail_rows: int = 0
+    model: Qwen35Model, pages: int, page_size: int, slots: int, tails: int = 0
 ) -> ModelCaches:
     """The pools of a following rank: the leader's page and slot counts and tail rows (the chunk
     form's), its own heads' widths."""
     w = model.cache_widths
     plan = PoolPlan(
         model.config, w.kv_heads, w.conv_dim, w.v_heads, model.dtype, pages, page_size, slots,
-        tail_rows,
+        tails,
     )  # fmt: skip
     return plan.allocate(model.device)
