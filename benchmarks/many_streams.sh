@@ -10,8 +10,8 @@
 # phases, in the order given: peerbuild (llama.cpp's build and GGUF in the background; `peer`
 # waits for it), profile, lanes, admit, ckpt (a random 4-bit checkpoint on disk for the served
 # runs), served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
-# same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, TEMPERATURE,
-# ADMIT_*.
+# same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, SERVE_ARGS (more
+# `tensorfold serve` flags, e.g. --mixed-chunk 256), TEMPERATURE, ADMIT_*.
 set -u
 OUT=${1:?usage: many_streams.sh OUT [phases]}
 PHASES=${2:-profile lanes admit}
@@ -70,7 +70,7 @@ for p in $PHASES; do
         served)  echo "=== served"
                  served served 8090 timeout 400 $py -m tensorfold.cli serve "$CKPT" --port 8090 \
                      --parallel "${SERVE_PARALLEL:-64}" --context 2048 --prompt-cache-gib 0 \
-                     --served-model-name m > "$OUT/served.log" 2>&1
+                     --served-model-name m ${SERVE_ARGS:-} > "$OUT/served.log" 2>&1
                  tail -n 30 "$OUT/served.log" ;;
         peer)    peer ;;
     esac
