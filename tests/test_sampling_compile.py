@@ -1,6 +1,7 @@
-"""CPU: the batched sampling kernel compiles for Hopper (no card needed): its fp64 sums and the
-loop-carried values keep their types. Its tokens are checked in the Triton interpreter
-(tests/triton_interpret_check.py) and on the card by the GPU tests' sampled requests."""
+"""CPU: the batched sampling kernels compile for Hopper (no card needed): their fp64 sums and
+the values carried through the branches keep their types. Their tokens are checked in the Triton
+interpreter (tests/triton_interpret_check.py) and on the card by the GPU tests' sampled
+requests."""
 
 import pytest
 
@@ -9,20 +10,32 @@ sampling = pytest.importorskip("tensorfold.ops.triton.sampling")
 from hopper import compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-SIGNATURE = dict(
+FIGURES = dict(vals_ptr="*fp64", n_ptr="*i32", runs_ptr="*fp64", fig_ptr="*fp64", V="i32", C="i32")
+CHOOSE = dict(
     vals_ptr="*fp64",
     idx_ptr="*i64",
+    runs_ptr="*fp64",
+    fig_ptr="*fp64",
     n_ptr="*i32",
     top_p_ptr="*fp64",
     min_p_ptr="*fp64",
     u_ptr="*fp64",
     out_ptr="*i64",
     V="i32",
-    BLOCK="constexpr",
+    C="i32",
 )
 
 
-def test_the_sampling_kernel_compiles_for_hopper():
-    src = ASTSource(sampling._choose, SIGNATURE, constexprs={"BLOCK": sampling.BLOCK}, attrs={})
-    ptx = compile_for_hopper(src).asm["ptx"]
-    assert ".entry _choose" in ptx and "ld.global" in ptx and "st.global" in ptx
+@pytest.mark.parametrize(
+    "kernel, signature, constexprs",
+    [
+        (sampling._chunk_figures, FIGURES, {"CHUNK": sampling.CHUNK}),
+        (sampling._choose, CHOOSE, {"CHUNK": sampling.CHUNK, "CP": 64}),
+    ],
+    ids=["chunk_figures", "choose"],
+)
+def test_the_sampling_kernels_compile_for_hopper(kernel, signature, constexprs):
+    signature = dict(signature, **{name: "constexpr" for name in constexprs})
+    src = ASTSource(kernel, signature, constexprs=constexprs, attrs={})
+    ptx = compile_for_hopper(src, num_warps=sampling.WARPS).asm["ptx"]
+    assert f".entry {kernel.fn.__name__}" in ptx and "ld.global" in ptx and "st.global" in ptx

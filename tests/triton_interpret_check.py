@@ -300,6 +300,15 @@ def sampling() -> None:
     t, k, p, m = zip(*params)
     together = choose(rows, t, k, p, m, us).tolist()
     assert together == [sample_row(rows[i], *params[i], us[i]) for i in range(rows.shape[0])]
+    # rows of many chunks: the kept prefix and the draw found through the chunks' figures
+    assert choose(rows, t, k, p, m, us, chunk=128).tolist() == together
+    flat = torch.zeros(2, 3000, dtype=torch.float64)  # every weight 1: the draw's chunk is u's
+    for q in ((1.0, 0, 1.0, 0.0), (1.0, 0, 0.7003, 0.0), (1.0, 1000, 1.0, 0.0)):
+        for u in (0.0, 0.30001, 0.60017, 1 - 2**-53):
+            assert (
+                choose(flat, *([v] * 2 for v in q), [u, u], chunk=128).tolist()
+                == [sample_row(flat[0], *q, u)] * 2
+            )
     edges = [  # ties at top-k and top-p boundaries, the support's ends, a u on a boundary
         ([0.0, 2.0, 1.0, 2.0, 2.0, -1.0], (1.0, 2, 1.0, 0.0)),
         ([0.0] * 4, (1.0, 0, 0.5, 0.0)),

@@ -1,12 +1,23 @@
 """Sampled tokens of many rows at once on the GPU: `ops.sampling.sample_row`'s rule (its
-reference), one sort of all the rows and one program a row, so a pass's sampled lanes cost one
-sort, one kernel and one sync together, not a sort and four syncs each.
+reference) in one sort of all the rows and two kernels, so a pass's sampled lanes cost one sort,
+two launches and one sync together, not a sort and four syncs each.
 
 A stable sort's order is a function of the row alone, so sorting every row together gives each
-row its own order; the softmax sums, the kept prefix and the draw then run in one program a row
-in a fixed order (the blocks in turn, a fixed tree within a block): a row's token never depends
-on the other rows or on their number. The sums' order is not torch's: on the GPU a token may
-differ from `sample_row`'s where the draw falls within rounding of a boundary."""
+row its own order. A sorted row is then cut into chunks of CHUNK values; one program a chunk
+takes each value's weight e = exp(v - v₀) (v₀ the row's largest), the chunk's running sums and
+its sum, and the few figures the row's program needs to find where the kept prefix ends and the
+draw falls without reading the chunks again (the largest running sum, the smallest weight, ...).
+The row's program adds the chunk sums in a fixed tree, then reads only the chunks it must: a
+running sum is the chunks' sum before it plus the chunk's own, rounded once, and since rounding
+keeps order, a chunk's largest figure says exactly whether a test passes anywhere in it. Every
+sum has one fixed order (the configuration here is part of the rule): a row's token never
+depends on the other rows or on their number. The sums' order is not torch's: on the GPU a
+token may differ from `sample_row`'s where the draw falls within rounding of a boundary.
+
+The rule in weights: the kept prefix is the longest one whose every value after the first has
+its sum before it under top_p times the whole sum and its weight at least min_p (min_p times
+the first weight, 1); the draw is the first kept value whose running sum passes u times the
+kept prefix's sum (the last kept value if none does)."""
 
 from __future__ import annotations
 
@@ -14,67 +25,114 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # sorted values a step: the whole configuration is fixed (it decides the sums' order)
-GROUP = 32  # rows sorted together: their fp64 copies, sorted values and ids (~190 MB at 248k)
+CHUNK = 4096  # sorted values a program: fixed (with WARPS it decides the sums' order)
+WARPS = 8
+GROUP = 32  # rows sorted together: their fp64 copies, sorted values, ids and running sums
+FIGURES = 4  # a chunk's sum, largest sum-before, smallest weight (after the first), largest sum
 
 
 @triton.jit
-def _choose(vals_ptr, idx_ptr, n_ptr, top_p_ptr, min_p_ptr, u_ptr, out_ptr, V, BLOCK: tl.constexpr):
-    """Row r's token from its values sorted largest first (logits / temperature, fp64): the
-    softmax of the first n (top-k), the longest prefix within top-p and min-p (at least one),
-    and the first of it whose running sum passes u times the prefix's sum. Every sum runs in
-    one fixed order (blocks in turn, a fixed tree within a block): a row's token never depends
-    on the other rows."""
-    r = tl.program_id(0).to(tl.int64)
+def _chunk_figures(vals_ptr, n_ptr, runs_ptr, fig_ptr, V, C, CHUNK: tl.constexpr):
+    """Chunk c of row r: each value's running sum of weights within the chunk (stored), and the
+    chunk's figures [sum, max(run - e), min(e), max(run)] over its values < n (the first value
+    of the row left out of the two tests it always passes)."""
+    r, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = vals_ptr + r * V
     n = tl.load(n_ptr + r)
+    o = c * CHUNK + tl.arange(0, CHUNK)
+    inside = o < n
+    e = tl.exp(tl.load(row + o, mask=inside, other=float("-inf")) - tl.load(row))
+    run = tl.cumsum(e, axis=0)
+    tl.store(runs_ptr + r * V + o, run, mask=o < V)
+    later = inside & (o > 0)
+    fig = fig_ptr + (r * 4) * C + c
+    tl.store(fig, tl.sum(e, axis=0))
+    tl.store(fig + C, tl.max(tl.where(later, run - e, float("-inf")), axis=0))
+    tl.store(fig + 2 * C, tl.min(tl.where(later, e, float("inf")), axis=0))
+    tl.store(fig + 3 * C, tl.max(tl.where(inside, run, float("-inf")), axis=0))
+
+
+@triton.jit
+def _pick(v, o, at):
+    """v[at] of a 1-D block (o its positions): a sum of one value and zeros, exact."""
+    return tl.sum(tl.where(o == at, v, 0.0), axis=0)
+
+
+@triton.jit
+def _choose(
+    vals_ptr,
+    idx_ptr,
+    runs_ptr,
+    fig_ptr,
+    n_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    u_ptr,
+    out_ptr,
+    V,
+    C,
+    CHUNK: tl.constexpr,
+    CP: tl.constexpr,
+):
+    """Row r's token from its chunks' figures and at most three chunks' running sums."""
+    r = tl.program_id(0).to(tl.int64)
+    row, runs = vals_ptr + r * V, runs_ptr + r * V
+    n = tl.load(n_ptr + r)
     top_p, min_p, u = tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), tl.load(u_ptr + r)
-    top = tl.load(row)
-    o = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float64)
-    for b in range(0, n, BLOCK):
-        v = tl.load(row + b + o, mask=b + o < n, other=float("-inf"))
-        acc += tl.exp(v - top)
-    total = tl.sum(acc, axis=0)
-    first = 1.0 / total  # the largest value's probability
-    p_limit = tl.where(top_p < 1.0, top_p, float("inf"))  # top_p 1: no limit
-    # the kept prefix: probabilities fall along the sorted row, so top-p and min-p keep a prefix
-    zero = tl.zeros([], dtype=tl.float64)
-    before, kept_sum, kept_n = zero, zero, n
-    for b in range(0, n, BLOCK):
-        inside = b + o < n
-        v = tl.load(row + b + o, mask=inside, other=float("-inf"))
-        p = tl.exp(v - top) / total
-        run = tl.cumsum(p, axis=0)
-        keep = (run - p + before < p_limit) & (p >= min_p * first)  # min_p 0: every p
-        keep = keep | (b + o == 0)  # the most likely token always
-        kept_n = tl.minimum(kept_n, tl.min(tl.where(inside & ~keep, b + o, n), axis=0))
-        kept_sum += tl.sum(tl.where(b + o < kept_n, p, 0.0), axis=0)
-        before += tl.sum(p, axis=0)
+    oc = tl.arange(0, CP)
+    live = oc < C
+    fig = fig_ptr + (r * 4) * C + oc
+    whole = tl.cumsum(tl.load(fig, mask=live, other=0.0), axis=0)  # through each chunk
+    before = whole - tl.load(fig, mask=live, other=0.0)  # the chunks' sum before each chunk
+    total = _pick(whole, oc, C - 1)
+    limit = tl.where(top_p < 1.0, top_p * total, float("inf"))  # top_p 1: no limit
+    sum_before_max = tl.load(fig + C, mask=live, other=float("-inf"))
+    weight_min = tl.load(fig + 2 * C, mask=live, other=float("inf"))
+    # the first chunk holding a value that fails a test: rounding keeps order, so exactly where
+    # before + its largest sum-before reaches the limit or its smallest weight is under min_p
+    fails = live & ((before + sum_before_max >= limit) | (weight_min < min_p))
+    cut = tl.min(tl.where(fails, oc, C), axis=0)
+    kept_n = n
+    o = tl.arange(0, CHUNK)
+    if cut < C:
+        at = cut * CHUNK + o
+        inside = at < n
+        e = tl.exp(tl.load(row + at, mask=inside, other=float("-inf")) - tl.load(row))
+        run = tl.load(runs + at, mask=inside, other=0.0)
+        keep = ((_pick(before, oc, cut) + (run - e) < limit) & (e >= min_p)) | (at == 0)
+        kept_n = tl.min(tl.where(inside & ~keep, at, n), axis=0)
+    last = kept_n - 1
+    last_chunk = last // CHUNK
+    kept_sum = _pick(before, oc, last_chunk) + tl.load(runs + last)
     target = u * kept_sum
-    # the first kept position whose running sum passes the target (the last kept one if none)
-    choice = kept_n - 1
-    running = zero
-    for b in range(0, kept_n, BLOCK):
-        inside = b + o < kept_n
-        v = tl.load(row + b + o, mask=inside, other=float("-inf"))
-        p = tl.where(inside, tl.exp(v - top) / total, 0.0)
-        cdf = tl.cumsum(p, axis=0) + running
-        hit = tl.min(tl.where(inside & (cdf > target), b + o, kept_n), axis=0)
-        choice = tl.minimum(choice, hit)
-        running += tl.sum(p, axis=0)
+    # the draw: the first chunk before the last kept one whose largest running sum passes the
+    # target, else the last kept value's chunk, read up to the kept prefix's end
+    sum_max = tl.load(fig + 3 * C, mask=live, other=float("-inf"))
+    passes = (oc < last_chunk) & (before + sum_max > target)
+    drawn = tl.min(tl.where(passes, oc, last_chunk), axis=0)
+    at = drawn * CHUNK + o
+    inside = at < kept_n
+    run = _pick(before, oc, drawn) + tl.load(runs + at, mask=inside, other=0.0)
+    choice = tl.minimum(tl.min(tl.where(inside & (run > target), at, kept_n), axis=0), last)
     tl.store(out_ptr + r, tl.load(idx_ptr + r * V + choice))
 
 
-def choose(rows: torch.Tensor, temperature, top_k, top_p, min_p, u) -> torch.Tensor:
+def choose(rows: torch.Tensor, temperature, top_k, top_p, min_p, u, chunk=CHUNK) -> torch.Tensor:
     """Tokens [B] of rows [B, V] in fp64 (each through its request's rule), every other argument
-    B values: the batched `sample_row` rule."""
+    B values: the batched `sample_row` rule (`chunk`: CHUNK, other sizes for the checks)."""
     b, v = rows.shape
     dev = rows.device
     f64 = lambda xs: torch.tensor(xs, dtype=torch.float64, device=dev)  # noqa: E731
     x = rows / f64(temperature)[:, None]
     vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
     n = torch.tensor([k if 0 < k < v else v for k in top_k], dtype=torch.int32, device=dev)
+    chunks = triton.cdiv(v, chunk)
+    runs = torch.empty_like(vals)
+    figures = torch.empty((b, FIGURES, chunks), dtype=torch.float64, device=dev)
+    _chunk_figures[(b, chunks)](vals, n, runs, figures, v, chunks, CHUNK=chunk, num_warps=WARPS)
     out = torch.empty(b, dtype=torch.int64, device=dev)
-    _choose[(b,)](vals, idx, n, f64(top_p), f64(min_p), f64(u), out, v, BLOCK=BLOCK, num_warps=4)
+    _choose[(b,)](
+        vals, idx, runs, figures, n, f64(top_p), f64(min_p), f64(u), out, v, chunks,
+        CHUNK=chunk, CP=max(16, triton.next_power_of_2(chunks)), num_warps=WARPS,
+    )  # fmt: skip
     return out
