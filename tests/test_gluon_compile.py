@@ -88,3 +88,50 @@ def test_staged_words_arrive_by_16_byte_copies(bits, group, mt):
     assert "shfl" not in ptx, "the weight tile was shuffled between lanes"
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 1024 // 16  # SEG / 16, every step
     assert f"m64n{mt}k16" in ptx
+
+
+GROUPED = dict(
+    x_ptr="*bf16",
+    w_ptr="*i32",
+    s_ptr="*bf16",
+    b_ptr="*bf16",
+    w2_ptr="*i32",
+    s2_ptr="*bf16",
+    b2_ptr="*bf16",
+    p_ptr="*fp32",
+    order_ptr="*i64",
+    tile_e="*i32",
+    tile_lo="*i32",
+    tile_hi="*i32",
+    PAIRS="i32",
+    N="i32",
+    stride_x="i32",
+    stride_we="i32",
+    stride_w="i32",
+    stride_se="i32",
+    stride_s="i32",
+)
+
+
+@pytest.mark.parametrize("bits,up,gather", [(4, True, True), (4, False, False), (8, True, True)])
+def test_grouped_experts_take_the_same_tile_and_mmas(bits, up, gather):
+    """The grouped launch (gluon_grouped.py): each product it holds (gate and up, or one) is the
+    few-row kernel's body, its tile in kWidth 2 reaching the MMA with no shuffle or shared-memory
+    round trip."""
+    grouped = pytest.importorskip("tensorfold.ops.triton.gluon_grouped")
+    bk = gluon_affine.STEP_K[bits]
+    consts = dict(
+        TOP_K=8, GATHER=gather, UP=up, BITS=bits, GROUP=64, SEG=1024, BN=gluon_affine.BN, BK=bk,
+        MT=16, X_LAYOUT=gluon_affine._x_layout(16, bk), FAULT=0, STAGED=False, num_warps=4,
+    )  # fmt: skip
+    sig = {**GROUPED, **{k: "constexpr" for k in consts}}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(9), 13, 14, 15, 16, 17, 18)}
+    ck = compile_for_hopper(GluonASTSource(grouped._grouped_swapped, sig, consts, aligned))
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    operands = re.findall(r"dot_op<\{opIdx = 0, parent = #mma, kWidth = (\d+)\}>", ttgir)
+    assert operands and set(operands) == {"2"}
+    assert "ld.shared" not in ptx and "shfl" not in ptx
+    # a step's dot in the loop and the last step's, for each product (the compiler may merge the
+    # two products' last steps in the PTX, BK / 16 MMAs each)
+    assert len(re.findall(r"warp_group_dot ", ttgir)) == 2 * (2 if up else 1)
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) % (bk // 16) == 0

@@ -2,6 +2,7 @@
 tiny shapes on the CPU (fp16: the interpreter has no bf16) against their torch references, and
 their planted faults caught."""
 
+import interpreter_dot
 import torch
 
 from tensorfold.checks import moe as registry_moe
@@ -79,6 +80,28 @@ def grouped() -> None:
         assert torch.equal(moe.grouped_matmul(x, gate, tiles, shape, 2, up=up), want), shape
 
 
+def pair_sums() -> None:
+    """The Gluon grouped products' second launch: each pair's segments added in order and rounded
+    once, gate's and up's each rounded before silu · up (the gates kernel's bits), or one product
+    written at each pair's (row, choice) slot."""
+    from tensorfold.ops.triton.gates import silu_mul
+
+    n, pairs = 24, 10
+    part = torch.randn(3, pairs, 2 * n)
+    order = torch.randperm(pairs)
+    gate, up = ((part[0, :, c] + part[1, :, c]) + part[2, :, c] for c in (slice(0, n), slice(n, None)))  # fmt: skip
+    got = moe.sum_pairs(part, order, n, torch.float16, swiglu=True, scatter=False)
+    assert torch.equal(got, silu_mul(gate.half(), up.half()))
+    got = moe.sum_pairs(part[:, :, :n].contiguous(), order, n, torch.float16, False, scatter=True)
+    want = torch.empty(pairs, n, dtype=torch.float16)
+    want[order] = gate.half()
+    assert torch.equal(got, want)
+    exact = moe.sum_pairs(part[:, :, :n].contiguous(), order, n, torch.float32, False, False)
+    assert torch.equal(exact, gate)  # fp32 out: every bit of the sums in order
+    planted = moe.sum_pairs(part[[0, 2, 1], :, :n].contiguous(), order, n, torch.float32, False, False)  # fmt: skip
+    assert not torch.equal(planted, gate), "segments added in another order went unseen"
+
+
 def combine() -> None:
     """The weighted sum: the reference's bits where the shared gate's logit is 0 (no exp), close
     elsewhere; the reversed order is seen."""
@@ -97,10 +120,12 @@ def combine() -> None:
 
 
 def main() -> None:
+    interpreter_dot.install()
     torch.manual_seed(0)
     route()
     tiles()
     grouped()
+    pair_sums()
     combine()
     print("moe kernels match their references")
 

@@ -11,7 +11,7 @@ import torch
 from ..ops import moe as ref_moe
 from ..ops.quant import dequantize, quantize
 from ..ops.triton import moe, moe_rows
-from ..ops.triton.tiles import grouped_block_m, grouped_candidates
+from ..ops.triton.tiles import LinearPlan, grouped_block_m, grouped_candidates
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,7 +103,7 @@ def _dense(stack: ref_moe.ExpertStack, e: int) -> torch.Tensor:
 def check_grouped(impl, small: bool) -> list[str]:
     e, h, inter, k = (16, 256, 128, 4) if small else (256, 2048, 512, 8)
     bad = []
-    for bits in (None, 4):
+    for bits in (None, 4, 8):
         ex = _experts(e, h, inter, bits)
         x = torch.randn(300, h, device="cuda").to(torch.bfloat16)
         ids = torch.sort(torch.rand(300, e, device="cuda").argsort(-1)[:, :k], -1).values
@@ -111,6 +111,8 @@ def check_grouped(impl, small: bool) -> list[str]:
         y = impl(x, ids, ex)
         if not torch.equal(y, moe.expert_swiglu_unfused(x, ids, ex)):
             bad.append(f"bits {bits}: not the unfused form's bits (rounding points moved)")
+        if not torch.equal(impl(x[:3], ids[:3], ex), moe.expert_swiglu_unfused(x[:3], ids[:3], ex)):
+            bad.append(f"bits {bits}: a decode-sized pass off the unfused form's bits")
         r, j = 5, 1
         ref_h = torch.nn.functional.silu(x[r].float() @ _dense(ex.gate, int(ids[r, j])).t())
         ref_h = ref_h * (x[r].float() @ _dense(ex.up, int(ids[r, j])).t())
@@ -179,6 +181,21 @@ def _grouped_unrounded(x, ids, experts):
     return out.view(m, k, -1)
 
 
+def _grouped_gluon_two_chains(x, ids, experts):
+    """Planted: the Gluon grouped gate and up (few pairs an expert) with each segment summed as
+    two chains, then added; passes the Gluon kernel does not run take the default."""
+    m, k = ids.shape
+    tiles = moe.expert_tiles(ids, experts.num_experts, grouped_block_m(m * k))
+    gate = experts.gate
+    segment = LinearPlan.for_weight(*gate.shape, gate.group_size if gate.packed else None).segment
+    grouped = moe.gluon_grouped
+    if grouped is None or not grouped.applies(x, gate, tiles.block_m, segment):
+        return moe.expert_swiglu(x, ids, experts)
+    part = grouped.partials(x, gate, tiles, segment, k, experts.up, fault=2)
+    h = moe.sum_pairs(part, tiles.order, gate.shape[0], x.dtype, swiglu=True, scatter=False)
+    return moe.grouped_matmul(h, experts.down, tiles, scatter=True).view(m, k, -1)
+
+
 def check_combine(impl, small: bool) -> list[str]:
     m, k, h = 300, 8, 512 if small else 2048
     routed = torch.randn(m, k, h, device="cuda").to(torch.bfloat16)
@@ -236,5 +253,6 @@ CONTROLS = [
     ("moe.tiles", "an unstable sort within an expert", _tiles_descending),
     ("moe.grouped", "a shared expert's rows as one cuBLAS product", _grouped_cublas_shared),
     ("moe.grouped", "silu · up from unrounded products", _grouped_unrounded),
+    ("moe.grouped", "Gluon's segments summed as two chains", _grouped_gluon_two_chains),
     ("moe.combine", "the experts summed in reverse order", _combine_rank_order),
 ]

@@ -287,8 +287,49 @@ def _affine_swapped(
     STAGED: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    pid_n = gl.program_id(0)
-    pid_s = gl.program_id(1)
+    """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
+    pid_n, pid_s = gl.program_id(0), gl.program_id(1)
+    _swapped_body(
+        x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
+        stride_s, pid_n, pid_s, 1, False, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
+        num_warps,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _swapped_body(
+    x_ptr,
+    order_ptr,
+    row0,
+    m_live,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    p_ptr,
+    p_row,
+    ldp,
+    N,
+    stride_x,
+    stride_w,
+    stride_s,
+    pid_n,
+    pid_s,
+    TOP_K: gl.constexpr,
+    GATHER: gl.constexpr,
+    BITS: gl.constexpr,
+    GROUP: gl.constexpr,
+    SEG: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    MT: gl.constexpr,
+    X_LAYOUT: gl.constexpr,
+    FAULT: gl.constexpr,
+    STAGED: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Weight tile pid_n, segment pid_s against rows row0 .. row0 + m_live - 1 of x (GATHER: row
+    order[row0 + i] // TOP_K, an expert's pairs), their fp32 segment sums stored at rows p_row..
+    of p (a row every ldp values)."""
     NSTEP: gl.constexpr = SEG // BK
     k_seg = pid_s * SEG
     RT: gl.constexpr = BN // 16
@@ -348,10 +389,15 @@ def _affine_swapped(
     o_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, LX))
     if FAULT == 1:  # the inputs regrouped the same way: the same products, other MMAs
         o_xk = _swap_bits(o_xk, 8)
+    live = o_xm < m_live
+    if GATHER:
+        x_rows = gl.load(order_ptr + row0 + o_xm, mask=live, other=0).to(gl.int64) // TOP_K
+    else:
+        x_rows = (row0 + o_xm).to(gl.int64)
     for i in gl.static_range(NSTEP):
         xv = gl.load(
-            x_ptr + o_xm[:, None] * stride_x + (k_seg + i * BK + o_xk)[None, :],
-            mask=o_xm[:, None] < M,
+            x_ptr + x_rows[:, None] * stride_x + (k_seg + i * BK + o_xk)[None, :],
+            mask=live[:, None],
             other=0.0,
         )
         x_smem.index(i).store(xv)
@@ -401,8 +447,8 @@ def _affine_swapped(
 
     o_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
     o_m = gl.arange(0, MT, layout=gl.SliceLayout(0, MMA))
-    mask = (o_n[:, None] < N) & (o_m[None, :] < M)
-    gl.store(p_ptr + (pid_s * M + o_m)[None, :].to(gl.int64) * N + o_n[:, None], acc, mask=mask)
+    mask = (o_n[:, None] < N) & (o_m[None, :] < m_live)
+    gl.store(p_ptr + (p_row + o_m)[None, :].to(gl.int64) * ldp + o_n[:, None], acc, mask=mask)
 
 
 @gluon.jit
@@ -418,12 +464,15 @@ STEP_K = {4: 128, 8: 64}  # K columns a step: 16 words of a row (eight or four 1
 
 
 def applies(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
-    """Whether this kernel can run the product: 4- or 8-bit words, bf16 rows (at most 16), whole
-    steps in each segment, and a Hopper card (wgmma)."""
+    """Whether this kernel can run the product: at most 16 rows, and `fits`."""
+    return x.shape[0] <= 16 and fits(x, bits, k, segment)
+
+
+def fits(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
+    """4- or 8-bit words, bf16 rows, whole steps in each segment, and a Hopper card (wgmma)."""
     return (
         bits in STEP_K
         and x.dtype == torch.bfloat16
-        and x.shape[0] <= 16
         and k % STEP_K[bits] == 0
         and segment % STEP_K[bits] == 0
         and x.is_cuda

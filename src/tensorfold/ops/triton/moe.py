@@ -27,6 +27,11 @@ from .linear import LinearPlan
 from .segments import _affine_whole, _dense_whole, _swapped_whole
 from .tiles import TileBook, Tiles, grouped_block_m, grouped_candidates
 
+try:  # Gluon: few pairs an expert on Hopper, split over segments (the same sums)
+    from . import gluon_grouped
+except ImportError:  # an older Triton: the grouped kernel below runs every launch shape
+    gluon_grouped = None
+
 
 @dataclass(frozen=True)
 class ExpertTiles:
@@ -268,6 +273,58 @@ def _grouped_kernel(
         tl.store(y_ptr + dest[:, None] * stride_y + o_n[None, :], out, mask=mask)
 
 
+@triton.jit
+def _sum_pairs(
+    p_ptr,
+    y_ptr,
+    order_ptr,
+    PAIRS,
+    N,
+    stride_y,
+    NSEG: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    SCATTER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Pair p's segment sums added in segment order and rounded once (SWIGLU: gate's and up's,
+    each rounded, then silu · up, as the grouped kernel's epilogue), stored at row p (SCATTER:
+    at its (row, choice) slot order[p])."""
+    p = tl.program_id(0).to(tl.int64)
+    o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = o_n < N
+    width = N
+    if SWIGLU:
+        width = 2 * N
+    row = p_ptr + p * width
+    acc = tl.load(row + o_n, mask=mask, other=0.0)
+    for s in range(1, NSEG):
+        acc += tl.load(row + s * PAIRS * width + o_n, mask=mask, other=0.0)
+    out = acc.to(y_ptr.dtype.element_ty)
+    if SWIGLU:
+        up = tl.load(row + N + o_n, mask=mask, other=0.0)
+        for s in range(1, NSEG):
+            up += tl.load(row + s * PAIRS * width + N + o_n, mask=mask, other=0.0)
+        out = _swiglu(out.to(tl.float32), up.to(y_ptr.dtype.element_ty)).to(y_ptr.dtype.element_ty)
+    dest = p
+    if SCATTER:
+        dest = tl.load(order_ptr + p)
+    tl.store(y_ptr + dest * stride_y + o_n, out, mask=mask)
+
+
+def sum_pairs(
+    part: torch.Tensor, order: torch.Tensor, n: int, dtype, swiglu: bool, scatter: bool
+) -> torch.Tensor:
+    """[pairs, N] in `dtype` from segment sums [NSEG, pairs, N or 2N] (gluon_grouped.partials)."""
+    nseg, pairs, _ = part.shape
+    y = torch.empty((pairs, n), dtype=dtype, device=part.device)
+    block = min(1024, triton.next_power_of_2(n))
+    _sum_pairs[(pairs, triton.cdiv(n, block))](
+        part, y, order, pairs, n, y.stride(0), NSEG=nseg, SWIGLU=swiglu, SCATTER=scatter,
+        BLOCK=block,
+    )  # fmt: skip
+    return y
+
+
 def _parts(stack: ExpertStack):
     w = stack.weight.view(torch.int32) if stack.packed else stack.weight
     return (w, stack.scales, stack.biases) if stack.packed else (w, w, w)
@@ -296,6 +353,10 @@ def grouped_matmul(
     w2, s2, b2 = _parts(up) if up is not None else (w, s, b)
     if up is not None and not _one_format(stack, up):
         raise ValueError("gate and up stacks must have one format and layout")
+    if t.gluon and gluon_grouped is not None:
+        if gluon_grouped.applies(xs, stack, tiles.block_m, plan.segment):
+            part = gluon_grouped.partials(xs, stack, tiles, plan.segment, gather_k, up, t.staged)
+            return sum_pairs(part, tiles.order, n, xs.dtype, up is not None, scatter)
     groups = max(plan.block_k // stack.group_size, 1) if stack.packed else 1
     grid = (tiles.count, triton.cdiv(n, t.block_n))
     _grouped_kernel[grid](

@@ -144,9 +144,15 @@ def grouped_block_m(pairs: int) -> int:
 def grouped_candidates(block_m: int) -> list[Tiles]:
     """Launch shapes of the grouped expert products (ops/triton/moe.py) over tiles of block_m
     pairs; the first is the untimed default. Narrow columns give a decode-sized pass (8 experts,
-    a row or two each) more programs; the swapped form puts the weights on the MMA's wide side."""
+    a row or two each) more programs; the swapped form puts the weights on the MMA's wide side;
+    the Gluon kernel also splits each expert's K over its segments."""
     plain = [Tiles(block_m, n, 4, 3) for n in (64, 32, 16, 128)]
-    return plain + [Tiles(block_m, 64, 4, 3, swap=True), Tiles(block_m, 128, 8, 3, swap=True)]
+    swapped = [Tiles(block_m, 64, 4, 3, swap=True), Tiles(block_m, 128, 8, 3, swap=True)]
+    if block_m > 16:
+        return plain + swapped
+    # few pairs a tile: the Gluon kernel split over segments (where it applies, else swapped)
+    gluon = [Tiles(block_m, 64, 4, 3, swap=True, gluon=True, staged=s) for s in (False, True)]
+    return plain + swapped + gluon
 
 
 def gpu_seconds(fn, reps: int) -> float:
