@@ -10,17 +10,17 @@ sampling = pytest.importorskip("tensorfold.ops.triton.sampling")
 from hopper import compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-FIGURES = dict(vals_ptr="*fp64", n_ptr="*i32", runs_ptr="*fp64", fig_ptr="*fp64", V="i32", C="i32")
+FIGURES = dict(
+    keys_ptr="*fp32", rule_ptr="*fp64", runs_ptr="*fp64", fig_ptr="*fp64", B="i32", V="i32", C="i32"
+)
 CHOOSE = dict(
-    vals_ptr="*fp64",
+    keys_ptr="*fp32",
     idx_ptr="*i64",
     runs_ptr="*fp64",
     fig_ptr="*fp64",
-    n_ptr="*i32",
-    top_p_ptr="*fp64",
-    min_p_ptr="*fp64",
-    u_ptr="*fp64",
+    rule_ptr="*fp64",
     out_ptr="*i64",
+    B="i32",
     V="i32",
     C="i32",
 )

@@ -294,7 +294,7 @@ def sampling() -> None:
 
     cases = [(0.8, 0, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 0, 1.0, 0.05)]
     cases += [(0.9, 20, 0.8, 0.02), (1.0, 1, 1.0, 0.0), (1.0, 0, 1e-4, 0.0)]
-    rows = (torch.randn(3 * len(cases), 3000) * 3).double()
+    rows = torch.randn(3 * len(cases), 3000) * 3  # fp32 values, as a rule's rows are
     params = [cases[i % len(cases)] for i in range(rows.shape[0])]
     us = [uniform(7, 100 + i) for i in range(rows.shape[0])]
     t, k, p, m = zip(*params)
@@ -302,7 +302,7 @@ def sampling() -> None:
     assert together == [sample_row(rows[i], *params[i], us[i]) for i in range(rows.shape[0])]
     # rows of many chunks: the kept prefix and the draw found through the chunks' figures
     assert choose(rows, t, k, p, m, us, chunk=128).tolist() == together
-    flat = torch.zeros(2, 3000, dtype=torch.float64)  # every weight 1: the draw's chunk is u's
+    flat = torch.zeros(2, 3000)  # every weight 1: the draw's chunk is u's
     for q in ((1.0, 0, 1.0, 0.0), (1.0, 0, 0.7003, 0.0), (1.0, 1000, 1.0, 0.0)):
         for u in (0.0, 0.30001, 0.60017, 1 - 2**-53):
             assert (
@@ -318,7 +318,7 @@ def sampling() -> None:
         ([0.0, 0.0], (1.0, 0, 1.0, 0.0)),
     ]
     for row, q in edges:
-        x = torch.tensor(row, dtype=torch.float64)
+        x = torch.tensor(row)
         for u in (0.0, 0.25, 0.5 - 2**-53, 0.5, 0.75, 1 - 2**-53):
             assert choose(x[None], *([v] for v in q), [u]).tolist() == [sample_row(x, *q, u)]
     for i in (0, 4, 8, 20):

@@ -251,9 +251,9 @@ def sample_rows(
         from .triton.sampling import GROUP, choose
 
         tokens = []
-        for a in range(0, len(rows), GROUP):  # a group's fp64 copies and sort, not every row's
+        for a in range(0, len(rows), GROUP):  # a group's copies and sort, not every row's
             t, k, p, m = zip(*params[a : a + GROUP])
-            x = torch.stack([row.to(torch.float64) for row in rows[a : a + GROUP]])
+            x = torch.stack([row.float() for row in rows[a : a + GROUP]])
             tokens.append(choose(x, t, k, p, m, us[a : a + GROUP]))
         return torch.cat(tokens).tolist()
     return [ref_sampling.sample_row(row, *q, u) for row, q, u in zip(rows, params, us)]

@@ -27,21 +27,27 @@ import triton.language as tl
 
 CHUNK = 4096  # sorted values a program: fixed (with WARPS it decides the sums' order)
 WARPS = 8
-GROUP = 32  # rows sorted together: their fp64 copies, sorted values, ids and running sums
+GROUP = 32  # rows sorted together: their fp32 copies, sorted values, ids and running sums
 FIGURES = 4  # a chunk's sum, largest sum-before, smallest weight (after the first), largest sum
 
 
 @triton.jit
-def _chunk_figures(vals_ptr, n_ptr, runs_ptr, fig_ptr, V, C, CHUNK: tl.constexpr):
+def _weights(keys, o, inside, t):
+    """exp(v - v₀) of the sorted values v = key / t in fp64 at positions o (0 outside)."""
+    v = tl.load(keys + o, mask=inside, other=float("-inf")).to(tl.float64) / t
+    return tl.exp(v - tl.load(keys).to(tl.float64) / t)
+
+
+@triton.jit
+def _chunk_figures(keys_ptr, rule_ptr, runs_ptr, fig_ptr, B, V, C, CHUNK: tl.constexpr):
     """Chunk c of row r: each value's running sum of weights within the chunk (stored), and the
     chunk's figures [sum, max(run - e), min(e), max(run)] over its values < n (the first value
     of the row left out of the two tests it always passes)."""
     r, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    row = vals_ptr + r * V
-    n = tl.load(n_ptr + r)
+    t, n = tl.load(rule_ptr + r), tl.load(rule_ptr + B + r).to(tl.int32)
     o = c * CHUNK + tl.arange(0, CHUNK)
     inside = o < n
-    e = tl.exp(tl.load(row + o, mask=inside, other=float("-inf")) - tl.load(row))
+    e = _weights(keys_ptr + r * V, o, inside, t)
     run = tl.cumsum(e, axis=0)
     tl.store(runs_ptr + r * V + o, run, mask=o < V)
     later = inside & (o > 0)
@@ -60,15 +66,13 @@ def _pick(v, o, at):
 
 @triton.jit
 def _choose(
-    vals_ptr,
+    keys_ptr,
     idx_ptr,
     runs_ptr,
     fig_ptr,
-    n_ptr,
-    top_p_ptr,
-    min_p_ptr,
-    u_ptr,
+    rule_ptr,
     out_ptr,
+    B,
     V,
     C,
     CHUNK: tl.constexpr,
@@ -76,9 +80,10 @@ def _choose(
 ):
     """Row r's token from its chunks' figures and at most three chunks' running sums."""
     r = tl.program_id(0).to(tl.int64)
-    row, runs = vals_ptr + r * V, runs_ptr + r * V
-    n = tl.load(n_ptr + r)
-    top_p, min_p, u = tl.load(top_p_ptr + r), tl.load(min_p_ptr + r), tl.load(u_ptr + r)
+    keys, runs = keys_ptr + r * V, runs_ptr + r * V
+    t, n = tl.load(rule_ptr + r), tl.load(rule_ptr + B + r).to(tl.int32)
+    top_p, min_p = tl.load(rule_ptr + 2 * B + r), tl.load(rule_ptr + 3 * B + r)
+    u = tl.load(rule_ptr + 4 * B + r)
     oc = tl.arange(0, CP)
     live = oc < C
     fig = fig_ptr + (r * 4) * C + oc
@@ -97,7 +102,7 @@ def _choose(
     if cut < C:
         at = cut * CHUNK + o
         inside = at < n
-        e = tl.exp(tl.load(row + at, mask=inside, other=float("-inf")) - tl.load(row))
+        e = _weights(keys, at, inside, t)
         run = tl.load(runs + at, mask=inside, other=0.0)
         keep = ((_pick(before, oc, cut) + (run - e) < limit) & (e >= min_p)) | (at == 0)
         kept_n = tl.min(tl.where(inside & ~keep, at, n), axis=0)
@@ -118,21 +123,27 @@ def _choose(
 
 
 def choose(rows: torch.Tensor, temperature, top_k, top_p, min_p, u, chunk=CHUNK) -> torch.Tensor:
-    """Tokens [B] of rows [B, V] in fp64 (each through its request's rule), every other argument
-    B values: the batched `sample_row` rule (`chunk`: CHUNK, other sizes for the checks)."""
+    """Tokens [B] of rows [B, V] of fp32 values (each through its request's rule), every other
+    argument B values: the batched `sample_row` rule (`chunk`: CHUNK, other sizes for the checks).
+
+    The rows are sorted as fp32: for distinct fp32 values x > y, x / t > y / t in fp64 (the
+    quotients' gap is far wider than an fp64 rounding), so it is the order of the fp64 values
+    `sample_row` sorts, ties in the same index order, at half the sort's traffic."""
     b, v = rows.shape
-    dev = rows.device
-    f64 = lambda xs: torch.tensor(xs, dtype=torch.float64, device=dev)  # noqa: E731
-    x = rows / f64(temperature)[:, None]
-    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
-    n = torch.tensor([k if 0 < k < v else v for k in top_k], dtype=torch.int32, device=dev)
+    if rows.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"sampled rows must hold fp32 values, got {rows.dtype}")
+    keys, idx = torch.sort(rows.float(), dim=-1, descending=True, stable=True)
+    n = [k if 0 < k < v else v for k in top_k]
+    rule = torch.tensor([temperature, n, top_p, min_p, u], dtype=torch.float64).to(rows.device)
     chunks = triton.cdiv(v, chunk)
-    runs = torch.empty_like(vals)
-    figures = torch.empty((b, FIGURES, chunks), dtype=torch.float64, device=dev)
-    _chunk_figures[(b, chunks)](vals, n, runs, figures, v, chunks, CHUNK=chunk, num_warps=WARPS)
-    out = torch.empty(b, dtype=torch.int64, device=dev)
+    runs = torch.empty((b, v), dtype=torch.float64, device=rows.device)
+    figures = torch.empty((b, FIGURES, chunks), dtype=torch.float64, device=rows.device)
+    _chunk_figures[(b, chunks)](
+        keys, rule, runs, figures, b, v, chunks, CHUNK=chunk, num_warps=WARPS
+    )
+    out = torch.empty(b, dtype=torch.int64, device=rows.device)
     _choose[(b,)](
-        vals, idx, runs, figures, n, f64(top_p), f64(min_p), f64(u), out, v, chunks,
-        CHUNK=chunk, CP=max(16, triton.next_power_of_2(chunks)), num_warps=WARPS,
+        keys, idx, runs, figures, rule, out, b, v, chunks, CHUNK=chunk,
+        CP=max(16, triton.next_power_of_2(chunks)), num_warps=WARPS,
     )  # fmt: skip
     return out
