@@ -54,6 +54,22 @@ def test_chunk_arithmetic_is_the_recurrence_and_cut_free():
     assert not torch.equal(want, whole)
 
 
+def test_chunk_bits_do_not_depend_on_the_heads_beside_it():
+    """A rank of a split holds fewer heads (four ranks of hf_tiny: one): each head's output and
+    end state are the same bits in a call of 1, 2 or all heads."""
+    torch.manual_seed(1)
+    n, h, d = ref.CHUNK, 4, 16
+    q, k = (l2_norm(torch.randn(n, h, d)) for _ in range(2))
+    v, g, beta = torch.randn(n, h, d), -torch.rand(n, h) * 0.5, torch.rand(n, h)
+    state = torch.randn(h, d, d) * 0.1
+    o, end = ref.chunk(state, q / 4, k, v, g, beta)
+    for per in (1, 2):
+        for h0 in range(0, h, per):
+            r = slice(h0, h0 + per)
+            oo, ee = ref.chunk(state[r], q[:, r] / 4, k[:, r], v[:, r], g[:, r], beta[:, r])
+            assert torch.equal(oo, o[:, r]) and torch.equal(ee, end[r]), (per, h0)
+
+
 def _chunk_engine(path, **config):
     return make_engine(path, gdn_form="chunk", **config)
 

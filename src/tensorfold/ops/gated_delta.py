@@ -127,12 +127,14 @@ def chunk(
       (I + A) [W | U] = [β Γ K | β V],   V' = U − W S,
       O = (Γ Q) S + ((Q Kᵀ) ⊙ Γ_i/Γ_j, j ≤ i) V',   S' = Γ_63 S + (K Γ_63/Γ)ᵀ V'.
     The shapes never change, so each row is the same sequence of operations in every pass."""
-    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # heads first: [Hv, 64, d]
-    gc = torch.cumsum(g.transpose(0, 1), dim=-1)  # [Hv, 64]
+    # contiguous heads-first copies: a lone head's view is contiguous, several heads' are not, and
+    # solve_triangular's LAPACK path (so its bits) follows I + A's layout (docs/exactness.md)
+    qh, kh, vh, gh, bh = (t.transpose(0, 1).contiguous() for t in (q, k, v, g, beta))
+    gc = torch.cumsum(gh, dim=-1)  # [Hv, 64]
     diff = gc[:, :, None] - gc[:, None, :]  # log Γ_i/Γ_j
     rows = torch.arange(CHUNK, device=q.device)
     below, upto = rows[:, None] > rows[None, :], rows[:, None] >= rows[None, :]
-    b = beta.transpose(0, 1)[:, :, None]  # [Hv, 64, 1]
+    b = bh[:, :, None]  # [Hv, 64, 1]
     a = b * (kh @ kh.transpose(-1, -2)) * _masked_exp(diff, below)
     gamma = untailed(torch.exp, gc)[:, :, None]
     rhs = torch.cat([b * gamma * kh, b * vh], dim=-1)
