@@ -16,9 +16,9 @@ def _dot_in_k_order(self, a, b, d, input_precision, max_num_imprecise_acc):
     if not all(np.issubdtype(t.data.dtype, np.floating) for t in (a, b, d)):
         return _NUMPY_DOT(self, a, b, d, input_precision, max_num_imprecise_acc)
     x, y = a.data.astype(np.float32), b.data.astype(np.float32)
-    acc = d.data.astype(np.float32, copy=True)
-    for k in range(x.shape[-1]):
-        acc += x[..., :, k : k + 1] * y[..., k : k + 1, :]
+    terms = x[..., :, :, None] * y[..., None, :, :]  # [.., M, K, N], each product exact
+    chain = np.concatenate([d.data.astype(np.float32)[..., :, None, :], terms], axis=-2)
+    acc = np.add.accumulate(chain, axis=-2)[..., -1, :]  # one add at a time, in K order
     return interpreter.TensorHandle(acc.astype(d.data.dtype), d.dtype.scalar)
 
 

@@ -76,7 +76,7 @@ def grouped() -> None:
     gate, up = expert_stack(4, 16, 2048, 4), expert_stack(4, 16, 2048, 4)
     tiles = moe.tiles_torch(ids, 4, 16)
     want = moe.grouped_matmul(x, gate, tiles, gather_k=2, up=up)
-    for shape in grouped_candidates(16)[1:]:
+    for shape in (t for t in grouped_candidates(16)[1:] if not t.gluon):  # Gluon: the card's
         assert torch.equal(moe.grouped_matmul(x, gate, tiles, shape, 2, up=up), want), shape
 
 

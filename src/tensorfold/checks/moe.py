@@ -144,6 +144,8 @@ def launch_shapes_agree(x, ids, experts) -> list[str]:
     for m in (3, x.shape[0]):
         want = moe.expert_swiglu(x[:m], ids[:m], experts)
         for t in grouped_candidates(grouped_block_m(m * ids.shape[1]))[1:]:
+            if t.gluon and not x.is_cuda:  # off the card it runs the swapped form, checked too
+                continue
             got = moe.expert_swiglu(x[:m], ids[:m], experts, FixedShape(t))
             if not torch.equal(got, want):
                 bad.append(f"{m} rows under {t} differ from the default launch shape")
