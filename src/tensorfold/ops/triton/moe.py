@@ -11,6 +11,10 @@ The tile table is built on the device from the chosen ids (no host sync; one sma
 decode-sized pass): the grid is sized from the row count alone, and tiles past the last expert's
 are empty. The gate-and-up launch reads each pair's row of x where it lies (no gathered copy) and
 the down launch writes each pair's output at its (row, choice) place (no scatter).
+
+For tiles of at most 16 pairs of 4- or 8-bit experts on Hopper, the tile book may pick the Gluon
+form instead (gluon_grouped.py): each segment summed by a program of its own, then `sum_pairs`
+adds them in order with the same epilogue; the same bits.
 """
 
 from __future__ import annotations
