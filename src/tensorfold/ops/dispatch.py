@@ -245,7 +245,7 @@ def sample_rows(
 ) -> list[int]:
     """The sampled token of each row (through its request's rule already): (temperature, top_k,
     top_p, min_p) and the draw u a row, `ops.sampling.sample_row`'s rule; on the GPU one sort
-    and one kernel a group of rows and one sync for all (a row's token never depends on the
+    and two kernels a group of rows and one sync for all (a row's token never depends on the
     others)."""
     if rows[0].is_cuda:
         from .triton.sampling import GROUP, choose

@@ -351,16 +351,15 @@ def grouped_matmul(
     n, k = stack.shape
     plan = LinearPlan.for_weight(n, k, stack.group_size if stack.packed else None)
     xs = xs.contiguous()
-    pairs = tiles.order.shape[0]
-    y = torch.empty((pairs, n), dtype=xs.dtype, device=xs.device)
-    w, s, b = _parts(stack)
-    w2, s2, b2 = _parts(up) if up is not None else (w, s, b)
     if up is not None and not _one_format(stack, up):
         raise ValueError("gate and up stacks must have one format and layout")
     if t.gluon and gluon_grouped is not None:
         if gluon_grouped.applies(xs, stack, tiles.block_m, plan.segment):
             part = gluon_grouped.partials(xs, stack, tiles, plan.segment, gather_k, up, t.staged)
             return sum_pairs(part, tiles.order, n, xs.dtype, up is not None, scatter)
+    y = torch.empty((tiles.order.shape[0], n), dtype=xs.dtype, device=xs.device)
+    w, s, b = _parts(stack)
+    w2, s2, b2 = _parts(up) if up is not None else (w, s, b)
     groups = max(plan.block_k // stack.group_size, 1) if stack.packed else 1
     grid = (tiles.count, triton.cdiv(n, t.block_n))
     _grouped_kernel[grid](
