@@ -11,7 +11,7 @@ from tensorfold.config import ModelConfig
 from tensorfold.models.checkpoint import Checkpoint
 from tensorfold.models.loader import load_model, validate
 from tensorfold.models.weights import WeightMap
-from tensorfold.tools.make_random import _tensors, make_random
+from tensorfold.tools.make_random import MIXED45_HIGH, _tensors, make_random
 from tensorfold.tools.shapes import MOE_SHAPES, SHAPES, text_config
 
 
@@ -64,7 +64,7 @@ def test_released_shapes_validate(shape, mlx, tmp_path):
     assert config.num_heads // config.num_kv_heads in (4, 6)
 
 
-@pytest.mark.parametrize("quantize", [None, "4", "mixed"])
+@pytest.mark.parametrize("quantize", [None, "4", "mixed", "mixed45"])
 def test_make_random_writes_a_loadable_checkpoint(quantize, tmp_path):
     path = make_random(tmp_path / "ckpt", "tiny", quantize)
     model = load_model(path)
@@ -72,6 +72,10 @@ def test_make_random_writes_a_loadable_checkpoint(quantize, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     if quantize == "mixed":
         assert any(v.get("bits") == 6 for v in cfg["quantization"].values() if isinstance(v, dict))
+    if quantize == "mixed45":  # the GDN out and gate inputs and the embedding at 5 bits, the rest 4
+        five = {k for k, v in cfg["quantization"].items() if isinstance(v, dict) and v["bits"] == 5}
+        assert five and all(k.endswith(MIXED45_HIGH) for k in five)
+        assert any(k.endswith("embed_tokens") for k in five)
     from tensorfold.layers.linear import QuantizedWeight
 
     head = model.lm_head.weight

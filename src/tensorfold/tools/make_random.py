@@ -1,8 +1,8 @@
 """`tensorfold make-random OUT --shape 9b`: a loadable checkpoint of a released shape with random
 weights, for benchmarks without downloads. Timings do not depend on weight values.
 
-bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--quantize 4, 8 or mixed)
-the MLX layout with affine-packed weights (random words, small signed scales) and a `quantization`
+bf16 files use the Hugging Face layout (MoE experts fused); quantized ones (--quantize 4, 8, mixed
+or mixed45) the MLX layout with affine-packed weights (random words, small signed scales) and a `quantization`
 block (MoE experts stacked as `switch_mlp`, the router and the shared-expert gate at 8 bits, as
 mlx_lm makes them)."""
 
@@ -22,17 +22,24 @@ from .shapes import SHAPES, model_types, text_config
 
 SHARD_BYTES = 4 << 30
 MIXED_HIGH = ("mlp.down_proj", "self_attn.v_proj", "lm_head")  # 6-bit in the mixed recipe
+# 5-bit in the mixed45 recipe (4-bit with the GDN out and gate inputs and the embedding at 5)
+MIXED45_HIGH = (
+    "linear_attn.out_proj",
+    "linear_attn.in_proj_a",
+    "linear_attn.in_proj_b",
+    "embed_tokens",
+)
 
 
 # checkpoint format names (benchmarks, tests) -> --quantize
-FORMATS = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed"}
+FORMATS = {"bf16": None, "4bit": "4", "8bit": "8", "mixed": "mixed", "mixed45": "mixed45"}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("make-random", help="write a random checkpoint of a released shape")
     p.add_argument("out")
     p.add_argument("--shape", choices=sorted(SHAPES), default="9b")
-    p.add_argument("--quantize", choices=["4", "8", "mixed"], default=None)
+    p.add_argument("--quantize", choices=["4", "8", "mixed", "mixed45"], default=None)
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where to draw the numbers (cuda is faster)")
@@ -277,6 +284,8 @@ def _bits(local: str, kind: str, quantize: str) -> int:
         return 8
     if quantize == "mixed":
         return 6 if any(s in local for s in MIXED_HIGH) else 4
+    if quantize == "mixed45":
+        return 5 if any(s in local for s in MIXED45_HIGH) else 4
     return int(quantize)
 
 
