@@ -1,7 +1,7 @@
-"""CPU: the Gluon 4- and 8-bit few-row kernel compiled for Hopper (no card needed) keeps the properties its
+"""CPU: the Gluon 4-, 5-, 6- and 8-bit few-row kernel compiled for Hopper (no card needed) keeps the properties its
 bitwise equality rests on (docs/exactness.md, 'Products'): the dequantized tile reaches the MMA in
 the operand layout of kWidth 2 with no shuffle or shared-memory round trip, and each 128-column
-step issues its chained 16-column MMAs (eight at 4 bits, four at 8). The bits themselves are checked on the card
+step issues its chained 16-column MMAs (eight at 4 bits, four at 5, 6 and 8). The bits themselves are checked on the card
 (tests/test_gpu_products.py and the registry)."""
 
 import re
@@ -51,7 +51,9 @@ def _compile(group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = 
 
 
 @pytest.mark.parametrize(
-    "bits,group,mt", [(4, 32, 16), (4, 64, 8), (4, 64, 16), (4, 128, 16), (8, 32, 8), (8, 128, 16)]
+    "bits,group,mt",
+    [(4, 32, 16), (4, 64, 8), (4, 64, 16), (4, 128, 16), (8, 32, 8), (8, 128, 16)]
+    + [(5, 32, 16), (5, 64, 8), (6, 32, 8), (6, 64, 16), (6, 128, 16)],
 )
 def test_tile_reaches_the_mma_without_a_shuffle(bits, group, mt):
     ck = _compile(group, mt, bits=bits)
@@ -65,7 +67,7 @@ def test_tile_reaches_the_mma_without_a_shuffle(bits, group, mt):
     assert f"m64n{mt}k16" in ptx
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_planted_regrouping_changes_only_the_data_order(bits):
     plain, regrouped = _compile(64, 8, bits=bits), _compile(64, 8, fault=1, bits=bits)
     for ck in (plain, regrouped):

@@ -1,4 +1,4 @@
-"""The registry's entries for the Gluon few-row products, 4- and 8-bit (checks/registry.py runs
+"""The registry's entries for the Gluon few-row products, 4-, 5-, 6- and 8-bit (checks/registry.py runs
 them): their fp32 segment sums must be the Triton kernels' bit for bit, whatever the rows' company,
 with two planted faults each check must catch. Listed only where the kernel runs (Hopper, a
 Triton with Gluon)."""
@@ -79,6 +79,7 @@ def _partials(bits, x, words, scales, biases, group, segment, fault=0, staged=Fa
 
 
 FORMS = [(b, k, staged) for b, k in ((4, 128), (8, 64)) for staged in (False, True)]
+FORMS += [(5, 64, False), (6, 64, False)]  # 5 and 6 bits: registers only
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
     (_name(b, staged), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 16 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b))
     for b, k, staged in FORMS

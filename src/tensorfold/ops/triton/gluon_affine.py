@@ -1,4 +1,4 @@
-"""Packed 4- and 8-bit products of few rows (decode and verify) in Gluon, at the prompt kernels'
+"""Packed 4-, 5-, 6- and 8-bit products of few rows (decode and verify) in Gluon, at the prompt kernels'
 arithmetic.
 
 The weights sit on the MMA's wide side (yᵀ = W · xᵀ, Hopper wgmma with the weight tile in
@@ -13,8 +13,8 @@ each value is fma(q, scale, bias) in fp32 rounded once to bf16; each 16-column M
 the segment's fp32 accumulator from zero, in K order; one program per (weight tile, segment)
 stores its segment sum, and the segments are added in order afterwards.
 
-Only 4-bit weights at K a multiple of 128 and 8-bit ones at K a multiple of 64, at most 16 rows,
-on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere else.
+Only 4-bit weights at K a multiple of 128 and 5-, 6- and 8-bit ones at K a multiple of 64, at most
+16 rows, on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .gluon_odd import _operand_odd, _tile_odd
 from .gluon_tiles import (
     _barrier,
     _operand4,
@@ -38,9 +39,21 @@ from .gluon_tiles import (
     _scale_offsets,
     _stage_words,
     _staged,
-    _step_tile,
     _swap_bits,
+    _tile,
+    _tile8,
 )
+
+
+@gluon.jit
+def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr):  # fmt: skip
+    """Step i's weight tile [BN, BK] in bf16 in the MMA's register operand layout, by width."""
+    if BITS == 4:
+        return _tile(words, s_ptr, b_ptr, p_s, s_ok, sel, i, BN, BK, GROUP, A_LAYOUT)
+    elif BITS == 8:
+        return _tile8(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BN, BK, GROUP, LP, LS, A_LAYOUT)
+    else:  # 5 or 6 bits: `sel` holds the lanes
+        return _tile_odd(words, s_ptr, b_ptr, p_s, s_ok, sel, i, BITS, BN, BK, GROUP, LS, A_LAYOUT)
 
 
 @gluon.jit
@@ -143,11 +156,16 @@ def _swapped_body(
         p_w, row_ok, sel = _operand4(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
         c_lo = sel  # a placeholder: only the 8-bit tile picks a word by lane
         LW5: gl.constexpr = gl.SliceLayout(3, LS)  # a staged step's words, before the lanes
-    else:  # two words an 8-column block
+    elif BITS == 8:  # two words an 8-column block
         LW5: gl.constexpr = gl.SliceLayout(3, LW)
         p_w, row_ok, c_lo, sel = _operand8(
             w_ptr, pid_n * BN, k_seg, N, stride_w, LW, LS, RT, NG, KBG, FAULT
         )
+    else:  # 5 or 6 bits: whole words of whole blocks a unit (gluon_odd.py); `sel` holds the lanes
+        gl.static_assert(not STAGED, "5- and 6-bit words are loaded in registers only")
+        LW5: gl.constexpr = gl.SliceLayout(3, LS)  # unused: no staged form
+        p_w, row_ok, sel = _operand_odd(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, BITS, FAULT)
+        c_lo = sel  # a placeholder
     L5: gl.constexpr = gl.SliceLayout(5, LS)  # one scale per (row, group)
     p_s, s_ok = _scale_offsets(pid_n * BN, k_seg, N, stride_s, L5, RT, NG, KBG, GROUP)
     KWN: gl.constexpr = KW // NG  # words of a row in one scale group of a step
@@ -168,7 +186,10 @@ def _swapped_body(
     o_xm = gl.arange(0, MT, layout=gl.SliceLayout(1, LX))
     o_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, LX))
     if FAULT == 1:  # the inputs regrouped the same way: the same products, other MMAs
-        o_xk = _swap_bits(o_xk, 8)
+        if BITS == 6 or BITS == 5:  # units (16 or 32 columns) swapped in pairs
+            o_xk = o_xk ^ (16 if BITS == 6 else 32)
+        else:
+            o_xk = _swap_bits(o_xk, 8)
     live = o_xm < m_live
     if GATHER:
         x_rows = gl.load(order_ptr + row0 + o_xm, mask=live, other=0).to(gl.int64) // TOP_K
@@ -232,18 +253,22 @@ def _swapped_body(
 
 
 BN = 64  # weight rows a program: one warpgroup's MMA tile
-STEP_K = {4: 128, 8: 64}  # K columns a step: 16 words of a row (eight or four 16-column MMAs)
+# K columns a step: 16 words of a row at 4 and 8 bits (eight or four 16-column MMAs), 10 or 12
+# at 5 and 6 (four MMAs)
+STEP_K = {4: 128, 5: 64, 6: 64, 8: 64}
 
 
-def applies(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
+def applies(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
     """Whether this kernel can run the product: at most 16 rows, and `fits`."""
-    return x.shape[0] <= 16 and fits(x, bits, k, segment)
+    return x.shape[0] <= 16 and fits(x, bits, k, segment, staged)
 
 
-def fits(x: torch.Tensor, bits: int, k: int, segment: int) -> bool:
-    """4- or 8-bit words, bf16 rows, whole steps in each segment, and a Hopper card (wgmma)."""
+def fits(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
+    """4-, 5-, 6- or 8-bit words (5- and 6-bit ones in registers, not staged), bf16 rows, whole
+    steps in each segment, and a Hopper card (wgmma)."""
     return (
         bits in STEP_K
+        and not (staged and bits in (5, 6))
         and x.dtype == torch.bfloat16
         and k % STEP_K[bits] == 0
         and segment % STEP_K[bits] == 0

@@ -94,13 +94,17 @@ def _grouped_swapped(
 MOST_PAIRS = 16  # pairs a tile may hold: the MMA's narrow side
 
 
-def applies(xs: torch.Tensor, stack: ExpertStack, block_m: int, segment: int) -> bool:
-    """Whether the Gluon kernel runs these grouped products: packed 4- or 8-bit experts, tiles of
-    at most 16 pairs, and what gluon_affine's kernel needs (bf16 rows, whole steps, Hopper)."""
+def applies(
+    xs: torch.Tensor, stack: ExpertStack, block_m: int, segment: int, staged: bool = False
+) -> bool:
+    """Whether the Gluon kernel runs these grouped products: packed 4- or 8-bit experts (the widths
+    the MoE registry checks on the card), tiles of at most 16 pairs, and what gluon_affine's kernel
+    needs (bf16 rows, whole steps, Hopper)."""
     return (
         stack.packed
+        and stack.bits in (4, 8)
         and block_m <= MOST_PAIRS
-        and gluon_affine.fits(xs, stack.bits, stack.shape[1], segment)
+        and gluon_affine.fits(xs, stack.bits, stack.shape[1], segment, staged)
     )
 
 

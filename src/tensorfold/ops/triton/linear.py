@@ -335,7 +335,7 @@ def affine_matmul(
             replace(t, dequant=False),
         )
     if t.gluon and gluon_affine is not None:
-        if gluon_affine.applies(x, bits, x.shape[1], plan.segment):
+        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged):
             return _sum(
                 gluon_affine.partials(
                     x, words, scales, biases, bits, group_size, plan.segment, staged=t.staged

@@ -354,7 +354,7 @@ def grouped_matmul(
     if up is not None and not _one_format(stack, up):
         raise ValueError("gate and up stacks must have one format and layout")
     if t.gluon and gluon_grouped is not None:
-        if gluon_grouped.applies(xs, stack, tiles.block_m, plan.segment):
+        if gluon_grouped.applies(xs, stack, tiles.block_m, plan.segment, t.staged):
             part = gluon_grouped.partials(xs, stack, tiles, plan.segment, gather_k, up, t.staged)
             return sum_pairs(part, tiles.order, n, xs.dtype, up is not None, scatter)
     y = torch.empty((tiles.order.shape[0], n), dtype=xs.dtype, device=xs.device)
