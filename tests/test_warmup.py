@@ -108,6 +108,19 @@ def test_warmed_engine_gives_cold_tokens(hf_tiny):
     assert warm_up(cold).skipped  # the CPU has no launch shapes: nothing runs at start
 
 
+def test_warm_up_samples_every_count_of_sampled_rows(hf_tiny, monkeypatch):
+    """The sampling kernels compile apart for one row, a multiple of 16 and other counts: the
+    warm-up's lanes (half of them sampled, finishing one after another) reach each count from
+    its largest down to one, so no user's first sampled token waits for a compile."""
+    from tensorfold.ops import dispatch
+
+    counts, real = [], dispatch.sample_rows
+    monkeypatch.setattr(dispatch, "sample_rows", lambda r, *a: counts.append(len(r)) or real(r, *a))
+    eng = make_engine(hf_tiny, parallel=32, chunk=64)  # all 32 prompts in the first pass
+    assert run_steps(eng, [(1, 32)], budget_s=120) == 1
+    assert set(counts) == set(range(1, 17))  # 16 sampled lanes of the 32, then fewer, to one
+
+
 def test_server_loading_until_warmup_ends(hf_tiny):
     release, started = threading.Event(), threading.Event()
 

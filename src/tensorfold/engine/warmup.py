@@ -5,8 +5,9 @@ On the GPU a product's launch shape is timed once per (product, rows class) by t
 Triton compiles each kernel variant on first use; a decode pass of each lane-count bucket is
 recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
-`parallel` lanes; prompt chunks of 16, 32, 64, 128, 512 and `chunk` rows; with `--mixed-chunk`, a
-prompt read beside lanes falling through every bucket) with the prompt cache off, then
+`parallel` lanes, half of them sampled; prompt chunks of 16, 32, 64, 128, 512 and `chunk` rows;
+with `--mixed-chunk`, a prompt read beside lanes falling through every bucket) with the prompt
+cache off, then
 keeps the tile book's choices in a small file keyed by the card and the versions, so the next start
 times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
 stale file can change a token: they only change how soon the first one comes.
@@ -106,11 +107,23 @@ def default_cache_dir() -> Path:
     return Path(base) / "tensorfold"
 
 
+def warmup_params(lane: int) -> SamplingParams:
+    """Lane `lane`'s rule in a warm-up step: odd lanes sampled (the API's default temperature,
+    top-k, top-p and min-p), even ones greedy, so that as lanes finish one after another the
+    sampling kernels meet every count of sampled rows (one row, a multiple of 16, others:
+    Triton compiles each apart) before a user's first sampled token waits for them."""
+    if lane % 2 == 0:
+        return SamplingParams(max_tokens=lane + 2, temperature=0.0, ignore_eos=True)
+    return SamplingParams(
+        max_tokens=lane + 2, temperature=1.0, top_k=50, top_p=0.9, min_p=0.05, seed=lane,
+        ignore_eos=True,
+    )  # fmt: skip
+
+
 def _run_step(engine: Engine, prompt: int, lanes: int, vocab: int) -> None:
     for lane in range(lanes):
         ids = [(7 + 31 * i + lane) % vocab for i in range(prompt)]
-        params = SamplingParams(max_tokens=lane + 2, temperature=0.0, ignore_eos=True)
-        engine.add_request(ids, params, f"warmup-{prompt}-{lanes}-{lane}")
+        engine.add_request(ids, warmup_params(lane), f"warmup-{prompt}-{lanes}-{lane}")
     engine.run_until_done()
 
 
