@@ -65,11 +65,13 @@ def make_inexact(model) -> None:
     if model.device.type != "cuda":
         raise ValueError("the non-exact variant swaps in GPU kernels; this model is on the CPU")
     merged = [
-        j.merged
+        lin
         for layer in model.layers
         for obj in (layer.mixer, layer.mlp)
         for j in vars(obj).values()
-        if isinstance(j, Joined) and j.merged is not None
+        if isinstance(j, Joined)
+        for lin, held in j.products
+        if len(held) > 1
     ]
     for lin in list(model.linears()) + merged:
         lin.__class__ = CublasLinear

@@ -126,3 +126,24 @@ def test_joined_projections_give_each_projection_its_own_product():
     ]
     assert join(mixed, merge=True).merged is None
     assert join(dense).merged is None  # on the CPU products stay separate by default
+
+
+def test_joined_mixed_formats_make_one_product_a_format():
+    """A mixed-bit file's projections of one input: the parts of each width are one product (a
+    lone part its own), the outputs come back in the parts' order, each equal to its own
+    product's bits."""
+    from tensorfold.layers.linear import Linear, join
+
+    torch.manual_seed(1)
+    x = torch.randn(3, 128)
+    fmt = [(48, 4), (16, 5), (32, 4), (8, 5), (24, 6)]
+    lins = [Linear(_packed(n, 128, b, 64), torch.float32) for n, b in fmt]
+    alone = [lin(x) for lin in lins]
+    joined = join(lins, merge=True)
+    assert [held for _, held in joined.products] == [(0, 2), (1, 3), (4,)]
+    assert joined.merged is None and joined.products[2][0] is lins[4]
+    out = joined(x)
+    assert [y.shape[-1] for y in out] == [n for n, _ in fmt]
+    assert all(torch.equal(a, b) for a, b in zip(out, alone))
+    four = joined.products[0][0].weight.packed
+    assert lins[2].weight.packed.data_ptr() == four[48:].data_ptr()  # a view, not a copy

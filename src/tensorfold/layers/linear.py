@@ -55,37 +55,65 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Joined:
-    """Projections of one input. Called, returns their outputs: from one product over the
-    concatenated weights when they could be merged (`merged`), else from each projection."""
+    """Projections of one input. Called, returns their outputs in order: from one product per
+    `products` entry (a product over the concatenated weights of the parts it names, or a part
+    alone), else, with no products, from each projection."""
 
     parts: tuple[Linear, ...]
-    merged: Linear | None = None
+    products: tuple[tuple[Linear, tuple[int, ...]], ...] = ()
+
+    @property
+    def merged(self) -> Linear | None:
+        """The one product of all the parts, when they were merged into one."""
+        if len(self.products) == 1 and len(self.products[0][1]) == len(self.parts) > 1:
+            return self.products[0][0]
+        return None
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.merged is None:
+        if not self.products:
             return tuple(lin(x) for lin in self.parts)
-        return self.merged(x).split([lin.out_features for lin in self.parts], dim=-1)
+        out: list[torch.Tensor | None] = [None] * len(self.parts)
+        for lin, held in self.products:
+            ys = lin(x).split([self.parts[i].out_features for i in held], dim=-1)
+            for i, y in zip(held, ys):
+                out[i] = y
+        return tuple(out)
 
 
 def join(linears: list[Linear], merge: bool | None = None) -> Joined:
-    """Several projections of the same input as one product (by default on the GPU only, where a
-    launch costs more than the CPU's per-tile products): their weights are concatenated along N and
-    each projection's weight becomes a view of its rows, so nothing is held twice. A column's bits
-    do not change: the reduction plan depends on K alone. Weights of different formats (a mixed-bit
-    file) stay separate products."""
-    ws = [lin.weight for lin in linears]
-    first = ws[0]
+    """Several projections of the same input as few products (by default on the GPU only, where a
+    launch costs more than the CPU's per-tile products): the weights of each format are
+    concatenated along N, in order, and each projection's weight becomes a view of its rows, so
+    nothing is held twice. A mixed-bit file's projections of one width are one product, those of
+    another width another. A column's bits do not change: the reduction plan depends on K and the
+    format alone."""
     if merge is None:
-        merge = first.device.type == "cuda"
+        merge = linears[0].weight.device.type == "cuda"
     if not merge or len({lin.in_features for lin in linears}) != 1:
         return Joined(tuple(linears))
-    if all(isinstance(w, torch.Tensor) for w in ws):
-        merged = torch.cat(ws)
-        parts = [merged[a:b] for a, b in _bounds(ws)]
-    elif all(
-        isinstance(w, QuantizedWeight) and (w.bits, w.group_size) == (first.bits, first.group_size)
-        for w in ws
-    ):
+    groups: dict[tuple, list[int]] = {}
+    for i, lin in enumerate(linears):
+        groups.setdefault(_format(lin.weight), []).append(i)
+    products = []
+    for held in groups.values():
+        parts = [linears[i] for i in held]
+        products.append((_merge(parts) if len(parts) > 1 else parts[0], tuple(held)))
+    return Joined(tuple(linears), tuple(products))
+
+
+def _format(w) -> tuple:
+    """What two weights must share to be one product: their kind, dtype and packing."""
+    if isinstance(w, QuantizedWeight):
+        return ("packed", w.bits, w.group_size, w.packed.dtype, w.scales.dtype, w.biases.dtype)
+    return ("dense", w.dtype)
+
+
+def _merge(linears: list[Linear]) -> Linear:
+    """One projection over the concatenated weights of `linears` (one format); each keeps a view of
+    its rows."""
+    ws = [lin.weight for lin in linears]
+    first = ws[0]
+    if isinstance(first, QuantizedWeight):
         packed, scales, biases = (
             torch.cat([getattr(w, f) for w in ws]) for f in ("packed", "scales", "biases")
         )
@@ -95,10 +123,11 @@ def join(linears: list[Linear], merge: bool | None = None) -> Joined:
             for a, b in _bounds(ws)
         ]
     else:
-        return Joined(tuple(linears))
+        merged = torch.cat(ws)
+        parts = [merged[a:b] for a, b in _bounds(ws)]
     for lin, part in zip(linears, parts):
         lin.weight = part
-    return Joined(tuple(linears), Linear(merged, linears[0].dtype, linears[0].book))
+    return Linear(merged, linears[0].dtype, linears[0].book)
 
 
 def _bounds(ws) -> list[tuple[int, int]]:
