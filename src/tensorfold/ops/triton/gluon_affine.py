@@ -1,5 +1,5 @@
-"""Packed 4-, 5-, 6- and 8-bit products of few rows (decode and verify) in Gluon, at the prompt kernels'
-arithmetic.
+"""Packed 4-, 5-, 6- and 8-bit products of few rows (decode and verify) in Gluon, at the prompt
+kernels' arithmetic.
 
 The weights sit on the MMA's wide side (yᵀ = W · xᵀ, Hopper wgmma with the weight tile in
 registers and the rows, padded to 8 or 16, in shared memory). Each thread loads the words of its
@@ -14,7 +14,8 @@ the segment's fp32 accumulator from zero, in K order; one program per (weight ti
 stores its segment sum, and the segments are added in order afterwards.
 
 Only 4-bit weights at K a multiple of 128 and 5-, 6- and 8-bit ones at K a multiple of 64, at most
-16 rows, on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere else.
+16 rows, on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere
+else.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ per thread as its MMA fragment needs them, dequantized with byte permutes and on
 
 The fragment of m64nNk16 gives a thread the K pairs 2c, 2c+1 of every 8 columns (c = lane % 4).
 A 4-bit word holds 8 columns (the pair is byte c); at 8 bits an 8-column block is two words (the
-pair is bytes 2(c % 2) and 2(c % 2) + 1 of word c // 2); 5- and 6-bit tiles are in
-gluon_odd.py. Each value is fma(q, scale, bias) in
-fp32 rounded once to bf16; the upper value of a byte is taken as 16·q and multiplied by
-scale/16: both factors are scaled by exact powers of two, so the fma sees the same exact product
-q·scale and rounds the same sum (for any scale above 2^-122, far below any checkpoint's).
+pair is bytes 2(c % 2) and 2(c % 2) + 1 of word c // 2); 5- and 6-bit tiles are in gluon_odd.py.
+Each value is fma(q, scale, bias) in fp32 rounded once to bf16; the upper value of a byte is taken
+as 16·q and multiplied by scale/16: both factors are scaled by exact powers of two, so the fma sees
+the same exact product q·scale and rounds the same sum (for any scale above 2^-122, far below any
+checkpoint's).
 """
 
 from __future__ import annotations
