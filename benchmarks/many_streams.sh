@@ -9,7 +9,8 @@
 #
 # phases, in the order given: peerbuild (llama.cpp's build and GGUF in the background; `peer`
 # waits for it), profile, lanes, admit, ckpt (a random 4-bit checkpoint on disk for the served
-# runs), served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
+# runs; ckptbg writes it in the background while the next phases run, `served` waits for it),
+# served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
 # same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, SERVE_ARGS (more
 # `tensorfold serve` flags, e.g. --mixed-chunk 256), TEMPERATURE, ADMIT_*.
 set -u
@@ -67,7 +68,10 @@ for p in $PHASES; do
                      --mixed "${ADMIT_MIXED:-0,128,256,512}" ;;
         ckpt)    [ -d "$CKPT" ] || phase ckpt 200 $py -m tensorfold.cli make-random "$CKPT" --shape 9b \
                      --quantize 4 --device cuda --tokenizer src/tensorfold/demo/bf16 ;;
-        served)  echo "=== served"
+        ckptbg)  [ -d "$CKPT" ] || { (phase ckpt 200 $py -m tensorfold.cli make-random "$CKPT" --shape 9b \
+                     --quantize 4 --device cuda --tokenizer src/tensorfold/demo/bf16) & CKPT_JOB=$!; } ;;
+        served)  [ -n "${CKPT_JOB:-}" ] && wait "$CKPT_JOB"  # a ckptbg phase's checkpoint
+                 echo "=== served"
                  served served 8090 timeout 400 $py -m tensorfold.cli serve "$CKPT" --port 8090 \
                      --parallel "${SERVE_PARALLEL:-64}" --context 2048 --prompt-cache-gib 0 \
                      --served-model-name m ${SERVE_ARGS:-} > "$OUT/served.log" 2>&1
