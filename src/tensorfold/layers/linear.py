@@ -92,8 +92,9 @@ def join(linears: list[Linear], merge: bool | None = None) -> Joined:
     if not merge or len({lin.in_features for lin in linears}) != 1:
         return Joined(tuple(linears))
     groups: dict[tuple, list[int]] = {}
-    for i, lin in enumerate(linears):
-        groups.setdefault(_format(lin.weight), []).append(i)
+    for i, lin in enumerate(linears):  # a split's gathered projection (a subclass) stays alone
+        key = _format(lin.weight) if type(lin) is Linear else ("alone", i)
+        groups.setdefault(key, []).append(i)
     products = []
     for held in groups.values():
         parts = [linears[i] for i in held]
