@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_odd import _operand_odd, _tile_odd
+from .gluon_odd import _operand_odd, _tile_odd, unit_columns
 from .gluon_tiles import (
     _barrier,
     _operand4,
@@ -187,8 +187,8 @@ def _swapped_body(
     o_xm = gl.arange(0, MT, layout=gl.SliceLayout(1, LX))
     o_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, LX))
     if FAULT == 1:  # the inputs regrouped the same way: the same products, other MMAs
-        if BITS == 6 or BITS == 5:  # units (16 or 32 columns) swapped in pairs
-            o_xk = o_xk ^ (16 if BITS == 6 else 32)
+        if BITS == 6 or BITS == 5:  # units swapped in pairs, as their words
+            o_xk = o_xk ^ unit_columns(BITS)
         else:
             o_xk = _swap_bits(o_xk, 8)
     live = o_xm < m_live
@@ -257,6 +257,7 @@ BN = 64  # weight rows a program: one warpgroup's MMA tile
 # K columns a step: 16 words of a row at 4 and 8 bits (eight or four 16-column MMAs), 10 or 12
 # at 5 and 6 (four MMAs)
 STEP_K = {4: 128, 5: 64, 6: 64, 8: 64}
+STAGED_BITS = (4, 8)  # widths with a staged form (5- and 6-bit words wait in registers only)
 
 
 def applies(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
@@ -269,7 +270,7 @@ def fits(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False)
     steps in each segment, and a Hopper card (wgmma)."""
     return (
         bits in STEP_K
-        and not (staged and bits in (5, 6))
+        and (not staged or bits in STAGED_BITS)
         and x.dtype == torch.bfloat16
         and k % STEP_K[bits] == 0
         and segment % STEP_K[bits] == 0

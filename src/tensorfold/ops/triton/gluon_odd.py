@@ -131,6 +131,12 @@ def _tile_odd(
 
 
 @triton.constexpr_function
+def unit_columns(bits):
+    """Columns of a unit at 5 or 6 bits: the fewest whole words holding whole 8-column blocks."""
+    return {6: 16, 5: 32}[bits]
+
+
+@triton.constexpr_function
 def _word_layout(ls, inner):
     """A layout of [RT, 2, 8, 4] + inner, every inner axis in one thread's registers, the lanes
     and warps as in LS (the tile's values)."""
@@ -150,7 +156,7 @@ def _operand_odd(w_ptr, n_base, k_seg, N, stride_w, LS: gl.constexpr, RT: gl.con
     words; and the lanes c [RT, 2, 8, 4]. FAULT == 1 (planted): the units swapped in pairs, so K
     is regrouped across MMAs."""
     LW: gl.constexpr = _word_layout(LS, [4, 4])
-    UNIT: gl.constexpr = 3 if BITS == 6 else 5  # words of a unit
+    UNIT: gl.constexpr = unit_columns(BITS) * BITS // 32  # words of a unit
     n6 = _rows(n_base, RT, 6, LW)
     c6 = _axis(4, 3, 6, LW)
     word = _axis(4, 4, 6, LW) * 4 + _axis(4, 5, 6, LW)
