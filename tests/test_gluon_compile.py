@@ -30,24 +30,26 @@ SIGNATURE = dict(
 )
 
 
-def _compile(group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = False):
+def _compile(
+    group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = False, warps: int = 4
+):
     bk = gluon_affine.STEP_K[bits]
     consts = dict(
         BITS=bits,
         GROUP=group,
         SEG=1024,
-        BN=gluon_affine.BN,
+        BN=gluon_affine.BN * warps // 4,
         BK=bk,
         MT=mt,
         X_LAYOUT=gluon_affine._x_layout(mt, bk),
         FAULT=fault,
         STAGED=staged,
-        num_warps=4,
+        num_warps=warps,
     )
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
     src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)
-    return compile_for_hopper(src)
+    return compile_for_hopper(src, num_warps=warps)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,17 @@ def _compile(group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = 
     + [(5, 32, 16), (5, 64, 8), (6, 32, 8), (6, 64, 16), (6, 128, 16)],
 )
 def test_tile_reaches_the_mma_without_a_shuffle(bits, group, mt):
-    ck = _compile(group, mt, bits=bits)
+    _assert_register_path(_compile(group, mt, bits=bits), bits, mt)
+
+
+@pytest.mark.parametrize("bits,mt", [(4, 32), (4, 64), (5, 64), (6, 32), (8, 64)])
+def test_many_lanes_take_the_same_path_in_each_warpgroup(bits, mt):
+    """17-64 rows (many decoding lanes), 8 warps: each warpgroup issues the one-warpgroup chain
+    over its own 64 weight rows, so neither the rows' tile nor the warps change a step's MMAs."""
+    _assert_register_path(_compile(64, mt, bits=bits, warps=8), bits, mt)
+
+
+def _assert_register_path(ck, bits: int, mt: int) -> None:
     ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
     operands = re.findall(r"dot_op<\{opIdx = 0, parent = #mma, kWidth = (\d+)\}>", ttgir)
     assert operands and set(operands) == {"2"}, "the register operand must have kWidth 2"

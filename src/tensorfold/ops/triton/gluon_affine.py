@@ -14,8 +14,10 @@ the segment's fp32 accumulator from zero, in K order; one program per (weight ti
 stores its segment sum, and the segments are added in order afterwards.
 
 Only 4-bit weights at K a multiple of 128 and 5-, 6- and 8-bit ones at K a multiple of 64, at most
-16 rows, on Hopper; `linear.affine_matmul` runs the Triton swapped form (the same sums) everywhere
-else.
+64 rows (padded to 8, 16, 32 or 64: the MMA's narrow side), on Hopper, where a segment's inputs
+(and its staged words) fit in shared memory; `linear.affine_matmul` runs the Triton swapped form
+(the same sums) everywhere else. Four warps take 64 weight rows a program, eight take 128: each
+warpgroup's MMA is the same m64nMTk16 chain over its own rows, so the warps change no bit.
 """
 
 from __future__ import annotations
@@ -253,16 +255,36 @@ def _swapped_body(
     gl.store(p_ptr + (p_row + o_m)[None, :].to(gl.int64) * ldp + o_n[:, None], acc, mask=mask)
 
 
-BN = 64  # weight rows a program: one warpgroup's MMA tile
+BN = 64  # weight rows of one warpgroup's MMA tile (a program of 4 warps)
+ROW_TILES = (8, 16, 32, 64)  # the rows pad to the MMA's narrow side
+SHARED_BYTES = 227 * 1024  # a Hopper block's shared memory
 # K columns a step: 16 words of a row at 4 and 8 bits (eight or four 16-column MMAs), 10 or 12
 # at 5 and 6 (four MMAs)
 STEP_K = {4: 128, 5: 64, 6: 64, 8: 64}
 STAGED_BITS = (4, 8)  # widths with a staged form (5- and 6-bit words wait in registers only)
 
 
-def applies(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
-    """Whether this kernel can run the product: at most 16 rows, and `fits`."""
-    return x.shape[0] <= 16 and fits(x, bits, k, segment, staged)
+def applies(
+    x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False, warps: int = 4
+) -> bool:
+    """Whether this kernel can run the product: at most 64 rows, a segment's inputs (and staged
+    words) in shared memory, and `fits`."""
+    m = x.shape[0]
+    if m > ROW_TILES[-1]:
+        return False
+    return fits(x, bits, k, segment, staged) and (
+        shared_bytes(bits, segment, row_tile(m), BN * warps // 4, staged) <= SHARED_BYTES
+    )
+
+
+def row_tile(m: int) -> int:
+    """The MMA's narrow side for m rows."""
+    return next(t for t in ROW_TILES if m <= t)
+
+
+def shared_bytes(bits: int, segment: int, mt: int, bn: int, staged: bool) -> int:
+    """A program's shared memory: the segment's inputs of mt rows, and its staged words."""
+    return segment * mt * 2 + (segment * bn * bits // 8 if staged else 0)
 
 
 def fits(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
@@ -289,17 +311,19 @@ def partials(
     segment: int,
     fault: int = 0,
     staged: bool = False,
+    warps: int = 4,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
     (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains;
     `staged`: a segment's words copied to shared memory all at once rather than two steps
-    ahead in registers, the same values and MMAs)."""
+    ahead in registers, the same values and MMAs; `warps`: 4 or 8, 64 or 128 weight rows a
+    program)."""
     m, k = x.shape
     n = words.shape[0]
-    mt = 8 if m <= 8 else 16  # the rows pad to the MMA's narrow side
+    mt, bn = row_tile(m), BN * warps // 4
     nseg = k // segment
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
-    _affine_swapped[(triton.cdiv(n, BN), nseg)](
+    _affine_swapped[(triton.cdiv(n, bn), nseg)](
         x,
         words,
         scales,
@@ -314,13 +338,13 @@ def partials(
         BITS=bits,
         GROUP=group,
         SEG=segment,
-        BN=BN,
+        BN=bn,
         BK=STEP_K[bits],
         MT=mt,
         X_LAYOUT=_x_layout(mt, STEP_K[bits]),
         FAULT=fault,
         STAGED=staged,
-        num_warps=4,
+        num_warps=warps,
     )
     return part
 

@@ -335,13 +335,12 @@ def affine_matmul(
             replace(t, dequant=False),
         )
     if t.gluon and gluon_affine is not None:
-        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged):
-            return _sum(
-                gluon_affine.partials(
-                    x, words, scales, biases, bits, group_size, plan.segment, staged=t.staged
-                ),
-                out,
+        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps):
+            w = (words, scales, biases)
+            part = gluon_affine.partials(
+                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps
             )
+            return _sum(part, out)
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,
         x,

@@ -5,7 +5,7 @@ follows a launch shape; the registry checks that every candidate gives the defau
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -56,7 +56,7 @@ class Tiles:
         False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
     )
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
-    gluon: bool = False  # 4-/8-bit, few rows: the Gluon kernel where it applies, else swapped form
+    gluon: bool = False  # packed, <= 64 rows: the Gluon kernel where it applies, else swapped
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
 
     def step_k(self, plan: "LinearPlan") -> int:
@@ -104,7 +104,9 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     elif m <= 64:  # the whole form too: a wide product's split sums cost a second pass over N
         shapes = [Tiles(64, n, 4, 3) for n in (64, 32, 128)] + [Tiles(64, 128, 4, 3, whole=True)]
         more = (
-            _middle_packed() + [Tiles(64, 128, 8, 3, wide=2, swap=True, whole=True)]
+            _middle_packed()
+            + [Tiles(64, 128, 8, 3, wide=2, swap=True, whole=True)]
+            + _middle_gluon()
             if packed
             else []
         )
@@ -131,6 +133,13 @@ def _middle_packed() -> list[Tiles]:
     """Packed shapes of 17-128 rows beside the plain ones: the wider step, the swapped forms."""
     swapped = [Tiles(r, n, w, 3, wide=x, swap=True) for r, n, w, x in MIDDLE_SWAPPED]
     return [Tiles(64, 64, 4, 3, wide=2)] + swapped
+
+
+def _middle_gluon() -> list[Tiles]:
+    """The Gluon kernel for 17-64 rows: 4 warps (64 weight rows a program) or 8 (128), each with
+    its staged twin; where it does not apply (shared memory, width) the Triton swapped form runs."""
+    shapes = [Tiles(64, n, w, 3, wide=2, swap=True, gluon=True) for n, w in ((64, 4), (128, 8))]
+    return shapes + [replace(t, staged=True) for t in shapes]
 
 
 GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
