@@ -31,13 +31,7 @@ SIGNATURE = dict(
 
 
 def _compile(
-    group: int,
-    mt: int,
-    fault: int = 0,
-    bits: int = 4,
-    staged: bool = False,
-    warps: int = 4,
-    tiles: int = 1,
+    group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = False, warps: int = 4
 ):
     bk = gluon_affine.STEP_K[bits]
     consts = dict(
@@ -50,7 +44,6 @@ def _compile(
         X_LAYOUT=gluon_affine._x_layout(mt, bk),
         FAULT=fault,
         STAGED=staged,
-        TILES=tiles,
         num_warps=warps,
     )
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
@@ -73,13 +66,6 @@ def test_many_lanes_take_the_same_path_in_each_warpgroup(bits, mt):
     """17-64 rows (many decoding lanes), 8 warps: each warpgroup issues the one-warpgroup chain
     over its own 64 weight rows, so neither the rows' tile nor the warps change a step's MMAs."""
     _assert_register_path(_compile(64, mt, bits=bits, warps=8), bits, mt)
-
-
-@pytest.mark.parametrize("bits,mt,warps", [(4, 16, 4), (4, 64, 8), (8, 64, 8), (6, 64, 8)])
-def test_tiles_a_program_keep_each_tiles_chain(bits, mt, warps):
-    """Four weight tiles a program against one staging of the inputs: the tiles run in a loop
-    of the one-tile body (the same MMAs, no shuffle, no shared-memory round trip)."""
-    _assert_register_path(_compile(64, mt, bits=bits, warps=warps, tiles=4), bits, mt)
 
 
 def _assert_register_path(ck, bits: int, mt: int) -> None:

@@ -32,12 +32,6 @@ def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:
     return part
 
 
-# (rows, warps, weight tiles a program): one stream and few lanes at every group; many lanes (8
-# warps: 128 weight rows a tile) and several tiles a program at group 64 (they touch no group math)
-FEW = [(m, 4, 1) for m in (1, 2, 7, 16)]
-MANY = [(16, 4, 4)] + [(m, w, t) for m in (33, 64) for w, t in ((4, 1), (8, 1), (8, 4))]
-
-
 def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
     shapes = [(192, 2048)] if small else [(4096, 12288), (12352, 4096)]
     bad = []
@@ -52,12 +46,12 @@ def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
         if rel(prompt.float(), ref) > 1e-2:
             bad.append(f"{where}: the prompt form off the reference")
         alone = impl(x[:1].contiguous(), *w, group, plan.segment)
-        for m, warps, tiles in FEW + (MANY if group == 64 else []):
+        for m, warps in [(m, v) for m in (1, 2, 7, 16, 33, 64) for v in (4, 8)]:
             rows = x[:m].contiguous()
             if not linear.gluon_affine.applies(rows, bits, k, plan.segment, staged, warps):
                 continue  # a segment's inputs and staged words past shared memory: not offered
-            part = impl(rows, *w, group, plan.segment, warps=warps, per_program=tiles)
-            at = f"{m} rows, {warps} warps, {tiles} tiles a program"
+            part = impl(rows, *w, group, plan.segment, warps=warps)
+            at = f"{m} rows, {warps} warps"
             if not torch.equal(part, _triton_partials(rows, w, bits, group, plan)):
                 bad.append(f"{where}: {at}: fp32 segment sums differ from the Triton kernels'")
             if not torch.equal(part[:, :1], alone):
@@ -82,9 +76,9 @@ def _available() -> bool:
     )
 
 
-def _partials(bits, x, words, scales, biases, group, segment, fault=0, staged=False, **launch):
+def _partials(bits, x, words, scales, biases, group, segment, fault=0, staged=False, warps=4):
     return linear.gluon_affine.partials(
-        x, words, scales, biases, bits, group, segment, fault=fault, staged=staged, **launch
+        x, words, scales, biases, bits, group, segment, fault=fault, staged=staged, warps=warps
     )
 
 

@@ -81,15 +81,14 @@ def _affine_swapped(
     X_LAYOUT: gl.constexpr,
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
-    TILES: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """Program (weight tiles, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
+    """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
     pid_n, pid_s = gl.program_id(0), gl.program_id(1)
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
         stride_s, pid_n, pid_s, 1, False, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
-        TILES, num_warps,
+        num_warps,
     )  # fmt: skip
 
 
@@ -122,10 +121,9 @@ def _swapped_body(
     X_LAYOUT: gl.constexpr,
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
-    TILES: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """Weight tiles pid_n·TILES .. pid_n·TILES + TILES - 1 in turn, segment pid_s, against rows row0 .. row0 + m_live - 1 of x (GATHER: row
+    """Weight tile pid_n, segment pid_s against rows row0 .. row0 + m_live - 1 of x (GATHER: row
     order[row0 + i] // TOP_K, an expert's pairs), their fp32 segment sums stored at rows p_row..
     of p (a row every ldp values)."""
     NSTEP: gl.constexpr = SEG // BK
@@ -157,101 +155,37 @@ def _swapped_body(
         warps_per_cta=[num_warps, 1, 1, 1, 1, 1],
         order=[5, 4, 3, 2, 1, 0],
     )
+    if BITS == 4:  # a word is one 8-column block
+        p_w, row_ok, sel = _operand4(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
+        c_lo = sel  # a placeholder: only the 8-bit tile picks a word by lane
+        LW5: gl.constexpr = gl.SliceLayout(3, LS)  # a staged step's words, before the lanes
+    elif BITS == 8:  # two words an 8-column block
+        LW5: gl.constexpr = gl.SliceLayout(3, LW)
+        p_w, row_ok, c_lo, sel = _operand8(
+            w_ptr, pid_n * BN, k_seg, N, stride_w, LW, LS, RT, NG, KBG, FAULT
+        )
+    else:  # 5 or 6 bits: whole words of whole blocks a unit (gluon_odd.py); `sel` holds the lanes
+        gl.static_assert(not STAGED, "5- and 6-bit words are loaded in registers only")
+        LW5: gl.constexpr = gl.SliceLayout(3, LS)  # unused: no staged form
+        p_w, row_ok, sel = _operand_odd(w_ptr, pid_n * BN, k_seg, N, stride_w, LS, RT, BITS, FAULT)
+        c_lo = sel  # a placeholder
+    L5: gl.constexpr = gl.SliceLayout(5, LS)  # one scale per (row, group)
+    p_s, s_ok = _scale_offsets(pid_n * BN, k_seg, N, stride_s, L5, RT, NG, KBG, GROUP)
     KWN: gl.constexpr = KW // NG  # words of a row in one scale group of a step
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NSTEP, MT, BK], X_LAYOUT)
-    if STAGED:
+    if STAGED:  # the whole segment's words in flight at once, in shared memory
         W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
         w_smem = gl.allocate_shared_memory(gl.int32, [NSTEP, RT, 2, 8, NG, KWN], W_SMEM)
-    for t in range(TILES):  # the weight tiles of this program, against one staging of the rows
-        n0 = (pid_n * TILES + t) * BN
-        if BITS == 4:  # a word is one 8-column block
-            p_w, row_ok, sel = _operand4(w_ptr, n0, k_seg, N, stride_w, LS, RT, NG, KBG, FAULT)
-            c_lo = sel  # a placeholder: only the 8-bit tile picks a word by lane
-            LW5: gl.constexpr = gl.SliceLayout(3, LS)  # a staged step's words, before the lanes
-        elif BITS == 8:  # two words an 8-column block
-            LW5: gl.constexpr = gl.SliceLayout(3, LW)
-            p_w, row_ok, c_lo, sel = _operand8(
-                w_ptr, n0, k_seg, N, stride_w, LW, LS, RT, NG, KBG, FAULT
-            )
-        else:  # 5 or 6 bits: whole words of whole blocks a unit (gluon_odd.py); `sel` holds the lanes
-            gl.static_assert(not STAGED, "5- and 6-bit words are loaded in registers only")
-            LW5: gl.constexpr = gl.SliceLayout(3, LS)  # unused: no staged form
-            p_w, row_ok, sel = _operand_odd(w_ptr, n0, k_seg, N, stride_w, LS, RT, BITS, FAULT)
-            c_lo = sel  # a placeholder
-        L5: gl.constexpr = gl.SliceLayout(5, LS)  # one scale per (row, group)
-        p_s, s_ok = _scale_offsets(n0, k_seg, N, stride_s, L5, RT, NG, KBG, GROUP)
-        if STAGED:  # the whole segment's words in flight at once, in shared memory
-            if t > 0:
-                _barrier()  # every warp has read the last tile's staged words
-            _stage_words(
-                w_ptr, w_smem, n0, k_seg, N, stride_w, BITS, RT, NG, KWN, KW, NSTEP, FAULT,
-                num_warps,
-            )  # fmt: skip
-            zeros = row_ok.to(gl.int32) * 0  # the words' full shape and layout
-            w0 = zeros
-        else:
-            w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
-        if t == 0:  # the rows' inputs for the whole segment, once, into shared memory
-            _stage_rows(
-                x_ptr, order_ptr, x_smem, row0, m_live, stride_x, k_seg, TOP_K, GATHER, BITS,
-                BK, MT, NSTEP, FAULT, num_warps,
-            )  # fmt: skip
-        # step i's MMAs run while step i+1's words are dequantized and step i+2's are loaded
-        acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-        first_half = gl.zeros([BN, MT], gl.float32, layout=MMA)
-        LAST: gl.constexpr = NSTEP - 1
-        if STAGED:
-            w0 = _staged(w_smem, 0, NSTEP, zeros, LW5)
-        a = _step_tile(
-            w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT
-        )
-        if STAGED:  # unrolled: each step waits for its own copies
-            for i in gl.static_range(LAST):
-                acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
-                nxt = _step_tile(
-                    _staged(w_smem, i + 1, NSTEP, zeros, LW5), s_ptr, b_ptr, p_s, s_ok, c_lo, sel,
-                    i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT,
-                )  # fmt: skip
-                acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-                a = nxt
-                if FAULT == 2:
-                    if i == NSTEP // 2 - 1:
-                        first_half = acc
-                        acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-        else:
-            ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
-            for i in range(LAST):
-                later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
-                acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
-                nxt = _step_tile(
-                    ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
-                    A_LAYOUT,
-                )  # fmt: skip
-                acc, a = warpgroup_mma_wait(
-                    num_outstanding=0, deps=(acc, a)
-                )  # `a` lives until then
-                a = nxt
-                ahead = later
-                if FAULT == 2:  # planted: the segment summed as two chains, then added
-                    if i == NSTEP // 2 - 1:
-                        first_half = acc
-                        acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-        acc = warpgroup_mma(a, x_smem.index(LAST).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if FAULT == 2:
-            acc = first_half + acc
-
-        o_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
-        o_m = gl.arange(0, MT, layout=gl.SliceLayout(0, MMA))
-        mask = (o_n[:, None] < N) & (o_m[None, :] < m_live)
-        gl.store(p_ptr + (p_row + o_m)[None, :].to(gl.int64) * ldp + o_n[:, None], acc, mask=mask)
-
-
-@gluon.jit
-def _stage_rows(x_ptr, order_ptr, x_smem, row0, m_live, stride_x, k_seg, TOP_K: gl.constexpr, GATHER: gl.constexpr, BITS: gl.constexpr, BK: gl.constexpr, MT: gl.constexpr, NSTEP: gl.constexpr, FAULT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The segment's inputs of rows row0 .. row0 + m_live - 1 (GATHER: row order[row0 + i] //
-    TOP_K) into x_smem [NSTEP, MT, BK], zeros past m_live."""
+        _stage_words(
+            w_ptr, w_smem, pid_n * BN, k_seg, N, stride_w, BITS, RT, NG, KWN, KW, NSTEP, FAULT,
+            num_warps,
+        )  # fmt: skip
+        zeros = row_ok.to(gl.int32) * 0  # the words' full shape and layout
+        w0 = zeros
+    else:
+        w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
+    # the rows' inputs for the whole segment, once, into shared memory
     LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NSTEP, MT, BK], X_LAYOUT)
     o_xm = gl.arange(0, MT, layout=gl.SliceLayout(1, LX))
     o_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, LX))
     if FAULT == 1:  # the inputs regrouped the same way: the same products, other MMAs
@@ -273,6 +207,52 @@ def _stage_rows(x_ptr, order_ptr, x_smem, row0, m_live, stride_x, k_seg, TOP_K: 
         x_smem.index(i).store(xv)
     fence_async_shared()
     _barrier()
+
+    # step i's MMAs run while step i+1's words are dequantized and step i+2's are loaded
+    acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    first_half = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    LAST: gl.constexpr = NSTEP - 1
+    if STAGED:
+        w0 = _staged(w_smem, 0, NSTEP, zeros, LW5)
+    a = _step_tile(w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT)
+    if STAGED:  # unrolled: each step waits for its own copies
+        for i in gl.static_range(LAST):
+            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
+            nxt = _step_tile(
+                _staged(w_smem, i + 1, NSTEP, zeros, LW5), s_ptr, b_ptr, p_s, s_ok, c_lo, sel,
+                i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT,
+            )  # fmt: skip
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            a = nxt
+            if FAULT == 2:
+                if i == NSTEP // 2 - 1:
+                    first_half = acc
+                    acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    else:
+        ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
+        for i in range(LAST):
+            later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
+            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
+            nxt = _step_tile(
+                ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
+                A_LAYOUT,
+            )  # fmt: skip
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
+            a = nxt
+            ahead = later
+            if FAULT == 2:  # planted: the segment summed as two chains, then added
+                if i == NSTEP // 2 - 1:
+                    first_half = acc
+                    acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    acc = warpgroup_mma(a, x_smem.index(LAST).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if FAULT == 2:
+        acc = first_half + acc
+
+    o_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
+    o_m = gl.arange(0, MT, layout=gl.SliceLayout(0, MMA))
+    mask = (o_n[:, None] < N) & (o_m[None, :] < m_live)
+    gl.store(p_ptr + (p_row + o_m)[None, :].to(gl.int64) * ldp + o_n[:, None], acc, mask=mask)
 
 
 BN = 64  # weight rows of one warpgroup's MMA tile (a program of 4 warps)
@@ -332,20 +312,18 @@ def partials(
     fault: int = 0,
     staged: bool = False,
     warps: int = 4,
-    per_program: int = 1,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
     (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains;
     `staged`: a segment's words copied to shared memory all at once rather than two steps
     ahead in registers, the same values and MMAs; `warps`: 4 or 8, 64 or 128 weight rows a
-    tile; `per_program`: weight tiles a program takes in turn against one staging of the rows,
-    each tile's chain unchanged)."""
+    program)."""
     m, k = x.shape
     n = words.shape[0]
     mt, bn = row_tile(m), BN * warps // 4
     nseg = k // segment
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
-    _affine_swapped[(triton.cdiv(n, bn * per_program), nseg)](
+    _affine_swapped[(triton.cdiv(n, bn), nseg)](
         x,
         words,
         scales,
@@ -366,7 +344,6 @@ def partials(
         X_LAYOUT=_x_layout(mt, STEP_K[bits]),
         FAULT=fault,
         STAGED=staged,
-        TILES=per_program,
         num_warps=warps,
     )
     return part

@@ -73,21 +73,21 @@ def _grouped_swapped(
                     x_ptr, order_ptr, lo, hi - lo, w_ptr + e * stride_we, s_ptr + e * stride_se,
                     b_ptr + e * stride_se, p_ptr, p_row, 2 * N, N, stride_x, stride_w, stride_s,
                     pid_n, pid_s, TOP_K, GATHER, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT,
-                    STAGED, 1, num_warps,
+                    STAGED, num_warps,
                 )  # fmt: skip
             else:
                 _swapped_body(
                     x_ptr, order_ptr, lo, hi - lo, w2_ptr + e * stride_we, s2_ptr + e * stride_se,
                     b2_ptr + e * stride_se, p_ptr + N, p_row, 2 * N, N, stride_x, stride_w,
                     stride_s, pid_n - blocks, pid_s, TOP_K, GATHER, BITS, GROUP, SEG, BN, BK, MT,
-                    X_LAYOUT, FAULT, STAGED, 1, num_warps,
+                    X_LAYOUT, FAULT, STAGED, num_warps,
                 )  # fmt: skip
         else:
             _swapped_body(
                 x_ptr, order_ptr, lo, hi - lo, w_ptr + e * stride_we, s_ptr + e * stride_se,
                 b_ptr + e * stride_se, p_ptr, p_row, N, N, stride_x, stride_w, stride_s, pid_n,
                 pid_s, TOP_K, GATHER, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
-                1, num_warps,
+                num_warps,
             )  # fmt: skip
 
 

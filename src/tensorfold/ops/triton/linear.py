@@ -338,14 +338,7 @@ def affine_matmul(
         if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps):
             w = (words, scales, biases)
             part = gluon_affine.partials(
-                x,
-                *w,
-                bits,
-                group_size,
-                plan.segment,
-                staged=t.staged,
-                warps=t.warps,
-                per_program=t.per_program,
+                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps
             )
             return _sum(part, out)
     return _launch(

@@ -58,7 +58,6 @@ class Tiles:
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
     gluon: bool = False  # packed, <= 64 rows: the Gluon kernel where it applies, else swapped
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
-    per_program: int = 1  # the Gluon kernel: weight tiles a program takes against one input copy
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -99,7 +98,6 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             + [Tiles(16, n, w, s, wide=x, swap=True) for n, w, s, x in SWAPPED]
             + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True)]
             + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=True)]
-            + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, per_program=4)]
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
@@ -139,10 +137,8 @@ def _middle_packed() -> list[Tiles]:
 
 def _middle_gluon() -> list[Tiles]:
     """The Gluon kernel for 17-64 rows: 4 warps (64 weight rows a program) or 8 (128), each with
-    its staged twin; where it does not apply (shared memory, width) the Triton swapped form runs.
-    The swapped form ignores `per_program`."""
+    its staged twin; where it does not apply (shared memory, width) the Triton swapped form runs."""
     shapes = [Tiles(64, n, w, 3, wide=2, swap=True, gluon=True) for n, w in ((64, 4), (128, 8))]
-    shapes += [replace(shapes[-1], per_program=4)]  # one staging of 64 rows' inputs, four tiles
     return shapes + [replace(t, staged=True) for t in shapes]
 
 
