@@ -32,6 +32,12 @@ def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:
     return part
 
 
+# (rows, warps): one stream and few lanes at every group; many lanes, at 4 and 8 warps (64 or 128
+# weight rows a program), at group 64 (the warps touch no group arithmetic)
+FEW = [(m, 4) for m in (1, 2, 7, 16)]
+MANY = [(m, w) for m in (33, 64) for w in (4, 8)]
+
+
 def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
     shapes = [(192, 2048)] if small else [(4096, 12288), (12352, 4096)]
     bad = []
@@ -46,7 +52,7 @@ def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
         if rel(prompt.float(), ref) > 1e-2:
             bad.append(f"{where}: the prompt form off the reference")
         alone = impl(x[:1].contiguous(), *w, group, plan.segment)
-        for m, warps in [(m, v) for m in (1, 2, 7, 16, 33, 64) for v in (4, 8)]:
+        for m, warps in FEW + (MANY if group == 64 else []):
             rows = x[:m].contiguous()
             if not linear.gluon_affine.applies(rows, bits, k, plan.segment, staged, warps):
                 continue  # a segment's inputs and staged words past shared memory: not offered
