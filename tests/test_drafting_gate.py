@@ -293,3 +293,18 @@ def test_a_second_request_of_an_always_wrong_drafter_verifies_less(hf_tiny_b):
         assert req.output_ids == want.output_ids
         counts.append(eng.drafting.stats.verifies - before)
     assert counts[1] < counts[0], counts
+
+
+def test_a_long_closed_gate_rests_until_its_last_chances():
+    """A gate closed for more than WAKE chances rests (its drafter reads no target states) until
+    WAKE chances before its retry, then reads them again; a short closure never rests."""
+    from tensorfold.drafters.gate import WAKE
+
+    gate = Gate(skip=most_skipped(2.0), backoff=most_skipped(2.0))
+    resting = []
+    while True:
+        resting.append(gate.resting())
+        if gate.open():
+            break
+    assert resting == [True] * (most_skipped(2.0) - WAKE) + [False] * (WAKE + 1)
+    assert not Gate(skip=WAKE).resting() and not Gate().resting()

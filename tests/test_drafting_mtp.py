@@ -258,3 +258,31 @@ def test_head_through_the_layers_kernels_matches_the_plain_head(hf_mtp):
     torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
     assert int(logits.argmax()) == int(want_logits.argmax())
+
+
+def test_a_resting_lane_reads_no_states_and_stays_exact(hf_mtp, monkeypatch):
+    """A random head is always wrong: once its gate closes for long, the lane's head reads the
+    target's states only in the last passes before each retry (no copy, no head rows between),
+    and the reply is plain's."""
+    from tensorfold.drafters.mtp import MTPLane
+    from tensorfold.engine.drafting import Drafting
+
+    prompt = list(range(5, 17))
+    params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_mtp, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    passes, reads = [0], [0]
+    real_pass, real_read = Drafting.observe, MTPLane.observe
+    monkeypatch.setattr(
+        Drafting, "observe", lambda *a: (passes.__setitem__(0, passes[0] + 1), real_pass(*a))[1]
+    )
+    monkeypatch.setattr(
+        MTPLane, "observe", lambda *a: (reads.__setitem__(0, reads[0] + 1), real_read(*a))[1]
+    )
+    eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4)
+    req = eng.add_request(prompt, params)
+    eng.run_until_done()
+    assert req.output_ids == want.output_ids
+    assert eng.drafting.stats.accepted <= eng.drafting.stats.proposed // 4  # mostly wrong
+    assert passes[0] > 100 and reads[0] < passes[0] // 2  # the rests skipped most passes

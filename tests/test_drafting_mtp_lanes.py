@@ -21,6 +21,7 @@ def _batched(hf_mtp, monkeypatch, params, parallel):
 
     monkeypatch.setattr(mtp.MTPDrafter, "batches", lambda self, lanes: True)
     monkeypatch.setattr(Gate, "open", lambda self: True)
+    monkeypatch.setattr(Gate, "resting", lambda self: False)  # held open: never resting
     real, seen, calls = mtp_lanes.propose_lanes, {}, []  # the module's own, never a spy
 
     def spy(drafter, asks):

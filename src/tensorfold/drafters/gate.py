@@ -18,6 +18,7 @@ FIRST_SKIP = 4  # priced: chances a gate skips when it first closes
 DECAY = 0.75  # the weight of the past in each moving sum: about four verify passes
 WINDOW = 8  # passes of one shape a price is the least of
 EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
+WAKE = 8  # chances before a closed gate's retry from which its drafter reads the target again
 
 
 @dataclass
@@ -37,6 +38,13 @@ class Gate:
     rate: float = 1.0  # drafts kept per verify pass (starts hopeful)
     kept: float = 1.0
     tried: float = 1.0
+
+    def resting(self) -> bool:
+        """Whether the lane's drafter may skip the target's states of this pass: the gate stays
+        closed for more than WAKE chances, so the drafter reads the WAKE passes before a retry
+        and none before them (the positions in between are unread, as after a prompt cache
+        resume: the drafts may be worse, the tokens are the target's whatever they are)."""
+        return self.skip > WAKE
 
     def open(self) -> bool:
         if self.skip > 0:

@@ -291,21 +291,26 @@ class Drafting:
         A drafter that holds them past the pass gets copies (the next pass overwrites a graph's
         output): of a generating pass, one copy for all lanes (one launch, not one a lane); of
         a pass with prompt rows, one a lane, so that a lane's few held rows never keep a whole
-        prompt chunk's copy alive."""
+        prompt chunk's copy alive. A lane whose closed gate rests (`Gate.resting`) reads nothing:
+        a drafter that cannot win costs no copy, head rows or catch-up while it waits."""
         total = sum(w.rows for w in work)
+        reads, row0 = [], 0  # (lane draft, first row, plan rows) of the lanes that read
+        for w, rows in zip(work, plan):
+            d = w.request.lane.draft
+            if d is not None and w.request.lane.slot >= 0 and not d.gate.resting():
+                reads.append((d, row0, rows))
+            row0 += rows.rows
+        if not reads:  # every gate rests: no copy, no drafter work
+            return
         holds = self.default.holds_states
         shared = holds and total <= len(work) * (self.config.tokens + 1)
         if shared:
             hidden = hidden[:total].clone()
-        row0 = 0
-        for w, rows in zip(work, plan):
-            d = w.request.lane.draft
-            if d is not None and w.request.lane.slot >= 0:
-                part = hidden[row0 : row0 + rows.rows]
-                part = part.clone() if holds and not shared else part
-                for drafter in d.drafters:
-                    drafter.observe(rows.start, part)
-            row0 += rows.rows
+        for d, row0, rows in reads:
+            part = hidden[row0 : row0 + rows.rows]
+            part = part.clone() if holds and not shared else part
+            for drafter in d.drafters:
+                drafter.observe(rows.start, part)
 
     def catch_up(self, req: Request, runner) -> None:
         """A drafting lane that ends computes the committed rows it has not (one pass of its
