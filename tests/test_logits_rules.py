@@ -163,3 +163,22 @@ def test_ids_outside_the_vocabulary_are_named(engine):
         with pytest.raises(InvalidRequest) as exc:
             engine.add_request([1, 2], params)
         assert exc.value.param == param
+
+
+def test_rows_shaped_together_equal_each_alone():
+    """The sampler shapes every lane's row in one call (`shape_rows`): each row equals its rule
+    applied alone, whatever rules the other rows carry, and the raw rows stay untouched."""
+    from tensorfold.engine.logits_rules import shape_rows
+
+    g = torch.Generator().manual_seed(11)
+    rules = [SamplingParams(max_tokens=8, **r) for r in RULES] + [SamplingParams(max_tokens=8)]
+    prompt, output = [1, 2, 3, 3, 40], [7, 7, 9, 2, 5]
+    asks = [(p, prompt[: 2 + i % 4], output[: i % 6]) for i, p in enumerate(rules * 2)]
+    rows = (torch.randn(len(asks), 64, generator=g) * 4).to(torch.bfloat16)
+    before = rows.clone()
+    together = shape_rows(asks, rows, eos_ids=(63,))
+    assert torch.equal(rows, before) and together.dtype == torch.float32
+    for i, (p, pr, out) in enumerate(asks):
+        alone = shape_logits(p, pr, out, rows[i], eos_ids=(63,))
+        assert torch.equal(together[i], alone), f"row {i} ({p}) changed by its company"
+        assert alone.tolist() == reference(p, pr, out, rows[i].float(), eos=(63,))

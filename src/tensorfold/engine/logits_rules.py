@@ -8,6 +8,7 @@ and concurrent = solo holds. It works in fp32 (bf16 and fp16 logits convert exac
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 
 import torch
@@ -42,26 +43,69 @@ def shape_logits(
     eos_ids: Collection[int] = (),
 ) -> torch.Tensor:
     """The processed logits row [V] (fp32) the request's sampling reads at the position after
-    `output_ids`; `row` is left untouched."""
-    x = row.to(torch.float32).clone()
-    vocab, device = x.shape[0], x.device
-    if params.logit_bias:
-        ids = torch.tensor([t for t, _ in params.logit_bias], device=device)
-        bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32, device=device)
-        x[ids] += bias
-    if len(output_ids) < params.min_tokens:
-        ends = stop_ids(params, eos_ids)
-        if ends:
-            x[torch.tensor(ends, device=device)] = float("-inf")
-    if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), device=device)
-        if seen.numel():
-            v = x[seen]
-            rp = params.repetition_penalty
-            x[seen] = torch.where(v > 0, v / rp, v * rp)
-    if output_ids and (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0):
-        counts = torch.bincount(torch.tensor(output_ids, device=device), minlength=vocab)
-        counts = counts[:vocab].to(torch.float32)
-        x -= params.frequency_penalty * counts
-        x -= params.presence_penalty * (counts > 0).to(torch.float32)
+    `output_ids`; `row` is left untouched. The one-row case of `shape_rows`."""
+    return shape_rows([(params, prompt_ids, output_ids)], row[None], eos_ids)[0]
+
+
+def shape_rows(
+    rules: list[tuple[SamplingParams, list[int], list[int]]],
+    rows: torch.Tensor,
+    eos_ids: Collection[int] = (),
+) -> torch.Tensor:
+    """Rows [L, V] shaped by their requests' rules (params, prompt ids, output ids), in fp32,
+    a few launches for all rows. Each logit meets the same fp32 operations in the same order
+    whatever the other rows are (elementwise, on the entries each rule touches), so a row's
+    result is its own: `shape_logits` is this with one row. `rows` is left untouched."""
+    x = rows.to(torch.float32).clone()
+    bias = [(i, t, b) for i, (p, _, _) in enumerate(rules) for t, b in p.logit_bias]
+    if bias:
+        at, val = _entries(bias, x.device)
+        x[at] = x[at] + val
+    ends = [
+        (i, t, 0.0)
+        for i, (p, _, out) in enumerate(rules)
+        if len(out) < p.min_tokens
+        for t in stop_ids(p, eos_ids)
+    ]
+    if ends:
+        x[_entries(ends, x.device)[0]] = float("-inf")
+    seen = [
+        (i, t, p.repetition_penalty)
+        for i, (p, prompt, out) in enumerate(rules)
+        if p.repetition_penalty != 1.0
+        for t in sorted(set(prompt) | set(out))
+    ]
+    if seen:
+        at, rp = _entries(seen, x.device)
+        v = x[at]
+        x[at] = torch.where(v > 0, v / rp, v * rp)
+    _count_penalties(x, rules)
     return x
+
+
+def _count_penalties(x: torch.Tensor, rules) -> None:
+    """Frequency and presence penalties on the tokens each reply holds (a token it does not
+    hold loses nothing)."""
+    counted = [
+        (i, t, float(n), p.frequency_penalty, p.presence_penalty)
+        for i, (p, _, out) in enumerate(rules)
+        if out and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
+        for t, n in sorted(Counter(out).items())
+    ]
+    if not counted:
+        return
+    at = _index([(i, t) for i, t, *_ in counted], x.device)
+    n, fp, pp = torch.tensor([c[2:] for c in counted], dtype=torch.float32).to(x.device).unbind(1)
+    v = x[at] - fp * n
+    x[at] = v - pp * (n > 0).to(torch.float32)
+
+
+def _entries(entries: list[tuple[int, int, float]], device) -> tuple[tuple, torch.Tensor]:
+    """(row index, token index) and the fp32 values of (row, token, value) entries."""
+    values = torch.tensor([v for _, _, v in entries], dtype=torch.float32).to(device)
+    return _index([(i, t) for i, t, _ in entries], device), values
+
+
+def _index(pairs: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    both = torch.tensor(pairs, dtype=torch.int64).to(device)
+    return both[:, 0], both[:, 1]

@@ -9,7 +9,7 @@ from ..errors import InvalidRequest
 from ..ops import dispatch as op
 from ..ops.sampling import uniform
 from .constraints import GrammarBook, apply_mask
-from .logits_rules import shape_logits, shapes_logits
+from .logits_rules import shape_logits, shape_rows, shapes_logits
 from .request import Request
 
 
@@ -23,25 +23,41 @@ class Sampler:
 
     def choose(self, ready: list[tuple[Request, torch.Tensor]]) -> list[int]:
         """Next tokens of the lanes that produce one: plain greedy rows in one argmax; every
-        other row through its request's rule, then its argmax (greedy) or, with the other
-        sampled rows, one `sample` call (`choose_token` is the same rule for one row)."""
+        other row through its request's rule (all rules in one `rule_rows`), then the greedy
+        ones' argmax in one call and the sampled ones' draws in one `sample` call
+        (`choose_token` is the same rule for one row)."""
         plain = [i for i, (req, _) in enumerate(ready) if plain_greedy(req)]
         tokens: list[int] = [0] * len(ready)
         if plain:
             for i, t in zip(plain, self.greedy(torch.stack([ready[i][1] for i in plain]))):
                 tokens[i] = t
-        batched, sampled = set(plain), []
-        for i, (req, row) in enumerate(ready):
-            if i in batched:
-                continue
-            x = self.rule_row(req, req.output_ids, row)
-            if req.params.temperature <= 0.0:
-                tokens[i] = int(torch.argmax(x))
-            else:
-                sampled.append((i, req, x))
+        batched = set(plain)
+        rest = [i for i in range(len(ready)) if i not in batched]
+        shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
+        greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
+        if greedy:  # one argmax (first maximum) over the stacked rows, one sync
+            picks = torch.argmax(torch.stack([x for _, x in greedy]), dim=1).tolist()
+            for (i, _), t in zip(greedy, picks):
+                tokens[i] = t
+        batched |= {i for i, _ in greedy}
+        sampled = [(i, ready[i][0], x) for i, x in zip(rest, shaped) if i not in batched]
         for (i, _, _), token in zip(sampled, self.sample([(req, x) for _, req, x in sampled])):
             tokens[i] = token
         return tokens
+
+    def rule_rows(self, asks: list[tuple[Request, list[int], torch.Tensor]]) -> list[torch.Tensor]:
+        """`rule_row` of each (request, output ids, row), the rules of all rows that shape
+        their logits applied in one `shape_rows` call (each row's result is its own)."""
+        out = [row for _, _, row in asks]
+        shaping = [i for i, (req, _, _) in enumerate(asks) if custom(req)]
+        if not shaping:
+            return out
+        rules = [(asks[i][0].params, asks[i][0].prompt_ids, asks[i][1]) for i in shaping]
+        rows = torch.stack([asks[i][2] for i in shaping])
+        for i, x in zip(shaping, shape_rows(rules, rows, self.eos_ids)):
+            req, output_ids, _ = asks[i]
+            out[i] = self._masked(req, output_ids, x)
+        return out
 
     def sample(self, rows: list[tuple[Request, torch.Tensor]]) -> list[int]:
         """The sampled tokens of rows (each through its request's rule) in one call: each
@@ -61,7 +77,13 @@ class Sampler:
         p = req.params
         if not custom(req):
             return row
-        x = shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
+        return self._masked(
+            req, output_ids, shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
+        )
+
+    def _masked(self, req: Request, output_ids: list[int], x: torch.Tensor) -> torch.Tensor:
+        """A shaped row under the request's grammar mask (itself when it has no grammar)."""
+        p = req.params
         if p.grammar is None:
             return x
         lane = req.lane
