@@ -8,9 +8,10 @@ and concurrent = solo holds. It works in fp32 (bf16 and fp16 logits convert exac
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection
+from itertools import chain
 
+import numpy as np
 import torch
 
 from .request import SamplingParams
@@ -57,26 +58,19 @@ def shape_rows(
     whatever the other rows are (elementwise, on the entries each rule touches), so a row's
     result is its own: `shape_logits` is this with one row. `rows` is left untouched."""
     x = rows.to(torch.float32).clone()
-    bias = [(i, t, b) for i, (p, _, _) in enumerate(rules) for t, b in p.logit_bias]
-    if bias:
-        at, val = _entries(bias, x.device)
-        x[at] = x[at] + val
-    ends = [
-        (i, t, 0.0)
-        for i, (p, _, out) in enumerate(rules)
-        if len(out) < p.min_tokens
-        for t in stop_ids(p, eos_ids)
-    ]
-    if ends:
-        x[_entries(ends, x.device)[0]] = float("-inf")
-    seen = [
-        (i, t, p.repetition_penalty)
-        for i, (p, prompt, out) in enumerate(rules)
-        if p.repetition_penalty != 1.0
-        for t in sorted(set(prompt) | set(out))
-    ]
-    if seen:
-        at, rp = _entries(seen, x.device)
+    on = [i for i, (p, _, _) in enumerate(rules) if p.logit_bias]
+    if on:
+        at, _ = _entries([[t for t, _ in rules[i][0].logit_bias] for i in on], on, x.device)
+        bias = [b for i in on for _, b in rules[i][0].logit_bias]
+        x[at] = x[at] + torch.tensor(bias, dtype=torch.float32).to(x.device)
+    on = [i for i, (p, _, out) in enumerate(rules) if len(out) < p.min_tokens]
+    ends = [stop_ids(rules[i][0], eos_ids) for i in on]
+    if any(ends):
+        x[_entries(ends, on, x.device)[0]] = float("-inf")
+    on = [i for i, (p, _, _) in enumerate(rules) if p.repetition_penalty != 1.0]
+    if on:  # a token seen twice is written twice with the same value
+        at, n = _entries([rules[i][1] + rules[i][2] for i in on], on, x.device)
+        rp = _per_entry([rules[i][0].repetition_penalty for i in on], n, x.device)
         v = x[at]
         x[at] = torch.where(v > 0, v / rp, v * rp)
     _count_penalties(x, rules)
@@ -84,28 +78,35 @@ def shape_rows(
 
 
 def _count_penalties(x: torch.Tensor, rules) -> None:
-    """Frequency and presence penalties on the tokens each reply holds (a token it does not
-    hold loses nothing)."""
-    counted = [
-        (i, t, float(n), p.frequency_penalty, p.presence_penalty)
+    """Frequency and presence penalties on the tokens each reply holds, by their counts (a
+    token it does not hold loses nothing)."""
+    on = [
+        i
         for i, (p, _, out) in enumerate(rules)
         if out and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
-        for t, n in sorted(Counter(out).items())
     ]
-    if not counted:
+    if not on:
         return
-    at = _index([(i, t) for i, t, *_ in counted], x.device)
-    n, fp, pp = torch.tensor([c[2:] for c in counted], dtype=torch.float32).to(x.device).unbind(1)
-    v = x[at] - fp * n
-    x[at] = v - pp * (n > 0).to(torch.float32)
+    (row, tok), _ = _entries([rules[i][2] for i in on], on, x.device)
+    flat, n = torch.unique(row * x.shape[1] + tok, return_counts=True)
+    fp = torch.zeros(x.shape[0], dtype=torch.float32)
+    pp = torch.zeros(x.shape[0], dtype=torch.float32)
+    fp[on] = torch.tensor([rules[i][0].frequency_penalty for i in on], dtype=torch.float32)
+    pp[on] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
+    lane, n = flat // x.shape[1], n.to(torch.float32)
+    xf = x.view(-1)
+    v = xf[flat] - fp.to(x.device)[lane] * n
+    xf[flat] = v - pp.to(x.device)[lane] * (n > 0).to(torch.float32)
 
 
-def _entries(entries: list[tuple[int, int, float]], device) -> tuple[tuple, torch.Tensor]:
-    """(row index, token index) and the fp32 values of (row, token, value) entries."""
-    values = torch.tensor([v for _, _, v in entries], dtype=torch.float32).to(device)
-    return _index([(i, t) for i, t, _ in entries], device), values
+def _entries(lists: list[list[int]], lanes: list[int], device) -> tuple[tuple, torch.Tensor]:
+    """The (row, token) index of every id of each lane's list, and the lists' sizes."""
+    sizes = torch.tensor([len(ids) for ids in lists], dtype=torch.int64)
+    flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(sizes.sum()))
+    rows = torch.repeat_interleave(torch.tensor(lanes, dtype=torch.int64), sizes)
+    return (rows.to(device), torch.from_numpy(flat).to(device)), sizes
 
 
-def _index(pairs: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    both = torch.tensor(pairs, dtype=torch.int64).to(device)
-    return both[:, 0], both[:, 1]
+def _per_entry(values: list[float], sizes: torch.Tensor, device) -> torch.Tensor:
+    """Each lane's value (fp32) repeated for its entries."""
+    return torch.repeat_interleave(torch.tensor(values, dtype=torch.float32), sizes).to(device)
