@@ -8,6 +8,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from llguidance import LLMatcher
@@ -300,3 +301,28 @@ def test_auto_tool_calls_name_only_the_offered_tools(client, extra):
     assert "<tool_call>" not in (choice.message.content or "")
     assert choice.finish_reason == "tool_calls"
     assert [t.function.name for t in choice.message.tool_calls] == ["calculator"]
+
+
+def test_packed_masks_unpack_to_the_grammars_bits_together_and_alone(demo):
+    """The sampler sends each lane's mask packed (32 tokens a word) and unpacks the lanes'
+    masks at once: each equals its lane's mask alone and llguidance's bitmask read bit by bit
+    (the end tokens only once the grammar is done)."""
+    from tensorfold.engine.constraints import unpack
+
+    book = demo.engine.grammars
+    grammar = Grammar(LLMatcher.grammar_from_lark(json_grammar(SCHEMA)))
+    ids = demo.tokenizer.encode('{"answer": 391, "sure": true}')
+    words, alone = [], []
+    for k in range(len(ids) + 1):
+        m = book.matcher(grammar)
+        words.append(m.words(ids[:k]))
+        alone.append(m.allowed(ids[:k]))
+        bits = bytearray(m.m.compute_bitmask()) if not m.m.is_error() else bytearray()
+        want = [bool(bits[t // 8] >> (t % 8) & 1) if t // 8 < len(bits) else False
+                for t in range(book.vocab_size)]  # fmt: skip
+        if not any(want):
+            want = [t in book.eos_ids for t in range(book.vocab_size)]
+        assert alone[-1].tolist() == want, k
+    together = unpack(torch.from_numpy(np.stack(words)), book.vocab_size)
+    assert torch.equal(together, torch.stack(alone))
+    assert alone[-1].sum() >= 1 and not alone[-1][ids[0]]  # a finished object: ends only

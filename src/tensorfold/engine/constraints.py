@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import InvalidRequest
@@ -93,22 +94,37 @@ class Matcher:
 
     def allowed(self, output_ids: list[int]) -> torch.Tensor | None:
         """bool [V]: the tokens the grammar allows after `output_ids`; None: no constraint yet."""
+        words = self.words(output_ids)
+        return None if words is None else unpack(torch.from_numpy(words), self.vocab_size)
+
+    def words(self, output_ids: list[int]) -> np.ndarray | None:
+        """`allowed` as packed int32 words (bit t % 32 of word t // 32 for token t), an eighth
+        of the mask's bytes to send to the device; None: no constraint yet."""
         tokens = self._governed(output_ids)
         if tokens is None:
             return None
-        ok = self._follow(tokens) and not self.m.is_error()
-        out = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if ok:
-            words = torch.frombuffer(bytearray(self.m.compute_bitmask()), dtype=torch.int32)
-            bits = (words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1
-            flat = bits.flatten().bool()[: self.vocab_size]
-            out[: flat.shape[0]] = flat
+        n = (self.vocab_size + 31) // 32
+        out = np.zeros(n, dtype=np.uint32)
+        if self._follow(tokens) and not self.m.is_error():
+            got = np.frombuffer(bytearray(self.m.compute_bitmask()), dtype=np.uint32)[:n]
+            out[: got.shape[0]] = got
+        if self.vocab_size % 32:  # no token past the vocabulary
+            out[-1] &= np.uint32((1 << (self.vocab_size % 32)) - 1)
         if not out.any():  # the grammar is done (or broken): the reply may only end
-            out[self.eos_ids] = True
-        return out
+            return end_only(self.vocab_size, self.eos_ids)
+        return out.view(np.int32)
 
 
-def apply_mask(row: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    if allowed is None:
-        return row
-    return row.masked_fill(~allowed.to(row.device), float("-inf"))
+def end_only(vocab_size: int, eos_ids) -> np.ndarray:
+    """Packed words allowing only the end-of-reply tokens."""
+    out = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+    for e in eos_ids:
+        out[e // 32] |= np.uint32(1 << (e % 32))
+    return out.view(np.int32)
+
+
+def unpack(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [..., V] from packed int32 words [..., ceil(V/32)], on the words' device."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words[..., None] >> shifts) & 1
+    return bits.flatten(-2)[..., :vocab_size].bool()

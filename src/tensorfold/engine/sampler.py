@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import InvalidRequest
 from ..ops import dispatch as op
 from ..ops.sampling import uniform
-from .constraints import GrammarBook, apply_mask
+from .constraints import GrammarBook, end_only, unpack
 from .logits_rules import shape_logits, shape_rows, shapes_logits
 from .request import Request
 
@@ -47,16 +48,22 @@ class Sampler:
 
     def rule_rows(self, asks: list[tuple[Request, list[int], torch.Tensor]]) -> list[torch.Tensor]:
         """`rule_row` of each (request, output ids, row), the rules of all rows that shape
-        their logits applied in one `shape_rows` call (each row's result is its own)."""
+        their logits applied in one `shape_rows` call and their grammars' masks in one fill
+        (each row's result is its own)."""
         out = [row for _, _, row in asks]
         shaping = [i for i, (req, _, _) in enumerate(asks) if custom(req)]
         if not shaping:
             return out
         rules = [(asks[i][0].params, asks[i][0].prompt_ids, asks[i][1]) for i in shaping]
-        rows = torch.stack([asks[i][2] for i in shaping])
-        for i, x in zip(shaping, shape_rows(rules, rows, self.eos_ids)):
-            req, output_ids, _ = asks[i]
-            out[i] = self._masked(req, output_ids, x)
+        x = shape_rows(rules, torch.stack([asks[i][2] for i in shaping]), self.eos_ids)
+        words = [(j, self._words(asks[i][0], asks[i][1])) for j, i in enumerate(shaping)]
+        words = [(j, w) for j, w in words if w is not None]
+        if words:  # the packed masks sent once, unpacked on the rows' device
+            packed = torch.from_numpy(np.stack([w for _, w in words])).to(x.device)
+            at = torch.tensor([j for j, _ in words], device=x.device)
+            x[at] = x[at].masked_fill(~unpack(packed, x.shape[1]), float("-inf"))
+        for j, i in enumerate(shaping):
+            out[i] = x[j]
         return out
 
     def sample(self, rows: list[tuple[Request, torch.Tensor]]) -> list[int]:
@@ -83,18 +90,25 @@ class Sampler:
 
     def _masked(self, req: Request, output_ids: list[int], x: torch.Tensor) -> torch.Tensor:
         """A shaped row under the request's grammar mask (itself when it has no grammar)."""
+        w = self._words(req, output_ids)
+        if w is None:
+            return x
+        allowed = unpack(torch.from_numpy(w).to(x.device), x.shape[0])
+        return x.masked_fill(~allowed, float("-inf"))
+
+    def _words(self, req: Request, output_ids: list[int]) -> np.ndarray | None:
+        """The request's grammar mask after `output_ids` as packed words (Matcher.words); None
+        without a grammar or before it starts."""
         p = req.params
         if p.grammar is None:
-            return x
+            return None
         lane = req.lane
         if lane.matcher is None:
             try:
                 lane.matcher = self.grammars.matcher(p.grammar)
             except InvalidRequest:  # checked at admission; should it still fail, only end
-                only_end = torch.ones_like(x, dtype=torch.bool)
-                only_end[sorted(self.eos_ids)] = False
-                return x.masked_fill(only_end, float("-inf"))
-        return apply_mask(x, lane.matcher.allowed(output_ids))
+                return end_only(self.grammars.vocab_size, self.eos_ids)
+        return lane.matcher.words(output_ids)
 
     def choose_token(self, req: Request, logits: torch.Tensor) -> int:
         """The token the request chooses from one row of logits at its next position
