@@ -272,17 +272,20 @@ def test_a_resting_lane_reads_no_states_and_stays_exact(hf_mtp, monkeypatch):
     plain = make_engine(hf_mtp, parallel=1)
     want = plain.add_request(prompt, params)
     plain.run_until_done()
-    passes, reads = [0], [0]
-    real_pass, real_read = Drafting.observe, MTPLane.observe
-    monkeypatch.setattr(
-        Drafting, "observe", lambda *a: (passes.__setitem__(0, passes[0] + 1), real_pass(*a))[1]
-    )
-    monkeypatch.setattr(
-        MTPLane, "observe", lambda *a: (reads.__setitem__(0, reads[0] + 1), real_read(*a))[1]
-    )
+    calls = {"pass": 0, "read": 0}
+
+    def counted(key, real):
+        def observe(*args):
+            calls[key] += 1
+            return real(*args)
+
+        return observe
+
+    monkeypatch.setattr(Drafting, "observe", counted("pass", Drafting.observe))
+    monkeypatch.setattr(MTPLane, "observe", counted("read", MTPLane.observe))
     eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4)
     req = eng.add_request(prompt, params)
     eng.run_until_done()
     assert req.output_ids == want.output_ids
     assert eng.drafting.stats.accepted <= eng.drafting.stats.proposed // 4  # mostly wrong
-    assert passes[0] > 100 and reads[0] < passes[0] // 2  # the rests skipped most passes
+    assert calls["pass"] > 100 and calls["read"] < calls["pass"] // 2  # rests skipped most

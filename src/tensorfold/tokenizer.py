@@ -52,7 +52,7 @@ class Tokenizer:
         return self.encode(text)
 
     def token_text(self, token_id: int) -> str:
-        return self.hf.decode([token_id], skip_special_tokens=False)
+        return self.decode([token_id], skip_special_tokens=False)
 
     def __len__(self) -> int:
         return len(self.hf)
