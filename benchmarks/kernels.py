@@ -62,9 +62,16 @@ def timed(fn, reps: int = 20, graph: bool = True) -> float:
 
 
 def product_rows(
-    name: str, n: int, k: int, fmt: tuple[int, int] | None, copy: float, rows: int = 1
+    name: str,
+    n: int,
+    k: int,
+    fmt: tuple[int, int] | None,
+    copy: float,
+    rows: int = 1,
+    untried: bool = False,
 ) -> list[str]:
-    """Each launch shape of a product of `rows` rows, bf16 (fmt None) or packed (bits, group)."""
+    """Each launch shape of a product of `rows` rows, bf16 (fmt None) or packed (bits, group);
+    `untried`: the packed shapes not yet offered to the tile book too (linear.untried)."""
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
     packed = fmt is not None
     if packed:
@@ -81,7 +88,8 @@ def product_rows(
         nbytes = w.numel() * 2
     ref = run(None)
     out, best = [], None
-    for t in linear.candidates(rows, packed):
+    extra = linear.untried(rows) if packed and untried else []
+    for t in linear.candidates(rows, packed) + extra:
         try:
             secs = timed(lambda: run(t))  # noqa: B023
         except Exception as e:  # noqa: BLE001 - a shape the card cannot launch
@@ -187,6 +195,9 @@ def main() -> None:
     p.add_argument("--formats", default="bf16,4:64", help="bf16 and/or BITS:GROUP, comma-separated")
     p.add_argument("--rows", type=int, default=1, help="rows per product (decode: 1)")
     p.add_argument("--no-recurrence", action="store_true")
+    p.add_argument(
+        "--untried", action="store_true", help="packed shapes not yet offered to the tile book too"
+    )
     p.add_argument("--lanes", default="1,16,64,256", help="decode lane counts of the recurrence")
     args = p.parse_args()
     formats = [
@@ -204,7 +215,7 @@ def main() -> None:
             continue
         for fmt in formats:
             label = f"{fmt[0]}-bit g{fmt[1]}" if fmt else "bf16"
-            part = product_rows(f"{name} {label}", n, k, fmt, copy, args.rows)
+            part = product_rows(f"{name} {label}", n, k, fmt, copy, args.rows, args.untried)
             print("\n".join(part), flush=True)
             rows += part
     print("\n| what | size | variant | time | rate | bits |\n| --- | --- | --- | --- | --- | --- |")

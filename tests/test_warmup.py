@@ -22,6 +22,7 @@ from tensorfold.ops.triton.tiles import (
     grouped_candidates,
     rows_class,
     timing_rows,
+    untried,
 )
 from tensorfold.runner.cuda_graph import bucket, graph_shape, lane_buckets
 
@@ -56,6 +57,21 @@ def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
     path.write_text("not json")
     assert TileBook().load(path) == 0
     assert TileBook().load(tmp_path / "missing.json") == 0
+
+
+def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
+    """The ring form of the Gluon kernel is timed by the kernel benchmark only until the card
+    has checked its bits: no rows class offers it and a tile file naming it is timed again."""
+    book = TileBook()
+    for m in (1, 16, 40, 64):
+        shapes = untried(m)
+        assert shapes and all(t.ring and t.gluon for t in shapes)
+        assert not set(shapes) & set(candidates(m, packed=True))
+        book.chosen[(rows_class(m), 64, 64, 4, 64)] = shapes[0]
+    assert untried(65) == [] and not any(t.ring for t in candidates(65, packed=True))
+    path = tmp_path / "tiles.json"
+    book.save(path)
+    assert TileBook().load(path) == 0
 
 
 def test_tile_file_keeps_grouped_expert_shapes(tmp_path):

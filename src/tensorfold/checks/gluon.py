@@ -38,7 +38,7 @@ FEW = [(m, 4) for m in (1, 2, 7, 16)]
 MANY = [(m, w) for m in (33, 64) for w in (4, 8)]
 
 
-def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
+def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
     shapes = [(192, 2048)] if small else [(4096, 12288), (12352, 4096)]
     bad = []
     for (n, k), group in [(s, g) for s in shapes for g in (32, 64, 128)]:
@@ -54,7 +54,10 @@ def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
         alone = impl(x[:1].contiguous(), *w, group, plan.segment)
         for m, warps in FEW + (MANY if group == 64 else []):
             rows = x[:m].contiguous()
-            if not linear.gluon_affine.applies(rows, bits, k, plan.segment, staged, warps):
+            fits = linear.gluon_affine.applies(
+                rows, bits, k, plan.segment, form == "staged", warps, form == "ring"
+            )
+            if not fits:
                 continue  # a segment's inputs and staged words past shared memory: not offered
             part = impl(rows, *w, group, plan.segment, warps=warps)
             at = f"{m} rows, {warps} warps"
@@ -69,9 +72,10 @@ def check_gluon(bits: int, staged: bool, impl, small: bool) -> list[str]:
     return bad
 
 
-def _name(bits: int, staged: bool) -> str:
-    """The entry of a form: words two steps ahead in registers, or a segment's staged."""
-    return f"linear.affine{bits}.gluon" + (".staged" if staged else "")
+def _name(bits: int, form: str) -> str:
+    """The entry of a form: words two steps ahead in registers ("regs"), a segment's words
+    staged ("staged"), or the inputs through a ring of a few steps ("ring")."""
+    return f"linear.affine{bits}.gluon" + ("" if form == "regs" else f".{form}")
 
 
 def _available() -> bool:
@@ -82,24 +86,25 @@ def _available() -> bool:
     )
 
 
-def _partials(bits, x, words, scales, biases, group, segment, fault=0, staged=False, warps=4):
+def _partials(bits, x, words, scales, biases, group, segment, fault=0, form="regs", warps=4):
     return linear.gluon_affine.partials(
-        x, words, scales, biases, bits, group, segment, fault=fault, staged=staged, warps=warps
-    )
+        x, words, scales, biases, bits, group, segment, fault=fault, staged=form == "staged",
+        warps=warps, ring=form == "ring",
+    )  # fmt: skip
 
 
-FORMS = [(b, k, staged) for b, k in ((4, 128), (8, 64)) for staged in (False, True)]
-FORMS += [(5, 64, False), (6, 64, False)]  # 5 and 6 bits: registers only
+FORMS = [(b, k, form) for b, k in ((4, 128), (8, 64)) for form in ("regs", "staged", "ring")]
+FORMS += [(b, 64, form) for b in (5, 6) for form in ("regs", "ring")]  # 5, 6 bits: not staged
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
-    (_name(b, staged), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 64 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b, staged))
-    for b, k, staged in FORMS
+    (_name(b, form), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 64 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b, form))
+    for b, k, form in FORMS
 ] if _available() else []  # fmt: skip
-IMPLS = {_name(b, staged): functools.partial(_partials, b, staged=staged) for b, _, staged in FORMS}
+IMPLS = {_name(b, form): functools.partial(_partials, b, form=form) for b, _, form in FORMS}
 CONTROLS = [
     c
-    for b, _, staged in FORMS
+    for b, _, form in FORMS
     for c in (
-        (_name(b, staged), "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1, staged=staged)),
-        (_name(b, staged), "a segment summed as two chains", functools.partial(_partials, b, fault=2, staged=staged)),
+        (_name(b, form), "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1, form=form)),
+        (_name(b, form), "a segment summed as two chains", functools.partial(_partials, b, fault=2, form=form)),
     )
 ] if _available() else []  # fmt: skip

@@ -28,6 +28,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
@@ -36,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .gluon_odd import _operand_odd, _tile_odd, unit_columns
 from .gluon_tiles import (
+    _async_load,
     _barrier,
     _operand4,
     _operand8,
@@ -60,6 +62,22 @@ def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr,
 
 
 @gluon.jit
+def _x_copy(x_smem, slot, p_x, live, step, NSTEP: gl.constexpr, BK: gl.constexpr):
+    """Step `step`'s inputs into ring slot `slot` by async copies, one commit group (steps past
+    the segment copy nothing: the group stays, so every step waits on the same count)."""
+    _async_load(x_smem.index(slot), p_x + step * BK, mask=live[:, None] & (step < NSTEP))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _x_ready(RING: gl.constexpr):
+    """The oldest copy group in flight has landed, for every thread, and is visible to wgmma."""
+    async_copy.wait_group(RING - 2)
+    fence_async_shared()
+    _barrier()
+
+
+@gluon.jit
 def _affine_swapped(
     x_ptr,
     w_ptr,
@@ -81,6 +99,7 @@ def _affine_swapped(
     X_LAYOUT: gl.constexpr,
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
+    RING: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
@@ -88,7 +107,7 @@ def _affine_swapped(
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
         stride_s, pid_n, pid_s, 1, False, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
-        num_warps,
+        num_warps, RING,
     )  # fmt: skip
 
 
@@ -122,10 +141,13 @@ def _swapped_body(
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
     num_warps: gl.constexpr,
+    RING: gl.constexpr = 0,
 ):
     """Weight tile pid_n, segment pid_s against rows row0 .. row0 + m_live - 1 of x (GATHER: row
     order[row0 + i] // TOP_K, an expert's pairs), their fp32 segment sums stored at rows p_row..
-    of p (a row every ldp values)."""
+    of p (a row every ldp values). RING > 0: the inputs pass through a ring of RING steps in
+    shared memory, copied RING - 1 steps ahead, rather than the whole segment's at once (less
+    shared memory a program, so more programs share a multiprocessor; the same MMAs)."""
     NSTEP: gl.constexpr = SEG // BK
     k_seg = pid_s * SEG
     RT: gl.constexpr = BN // 16
@@ -183,9 +205,11 @@ def _swapped_body(
         w0 = zeros
     else:
         w0 = gl.load(p_w, mask=row_ok, other=0)  # the first words in flight before the inputs
-    # the rows' inputs for the whole segment, once, into shared memory
+    # the rows' inputs for the whole segment once (or a ring of RING steps) in shared memory
+    gl.static_assert(RING == 0 or (RING >= 2 and not STAGED), "a ring needs 2 slots, no staging")
     LX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NSTEP, MT, BK], X_LAYOUT)
+    XS: gl.constexpr = RING if RING > 0 else NSTEP  # steps of inputs held at once
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [XS, MT, BK], X_LAYOUT)
     o_xm = gl.arange(0, MT, layout=gl.SliceLayout(1, LX))
     o_xk = gl.arange(0, BK, layout=gl.SliceLayout(0, LX))
     if FAULT == 1:  # the inputs regrouped the same way: the same products, other MMAs
@@ -193,20 +217,21 @@ def _swapped_body(
             o_xk = o_xk ^ unit_columns(BITS)
         else:
             o_xk = _swap_bits(o_xk, 8)
+        o_xk = gl.max_contiguous(gl.multiple_of(o_xk, 8), 8)  # still 8 columns a 16-byte copy
     live = o_xm < m_live
     if GATHER:
         x_rows = gl.load(order_ptr + row0 + o_xm, mask=live, other=0).to(gl.int64) // TOP_K
     else:
         x_rows = (row0 + o_xm).to(gl.int64)
-    for i in gl.static_range(NSTEP):
-        xv = gl.load(
-            x_ptr + x_rows[:, None] * stride_x + (k_seg + i * BK + o_xk)[None, :],
-            mask=live[:, None],
-            other=0.0,
-        )
-        x_smem.index(i).store(xv)
-    fence_async_shared()
-    _barrier()
+    p_x = x_ptr + x_rows[:, None] * stride_x + (k_seg + o_xk)[None, :]
+    if RING:  # the first RING - 1 steps' copies in flight, one commit group a step
+        for j in gl.static_range(RING - 1):
+            _x_copy(x_smem, j, p_x, live, j, NSTEP, BK)
+    else:
+        for i in gl.static_range(NSTEP):
+            x_smem.index(i).store(gl.load(p_x + i * BK, mask=live[:, None], other=0.0))
+        fence_async_shared()
+        _barrier()
 
     # step i's MMAs run while step i+1's words are dequantized and step i+2's are loaded
     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
@@ -232,7 +257,12 @@ def _swapped_body(
         ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
         for i in range(LAST):
             later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
-            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
+            if RING:  # step i's inputs landed; the slot step i - 1 read takes step i + RING - 1
+                _x_ready(RING)
+                acc = warpgroup_mma(a, x_smem.index(i % RING).permute((1, 0)), acc, is_async=True)
+                _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK)
+            else:
+                acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
             nxt = _step_tile(
                 ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
                 A_LAYOUT,
@@ -244,7 +274,9 @@ def _swapped_body(
                 if i == NSTEP // 2 - 1:
                     first_half = acc
                     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-    acc = warpgroup_mma(a, x_smem.index(LAST).permute((1, 0)), acc, is_async=True)
+    if RING:
+        _x_ready(RING)
+    acc = warpgroup_mma(a, x_smem.index(LAST % XS).permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if FAULT == 2:
         acc = first_half + acc
@@ -262,19 +294,25 @@ SHARED_BYTES = 227 * 1024  # a Hopper block's shared memory
 # at 5 and 6 (four MMAs)
 STEP_K = {4: 128, 5: 64, 6: 64, 8: 64}
 STAGED_BITS = (4, 8)  # widths with a staged form (5- and 6-bit words wait in registers only)
+RING = 3  # steps of inputs a ring holds: the step the MMA reads and two copies in flight
 
 
 def applies(
-    x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False, warps: int = 4
+    x: torch.Tensor,
+    bits: int,
+    k: int,
+    segment: int,
+    staged: bool = False,
+    warps: int = 4,
+    ring: bool = False,
 ) -> bool:
-    """Whether this kernel can run the product: at most 64 rows, a segment's inputs (and staged
-    words) in shared memory, and `fits`."""
+    """Whether this kernel can run the product: at most 64 rows, a segment's inputs (or the
+    ring's), and its staged words, in shared memory, and `fits` (no ring with staged words)."""
     m = x.shape[0]
-    if m > ROW_TILES[-1]:
+    if m > ROW_TILES[-1] or (ring and staged):
         return False
-    return fits(x, bits, k, segment, staged) and (
-        shared_bytes(bits, segment, row_tile(m), BN * warps // 4, staged) <= SHARED_BYTES
-    )
+    shared = shared_bytes(bits, segment, row_tile(m), BN * warps // 4, staged, ring)
+    return fits(x, bits, k, segment, staged) and shared <= SHARED_BYTES
 
 
 def row_tile(m: int) -> int:
@@ -282,9 +320,13 @@ def row_tile(m: int) -> int:
     return next(t for t in ROW_TILES if m <= t)
 
 
-def shared_bytes(bits: int, segment: int, mt: int, bn: int, staged: bool) -> int:
-    """A program's shared memory: the segment's inputs of mt rows, and its staged words."""
-    return segment * mt * 2 + (segment * bn * bits // 8 if staged else 0)
+def shared_bytes(
+    bits: int, segment: int, mt: int, bn: int, staged: bool, ring: bool = False
+) -> int:
+    """A program's shared memory: the segment's inputs of mt rows (or RING steps of them), and
+    its staged words."""
+    inputs = min(segment, RING * STEP_K[bits]) if ring else segment
+    return inputs * mt * 2 + (segment * bn * bits // 8 if staged else 0)
 
 
 def fits(x: torch.Tensor, bits: int, k: int, segment: int, staged: bool = False) -> bool:
@@ -312,12 +354,13 @@ def partials(
     fault: int = 0,
     staged: bool = False,
     warps: int = 4,
+    ring: bool = False,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
     (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains;
     `staged`: a segment's words copied to shared memory all at once rather than two steps
     ahead in registers, the same values and MMAs; `warps`: 4 or 8, 64 or 128 weight rows a
-    program)."""
+    program; `ring`: the inputs through a ring of RING steps, the same values and MMAs)."""
     m, k = x.shape
     n = words.shape[0]
     mt, bn = row_tile(m), BN * warps // 4
@@ -344,9 +387,15 @@ def partials(
         X_LAYOUT=_x_layout(mt, STEP_K[bits]),
         FAULT=fault,
         STAGED=staged,
+        RING=_ring_slots(ring, segment // STEP_K[bits]),
         num_warps=warps,
     )
     return part
+
+
+def _ring_slots(ring: bool, steps: int) -> int:
+    """Slots of the inputs' ring (0: the whole segment at once, as for a one-step segment)."""
+    return min(RING, steps) if ring and steps >= 2 else 0
 
 
 @functools.cache

@@ -41,6 +41,7 @@ from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this
     gpu_seconds,
     rows_class,
     timing_rows,
+    untried,
 )
 from .unpack import _unpacked, dequantize  # noqa: F401 - dequantize is public here too
 
@@ -335,10 +336,10 @@ def affine_matmul(
             replace(t, dequant=False),
         )
     if t.gluon and gluon_affine is not None:
-        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps):
+        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps, t.ring):
             w = (words, scales, biases)
             part = gluon_affine.partials(
-                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps
+                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps, ring=t.ring
             )
             return _sum(part, out)
     return _launch(

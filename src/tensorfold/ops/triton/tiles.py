@@ -58,6 +58,7 @@ class Tiles:
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
     gluon: bool = False  # packed, <= 64 rows: the Gluon kernel where it applies, else swapped
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
+    ring: bool = False  # the Gluon kernel: the inputs through a ring of a few steps, not a segment
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -140,6 +141,18 @@ def _middle_gluon() -> list[Tiles]:
     its staged twin; where it does not apply (shared memory, width) the Triton swapped form runs."""
     shapes = [Tiles(64, n, w, 3, wide=2, swap=True, gluon=True) for n, w in ((64, 4), (128, 8))]
     return shapes + [replace(t, staged=True) for t in shapes]
+
+
+def untried(m: int) -> list[Tiles]:
+    """Packed launch shapes built but not yet offered to the tile book for m rows, because
+    their bits have not been checked on a card (the registry's `.ring` entries): the Gluon
+    kernel with its inputs through a ring of a few steps, so that programs of 64 rows, whose
+    whole segment of inputs fills half a multiprocessor's shared memory, can share one.
+    `benchmarks/kernels.py --untried` times them beside the candidates."""
+    if m > 64:
+        return []
+    shapes = [(16, 128, 4, 4)] if m <= 16 else [(64, 64, 4, 3), (64, 128, 8, 3)]
+    return [Tiles(r, n, w, s, wide=2, swap=True, gluon=True, ring=True) for r, n, w, s in shapes]
 
 
 GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
