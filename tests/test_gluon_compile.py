@@ -31,7 +31,13 @@ SIGNATURE = dict(
 
 
 def _compile(
-    group: int, mt: int, fault: int = 0, bits: int = 4, staged: bool = False, warps: int = 4
+    group: int,
+    mt: int,
+    fault: int = 0,
+    bits: int = 4,
+    staged: bool = False,
+    warps: int = 4,
+    ring: bool = False,
 ):
     bk = gluon_affine.STEP_K[bits]
     consts = dict(
@@ -44,6 +50,7 @@ def _compile(
         X_LAYOUT=gluon_affine._x_layout(mt, bk),
         FAULT=fault,
         STAGED=staged,
+        RING=gluon_affine._ring_slots(ring, 1024 // bk),
         num_warps=warps,
     )
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
@@ -102,6 +109,23 @@ def test_staged_words_arrive_by_16_byte_copies(bits, group, mt):
     assert "shfl" not in ptx, "the weight tile was shuffled between lanes"
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 1024 // 16  # SEG / 16, every step
     assert f"m64n{mt}k16" in ptx
+
+
+@pytest.mark.parametrize(
+    "bits,mt,warps,fault",
+    [(4, 64, 4, 0), (4, 16, 4, 0), (4, 64, 8, 0), (8, 64, 4, 0), (5, 32, 4, 0), (6, 64, 4, 0)]
+    + [(4, 64, 4, 1), (6, 64, 4, 1), (4, 64, 4, 2)],
+)
+def test_ring_inputs_arrive_by_16_byte_copies_and_keep_the_mmas(bits, mt, warps, fault):
+    """The ring form: the rows' inputs reach shared memory by 16-byte async copies only (the
+    planted regrouping's too), into a ring of RING steps, and the weight tile and the chain of
+    MMAs are the registers form's: kWidth 2, no shuffle, no shared-memory round trip."""
+    ring = _compile(64, mt, fault=fault, bits=bits, warps=warps, ring=True)
+    ptx = ring.asm["ptx"]
+    copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, (0x[0-9a-f]+)", ptx)
+    assert copies and set(copies) == {"0x10"}, "the inputs must arrive by 16-byte copies"
+    assert ring.metadata.shared < _compile(64, mt, bits=bits, warps=warps).metadata.shared
+    _assert_register_path(ring, bits, mt)
 
 
 GROUPED = dict(
