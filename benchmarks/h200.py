@@ -65,6 +65,7 @@ class Run:
     exact: bool = True
     in_memory: bool = False
     gdn_form: str = "recurrence"
+    untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -102,6 +103,10 @@ class Run:
         print(f"{path.name}: loaded in {time.perf_counter() - t:.0f} s", flush=True)
         if not self.exact:
             make_inexact(model)
+        if self.untried:
+            for lin in model.linears():
+                if lin.book is not None:
+                    lin.book.untried = True  # one book shared by every layer
         return model
 
 
@@ -344,6 +349,11 @@ def main() -> None:
         help="replay decode passes as CUDA graphs",
     )
     p.add_argument(
+        "--untried",
+        action="store_true",
+        help="the tile book also times the launch shapes not yet offered to it (their bits unchecked)",
+    )
+    p.add_argument(
         "--in-memory",
         action="store_true",
         help="no weight files: the random tensors drawn as the loader reads them (the 122B)",
@@ -368,6 +378,7 @@ def main() -> None:
         exact=not args.inexact,
         in_memory=args.in_memory,
         gdn_form=args.gdn_form,
+        untried=args.untried,
     )
     out = Path(args.out)
     limits = ceilings()

@@ -74,6 +74,20 @@ def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
     assert TileBook().load(path) == 0
 
 
+def test_a_benchmark_book_times_the_untried_shapes_too(monkeypatch):
+    """`TileBook(untried=True)` (h200.py --untried) times the untried shapes beside the
+    candidates; a serving book never sees them."""
+    import tensorfold.ops.triton.tiles as tiles
+
+    monkeypatch.setattr(tiles.torch.cuda, "is_current_stream_capturing", lambda: False)
+    # the timed call returns its shape; the ring shapes time fastest
+    monkeypatch.setattr(tiles, "gpu_seconds", lambda fn, reps: 1.0 if fn().ring else 2.0)
+    for m in (1, 64):
+        for wide in (False, True):
+            t = TileBook(untried=wide).pick(("k", m), m, True, lambda t: t)
+            assert t.ring == wide and (t in untried(m)) == wide
+
+
 def test_tile_file_keeps_grouped_expert_shapes(tmp_path):
     """The grouped expert products' choices (keys "moe", pairs a tile, N, K, format, part)
     round-trip; a shape that is not a grouped candidate, or a tile size the table never uses,

@@ -198,9 +198,10 @@ class TileBook:
     the card, shared by every layer of a model. Only speed follows the choice: a row's bits are the
     same under every candidate (registry and tests/test_gpu.py)."""
 
-    def __init__(self, reps: int = 10) -> None:
+    def __init__(self, reps: int = 10, untried: bool = False) -> None:
         self.chosen: dict[tuple, Tiles] = {}
         self.reps = reps
+        self.untried = untried  # benchmarks only: the packed shapes of `untried` timed too
 
     def pick(
         self,
@@ -216,7 +217,7 @@ class TileBook:
         run at the rows class's timing rows, when they are not the pass's own)."""
         if key in self.chosen:
             return self.chosen[key]
-        options = options or candidates(m, packed)
+        options = options or candidates(m, packed) + (untried(m) if packed and self.untried else [])
         if len(options) == 1 or torch.cuda.is_current_stream_capturing():
             return options[0]
         times, timed = {}, timer or run
