@@ -23,7 +23,6 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tensorfold.ops.triton import gluon_affine as ga
@@ -34,17 +33,13 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "b_ptr": "*bf16
 
 def compiled(bits: int, rows: int, warps: int, staged: bool, ring: bool):
     """The kernel of one form, compiled for sm_90 (16-byte aligned pointers and strides)."""
-    fn, bk, mt = ga._affine_swapped, ga.STEP_K[bits], ga.row_tile(rows)
-    consts = dict(
-        BITS=bits, GROUP=64, SEG=1024, BN=ga.BN * warps // 4, BK=bk, MT=mt,
-        X_LAYOUT=gl.NVMMASharedLayout.get_default_for([mt, bk], gl.bfloat16), FAULT=0,
-        STAGED=staged, RING=ga._ring_slots(ring, 1024 // bk), num_warps=warps,
-    )  # fmt: skip
+    fn = ga._affine_swapped
+    consts = ga.constants(bits, 64, 1024, ga.row_tile(rows), warps, staged, ring)
     sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in fn.arg_names}
     aligned = [i for i, a in enumerate(fn.arg_names) if sig[a] != "constexpr" and a not in "MN"]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     source = GluonASTSource(fn, sig, consts, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 128), options={"num_warps": warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
 def _tool(name: str) -> str:

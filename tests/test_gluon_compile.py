@@ -39,20 +39,7 @@ def _compile(
     warps: int = 4,
     ring: bool = False,
 ):
-    bk = gluon_affine.STEP_K[bits]
-    consts = dict(
-        BITS=bits,
-        GROUP=group,
-        SEG=1024,
-        BN=gluon_affine.BN * warps // 4,
-        BK=bk,
-        MT=mt,
-        X_LAYOUT=gluon_affine._x_layout(mt, bk),
-        FAULT=fault,
-        STAGED=staged,
-        RING=gluon_affine._ring_slots(ring, 1024 // bk),
-        num_warps=warps,
-    )
+    consts = gluon_affine.constants(bits, group, 1024, mt, warps, staged, ring, fault)
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
     src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)

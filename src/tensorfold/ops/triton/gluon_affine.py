@@ -367,30 +367,30 @@ def partials(
     nseg = k // segment
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
     _affine_swapped[(triton.cdiv(n, bn), nseg)](
-        x,
-        words,
-        scales,
-        biases,
-        part,
-        m,
-        n,
-        k,
-        x.stride(0),
-        words.stride(0),
-        scales.stride(0),
-        BITS=bits,
-        GROUP=group,
-        SEG=segment,
-        BN=bn,
-        BK=STEP_K[bits],
-        MT=mt,
-        X_LAYOUT=_x_layout(mt, STEP_K[bits]),
-        FAULT=fault,
-        STAGED=staged,
-        RING=_ring_slots(ring, segment // STEP_K[bits]),
-        num_warps=warps,
-    )
+        x, words, scales, biases, part, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
+        **constants(bits, group, segment, mt, warps, staged, ring, fault),
+    )  # fmt: skip
     return part
+
+
+def constants(
+    bits: int,
+    group: int,
+    segment: int,
+    mt: int,
+    warps: int = 4,
+    staged: bool = False,
+    ring: bool = False,
+    fault: int = 0,
+) -> dict:
+    """The kernel's compile-time constants for one form and row tile `mt` (what `partials`
+    launches with; the CPU compile tests and benchmarks/sass_report.py compile the same)."""
+    bk = STEP_K[bits]
+    return dict(
+        BITS=bits, GROUP=group, SEG=segment, BN=BN * warps // 4, BK=bk, MT=mt,
+        X_LAYOUT=_x_layout(mt, bk), FAULT=fault, STAGED=staged,
+        RING=_ring_slots(ring, segment // bk), num_warps=warps,
+    )  # fmt: skip
 
 
 def _ring_slots(ring: bool, steps: int) -> int:
