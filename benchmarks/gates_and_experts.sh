@@ -13,15 +13,9 @@
 set -u
 OUT=${1:?usage: gates_and_experts.sh OUT [phases]}
 PHASES=${2:-tests registry gate verify moe lanes}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
-py=python3
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
-git log -1 --format=%h 2>/dev/null | tee "$OUT/commit.txt"
-
 TAIL=${TAIL:-16}
-source "$(dirname "$0")/serve_lib.sh"  # phase
-site_wheels || exit 1
+source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+card_start || exit 1
 
 for p in $PHASES; do
     case $p in

@@ -104,9 +104,7 @@ class Run:
         if not self.exact:
             make_inexact(model)
         if self.untried:
-            for lin in model.linears():
-                if lin.book is not None:
-                    lin.book.untried = True  # one book shared by every layer
+            tile_book(model).untried = True
         return model
 
 
@@ -302,9 +300,14 @@ def bench(
     return rows
 
 
+def tile_book(model):
+    """The tile book every layer of a GPU model shares (None on the CPU)."""
+    return next((lin.book for lin in model.linears() if lin.book is not None), None)
+
+
 def print_tiles(label: str, model) -> None:
     """The launch shape the tile book chose for each (rows class, N, K, format)."""
-    book = next((lin.book for lin in model.linears() if lin.book is not None), None)
+    book = tile_book(model)
     for key, t in sorted(book.chosen.items() if book else (), key=str):
         print(f"tiles {label} {key}: {t}", flush=True)
 

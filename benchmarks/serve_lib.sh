@@ -37,3 +37,14 @@ phase() {
     echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
     tail -n "${TAIL:-24}" "$OUT/$name.log"
 }
+
+# card_start: the start of a GPU machine's script (after setting $OUT): the output folder, the
+# project on PYTHONPATH, $py, the card and the commit written to $OUT, the wheels installed.
+card_start() {
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1 PYTHONPATH=src:tests:benchmarks
+    py=python3
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+    git log -1 --format=%h 2>/dev/null | tee "$OUT/commit.txt"
+    site_wheels
+}
