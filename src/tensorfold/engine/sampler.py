@@ -10,7 +10,7 @@ from ..errors import InvalidRequest
 from ..ops import dispatch as op
 from ..ops.sampling import uniform
 from .constraints import GrammarBook, end_only, unpack
-from .logits_rules import shape_logits, shape_rows, shapes_logits
+from .logits_rules import shape_rows, shapes_logits
 from .request import Request
 
 
@@ -80,21 +80,8 @@ class Sampler:
     def rule_row(self, req: Request, output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
         """The row the request samples from after `output_ids` (its reply so far, or any prefix
         of it: a drafted position): its own rule, then its grammar's mask (fp32). A function of
-        the request's parameters, prompt, `output_ids` and `row` alone."""
-        p = req.params
-        if not custom(req):
-            return row
-        return self._masked(
-            req, output_ids, shape_logits(p, req.prompt_ids, output_ids, row, self.eos_ids)
-        )
-
-    def _masked(self, req: Request, output_ids: list[int], x: torch.Tensor) -> torch.Tensor:
-        """A shaped row under the request's grammar mask (itself when it has no grammar)."""
-        w = self._words(req, output_ids)
-        if w is None:
-            return x
-        allowed = unpack(torch.from_numpy(w).to(x.device), x.shape[0])
-        return x.masked_fill(~allowed, float("-inf"))
+        the request's parameters, prompt, `output_ids` and `row` alone: `rule_rows` of one."""
+        return self.rule_rows([(req, output_ids, row)])[0]
 
     def _words(self, req: Request, output_ids: list[int]) -> np.ndarray | None:
         """The request's grammar mask after `output_ids` as packed words (Matcher.words); None
