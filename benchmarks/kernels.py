@@ -19,7 +19,7 @@ from h200 import (
     ceilings,
 )  # this folder's benchmark: the card's ceilings, measured once the same way
 
-from tensorfold.ops.quant import quantize
+from tensorfold.ops.quant import quantize, single_rounding
 from tensorfold.ops.triton import linear
 from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 from tensorfold.tools.shapes import text_config
@@ -79,7 +79,13 @@ def product_rows(
         words, s, b = quantize(torch.randn(n, k, device="cuda"), bits, group)
         s, b = s.to(torch.bfloat16), b.to(torch.bfloat16)
         plan = linear.LinearPlan.for_weight(n, k, group)
-        run = lambda t: linear.affine_matmul(x, words, s, b, bits, group, plan, tiles=t)  # noqa: E731
+        once = single_rounding(s, b, bits)  # the bf16x2 shapes apply (the same values)
+
+        def run(t):
+            return linear.affine_matmul(
+                x, words, s, b, bits, group, plan, tiles=t, single_rounding=once
+            )
+
         nbytes = words.numel() * 4 + 2 * s.numel() * 2
     else:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)

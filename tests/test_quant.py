@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tensorfold.config import SUPPORTED_BITS
-from tensorfold.ops.quant import dequantize, pack, quantize, unpack
+from tensorfold.ops.quant import dequantize, pack, quantize, single_rounding, unpack
 
 
 def _hand_pack(values: list[int], bits: int) -> list[int]:
@@ -147,3 +147,50 @@ def test_joined_mixed_formats_make_one_product_a_format():
     assert all(torch.equal(a, b) for a, b in zip(out, alone))
     four = joined.products[0][0].weight.packed
     assert lins[2].weight.packed.data_ptr() == four[48:].data_ptr()  # a view, not a copy
+
+
+def _round_bf16_once(v: torch.Tensor) -> torch.Tensor:
+    """v (float64, normal) rounded once to bf16's 8 significant bits, half to even."""
+    m, e = torch.frexp(v)
+    return torch.ldexp(torch.round(m * 256) / 256, e)
+
+
+def _values_both_ways(scales, biases, bits):
+    """Every (group, q) value as the GPU's fp32 fma rounded to bf16, and rounded once."""
+    q = torch.arange(1 << bits, dtype=torch.float64)
+    exact = q[None, :] * scales.double()[:, None] + biases.double()[:, None]  # exact in fp64 here
+    twice = exact.to(torch.float32).to(torch.bfloat16).double()
+    return twice, _round_bf16_once(exact)
+
+
+def test_single_rounding_guard_admits_only_groups_whose_values_do_not_move():
+    """The bf16x2 dequantization rounds q·scale + bias once; the fp32 fma rounds it to fp32
+    first. Wherever the guard admits a group, both give the same bf16 for every q; a group
+    whose fp32 sum rounds onto a bf16 midpoint (scale 1 + 2^-7, q = 3, bias -2^-30) moves
+    and is refused."""
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    s = torch.ldexp(1 + torch.rand(n, generator=g), torch.randint(-20, 5, (n,), generator=g))
+    b = torch.ldexp(torch.rand(n, generator=g) * 2 - 1, torch.randint(-32, 8, (n,), generator=g))
+    s, b = s.to(torch.bfloat16), b.to(torch.bfloat16)
+    s[0], b[0] = 1 + 2**-7, -(2**-30)
+    for bits in (4, 8):
+        twice, once = _values_both_ways(s, b, bits)
+        moved = (twice != once).any(-1)
+        admitted = torch.tensor(
+            [single_rounding(s[i : i + 1], b[i : i + 1], bits) for i in range(n)]
+        )
+        assert not (admitted & moved).any()
+        assert moved[0] and not admitted[0]
+        assert admitted.float().mean() > 0.2  # the guard is not refusing everything
+    assert not single_rounding(s, b, 4)  # one refused group refuses the weight
+
+
+def test_single_rounding_holds_for_quantized_weights():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 512, generator=g)
+    for bits in (4, 8):
+        _, scales, biases = quantize(w, bits, 64)
+        scales, biases = scales.to(torch.bfloat16), biases.to(torch.bfloat16)
+        assert single_rounding(scales, biases, bits)
+        assert not single_rounding(scales.float(), biases.float(), bits)  # bf16 only

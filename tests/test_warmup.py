@@ -60,15 +60,19 @@ def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
 
 
 def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
-    """The ring form of the Gluon kernel is timed by the kernel benchmark only until the card
-    has checked its bits: no rows class offers it and a tile file naming it is timed again."""
+    """The ring form and the bf16x2 dequantization of the Gluon kernel are timed by the kernel
+    benchmark only until the card has checked their bits: no rows class offers them and a tile
+    file naming them is timed again."""
     book = TileBook()
     for m in (1, 16, 40, 64):
         shapes = untried(m)
-        assert shapes and all(t.ring and t.gluon for t in shapes)
+        assert shapes and all((t.ring or t.hfma) and t.gluon for t in shapes)
+        assert any(t.hfma for t in shapes) and any(t.ring and not t.hfma for t in shapes)
         assert not set(shapes) & set(candidates(m, packed=True))
-        book.chosen[(rows_class(m), 64, 64, 4, 64)] = shapes[0]
-    assert untried(65) == [] and not any(t.ring for t in candidates(65, packed=True))
+        for t in shapes[:2]:
+            book.chosen[(rows_class(m), 64, 64 + t.hfma, 4, 64)] = t
+    assert untried(65) == []
+    assert not any(t.ring or t.hfma for m in (1, 64, 65) for t in candidates(m, packed=True))
     path = tmp_path / "tiles.json"
     book.save(path)
     assert TileBook().load(path) == 0

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import triton
 
-from ..ops.quant import dequantize, quantize
+from ..ops.quant import dequantize, quantize, single_rounding
 from ..ops.triton import linear
 from .moe import rel
 
@@ -45,6 +45,8 @@ def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
         packed, scales, biases = quantize(torch.randn(n, k) * 0.02, bits, group)
         w = (packed.cuda().view(torch.int32), scales.cuda().bfloat16(), biases.cuda().bfloat16())
         plan = linear.LinearPlan.for_weight(n, k, group)
+        if "hfma" in form and not single_rounding(w[1], w[2], bits):
+            return [f"{bits}-bit g{group}: the check's weight is outside single_rounding"]
         x = torch.randn(100, k, device="cuda").to(torch.bfloat16)
         prompt = linear.affine_matmul(x, *w, bits, group, plan, tiles=linear.Tiles(64, 64, 4, 3))
         ref = x.float() @ dequantize(packed.cuda(), w[1], w[2], bits, group, torch.float32).t()
@@ -55,7 +57,7 @@ def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
         for m, warps in FEW + (MANY if group == 64 else []):
             rows = x[:m].contiguous()
             fits = linear.gluon_affine.applies(
-                rows, bits, k, plan.segment, form == "staged", warps, form == "ring"
+                rows, bits, k, plan.segment, form.startswith("staged"), warps, "ring" in form
             )
             if not fits:
                 continue  # a segment's inputs and staged words past shared memory: not offered
@@ -74,7 +76,9 @@ def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
 
 def _name(bits: int, form: str) -> str:
     """The entry of a form: words two steps ahead in registers ("regs"), a segment's words
-    staged ("staged"), or the inputs through a ring of a few steps ("ring")."""
+    staged ("staged"), or the inputs through a ring of a few steps ("ring"); "hfma" alone or
+    after either: the 4-bit values dequantized in bf16x2 arithmetic (weights that
+    quant.single_rounding admits, as the check's are)."""
     return f"linear.affine{bits}.gluon" + ("" if form == "regs" else f".{form}")
 
 
@@ -88,13 +92,14 @@ def _available() -> bool:
 
 def _partials(bits, x, words, scales, biases, group, segment, fault=0, form="regs", warps=4):
     return linear.gluon_affine.partials(
-        x, words, scales, biases, bits, group, segment, fault=fault, staged=form == "staged",
-        warps=warps, ring=form == "ring",
+        x, words, scales, biases, bits, group, segment, fault=fault,
+        staged=form.startswith("staged"), warps=warps, ring="ring" in form, hfma="hfma" in form,
     )  # fmt: skip
 
 
 FORMS = [(b, k, form) for b, k in ((4, 128), (8, 64)) for form in ("regs", "staged", "ring")]
 FORMS += [(b, 64, form) for b in (5, 6) for form in ("regs", "ring")]  # 5, 6 bits: not staged
+FORMS += [(4, 128, form) for form in ("hfma", "staged.hfma", "ring.hfma")]  # bf16x2, 4-bit
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
     (_name(b, form), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 64 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b, form))
     for b, k, form in FORMS
@@ -106,5 +111,7 @@ CONTROLS = [
     for c in (
         (_name(b, form), "K regrouped across MMAs (kWidth > 2)", functools.partial(_partials, b, fault=1, form=form)),
         (_name(b, form), "a segment summed as two chains", functools.partial(_partials, b, fault=2, form=form)),
-    )
+    ) + ((
+        (_name(b, form), "bf16x2 values rounded at another point (128 folded into the bias)", functools.partial(_partials, b, fault=3, form=form)),
+    ) if "hfma" in form else ())
 ] if _available() else []  # fmt: skip

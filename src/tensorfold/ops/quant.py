@@ -7,6 +7,7 @@ unsigned values; groups of `group_size` consecutive values share a scale and a b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,12 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.packed.device
 
+    @functools.cached_property
+    def single_rounding(self) -> bool:
+        """Whether bf16x2 dequantization gives this weight's values (see `single_rounding`);
+        computed once, on first use."""
+        return single_rounding(self.scales, self.biases, self.bits)
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.biases))
@@ -118,3 +125,27 @@ class QuantizedWeight:
             self.bits,
             self.group_size,
         )
+
+
+def single_rounding(scales: torch.Tensor, biases: torch.Tensor, bits: int) -> bool:
+    """Whether every value `scale · q + bias` of these groups (q any `bits`-bit value) is exact
+    in fp32, so that the fp32 fma rounded to bf16 (the GPU's dequantization) equals the same
+    fma rounded once to bf16 (bf16x2 arithmetic). bf16 scales and biases carry 8 significant
+    bits: q · scale lies in [2^(Es-7), 2^(Es+1+bits)), the bias in [2^(Eb-7), 2^(Eb+1)), and the
+    sum fits fp32's 24 bits when max(Es + bits, Eb) - min(Es, Eb) <= 15. The lowest bit stays
+    at or above 2^-126 (no subnormal result) and the highest below 2^127."""
+    if scales.dtype != torch.bfloat16 or biases.dtype != torch.bfloat16 or bits > 8:
+        return False
+    ok = True
+    for s, b in zip(scales.reshape(-1).split(1 << 24), biases.reshape(-1).split(1 << 24)):
+        s, b = s.float(), b.float()
+        if not bool(torch.isfinite(s).all() & torch.isfinite(b).all()):
+            return False
+        es = torch.frexp(s).exponent - 1  # floor(log2 |s|) for s != 0
+        eb = torch.where(b == 0, es, torch.frexp(b).exponent - 1)
+        low, high = torch.minimum(es, eb), torch.maximum(es + bits, eb)
+        fits = (high - low <= 15) & (low >= -119) & (high <= 124)
+        ok &= bool((fits | (s == 0)).all())  # s == 0: every value is the bias itself
+        if not ok:
+            return False
+    return ok

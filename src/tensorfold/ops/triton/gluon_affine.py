@@ -51,10 +51,11 @@ from .gluon_tiles import (
 
 
 @gluon.jit
-def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr):  # fmt: skip
-    """Step i's weight tile [BN, BK] in bf16 in the MMA's register operand layout, by width."""
+def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr, HFMA: gl.constexpr = 0):  # fmt: skip
+    """Step i's weight tile [BN, BK] in bf16 in the MMA's register operand layout, by width
+    (HFMA: 4-bit values in bf16x2 arithmetic, for weights whose fp32 fma is exact)."""
     if BITS == 4:
-        return _tile(words, s_ptr, b_ptr, p_s, s_ok, sel, i, BN, BK, GROUP, A_LAYOUT)
+        return _tile(words, s_ptr, b_ptr, p_s, s_ok, sel, i, BN, BK, GROUP, A_LAYOUT, HFMA)
     elif BITS == 8:
         return _tile8(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BN, BK, GROUP, LP, LS, A_LAYOUT)
     else:  # 5 or 6 bits: `sel` holds the lanes
@@ -62,10 +63,17 @@ def _step_tile(words, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i, BITS: gl.constexpr,
 
 
 @gluon.jit
-def _x_copy(x_smem, slot, p_x, live, step, NSTEP: gl.constexpr, BK: gl.constexpr):
+def _x_copy(x_smem, slot, p_x, live, step, NSTEP: gl.constexpr, BK: gl.constexpr, FAULT: gl.constexpr):  # fmt: skip
     """Step `step`'s inputs into ring slot `slot` by async copies, one commit group (steps past
-    the segment copy nothing: the group stays, so every step waits on the same count)."""
-    _async_load(x_smem.index(slot), p_x + step * BK, mask=live[:, None] & (step < NSTEP))
+    the segment copy nothing: the group stays, so every step waits on the same count). The
+    planted regrouping (FAULT 1) loads and stores them instead: its permuted columns are runs of
+    8, which one Triton's async copies took for single values; _x_ready's fence and barrier
+    publish the stores as they publish the copies."""
+    mask = live[:, None] & (step < NSTEP)
+    if FAULT == 1:
+        x_smem.index(slot).store(gl.load(p_x + step * BK, mask=mask, other=0.0))
+    else:
+        _async_load(x_smem.index(slot), p_x + step * BK, mask=mask)
     async_copy.commit_group()
 
 
@@ -100,6 +108,7 @@ def _affine_swapped(
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
     RING: gl.constexpr,
+    HFMA: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
@@ -107,7 +116,7 @@ def _affine_swapped(
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
         stride_s, pid_n, pid_s, 1, False, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
-        num_warps, RING,
+        num_warps, RING, HFMA,
     )  # fmt: skip
 
 
@@ -142,12 +151,14 @@ def _swapped_body(
     STAGED: gl.constexpr,
     num_warps: gl.constexpr,
     RING: gl.constexpr = 0,
+    HFMA: gl.constexpr = 0,
 ):
     """Weight tile pid_n, segment pid_s against rows row0 .. row0 + m_live - 1 of x (GATHER: row
     order[row0 + i] // TOP_K, an expert's pairs), their fp32 segment sums stored at rows p_row..
     of p (a row every ldp values). RING > 0: the inputs pass through a ring of RING steps in
     shared memory, copied RING - 1 steps ahead, rather than the whole segment's at once (less
-    shared memory a program, so more programs share a multiprocessor; the same MMAs)."""
+    shared memory a program, so more programs share a multiprocessor; the same MMAs). HFMA: 4-bit
+    values dequantized in bf16x2 arithmetic, the same values where quant.single_rounding holds."""
     NSTEP: gl.constexpr = SEG // BK
     k_seg = pid_s * SEG
     RT: gl.constexpr = BN // 16
@@ -226,7 +237,7 @@ def _swapped_body(
     p_x = x_ptr + x_rows[:, None] * stride_x + (k_seg + o_xk)[None, :]
     if RING:  # the first RING - 1 steps' copies in flight, one commit group a step
         for j in gl.static_range(RING - 1):
-            _x_copy(x_smem, j, p_x, live, j, NSTEP, BK)
+            _x_copy(x_smem, j, p_x, live, j, NSTEP, BK, FAULT)
     else:
         for i in gl.static_range(NSTEP):
             x_smem.index(i).store(gl.load(p_x + i * BK, mask=live[:, None], other=0.0))
@@ -239,13 +250,15 @@ def _swapped_body(
     LAST: gl.constexpr = NSTEP - 1
     if STAGED:
         w0 = _staged(w_smem, 0, NSTEP, zeros, LW5)
-    a = _step_tile(w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT)
+    a = _step_tile(
+        w0, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, 0, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT, HFMA
+    )
     if STAGED:  # unrolled: each step waits for its own copies
         for i in gl.static_range(LAST):
             acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
             nxt = _step_tile(
                 _staged(w_smem, i + 1, NSTEP, zeros, LW5), s_ptr, b_ptr, p_s, s_ok, c_lo, sel,
-                i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT,
+                i + 1, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT, HFMA,
             )  # fmt: skip
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
             a = nxt
@@ -260,12 +273,12 @@ def _swapped_body(
             if RING:  # step i's inputs landed; the slot step i - 1 read takes step i + RING - 1
                 _x_ready(RING)
                 acc = warpgroup_mma(a, x_smem.index(i % RING).permute((1, 0)), acc, is_async=True)
-                _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK)
+                _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK, FAULT)
             else:
                 acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
             nxt = _step_tile(
                 ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
-                A_LAYOUT,
+                A_LAYOUT, HFMA,
             )  # fmt: skip
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
             a = nxt
@@ -295,6 +308,7 @@ SHARED_BYTES = 227 * 1024  # a Hopper block's shared memory
 STEP_K = {4: 128, 5: 64, 6: 64, 8: 64}
 STAGED_BITS = (4, 8)  # widths with a staged form (5- and 6-bit words wait in registers only)
 RING = 3  # steps of inputs a ring holds: the step the MMA reads and two copies in flight
+FAULT_FOLDED = 3  # planted (bf16x2 forms): 128 folded into the bias before the fma
 
 
 def applies(
@@ -355,12 +369,16 @@ def partials(
     staged: bool = False,
     warps: int = 4,
     ring: bool = False,
+    hfma: bool = False,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
-    (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains;
+    (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains, 3 the
+    bf16x2 dequantization rounding at another point;
     `staged`: a segment's words copied to shared memory all at once rather than two steps
     ahead in registers, the same values and MMAs; `warps`: 4 or 8, 64 or 128 weight rows a
-    program; `ring`: the inputs through a ring of RING steps, the same values and MMAs)."""
+    program; `ring`: the inputs through a ring of RING steps, the same values and MMAs;
+    `hfma`: 4-bit values in bf16x2 arithmetic, only for weights quant.single_rounding passes,
+    where it gives the same values)."""
     m, k = x.shape
     n = words.shape[0]
     mt, bn = row_tile(m), BN * warps // 4
@@ -368,7 +386,7 @@ def partials(
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
     _affine_swapped[(triton.cdiv(n, bn), nseg)](
         x, words, scales, biases, part, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
-        **constants(bits, group, segment, mt, warps, staged, ring, fault),
+        **constants(bits, group, segment, mt, warps, staged, ring, fault, hfma),
     )  # fmt: skip
     return part
 
@@ -382,6 +400,7 @@ def constants(
     staged: bool = False,
     ring: bool = False,
     fault: int = 0,
+    hfma: bool = False,
 ) -> dict:
     """The kernel's compile-time constants for one form and row tile `mt` (what `partials`
     launches with; the CPU compile tests and benchmarks/sass_report.py compile the same)."""
@@ -389,8 +408,16 @@ def constants(
     return dict(
         BITS=bits, GROUP=group, SEG=segment, BN=BN * warps // 4, BK=bk, MT=mt,
         X_LAYOUT=_x_layout(mt, bk), FAULT=fault, STAGED=staged,
-        RING=_ring_slots(ring, segment // bk), num_warps=warps,
+        RING=_ring_slots(ring, segment // bk), HFMA=_hfma(hfma, bits, fault), num_warps=warps,
     )  # fmt: skip
+
+
+def _hfma(hfma: bool, bits: int, fault: int) -> int:
+    """The kernel's HFMA: 0 the fp32 dequantization, 1 bf16x2 (4-bit only), 2 its planted fold
+    (the registry's fault 3)."""
+    if not hfma or bits != 4:
+        return 0
+    return 2 if fault == FAULT_FOLDED else 1
 
 
 def _ring_slots(ring: bool, steps: int) -> int:

@@ -61,6 +61,51 @@ def _pair(words, sel, s_lo, s_hi, bias):
 
 
 @gluon.jit
+def _doubled(v):
+    """A bf16 value in both halves of a 32-bit register (a bf16x2 operand)."""
+    return gl.inline_asm_elementwise(
+        "mov.b32 $0, {$1, $1};", "=r,h", [v], dtype=gl.int32, is_pure=True, pack=1
+    )
+
+
+_NIBBLES = gl.constexpr(
+    "shr.u32 t, $2, 4;\nprmt.b32 u, $2, t, $3;\nlop3.b32 u, u, 0x000F000F, 0x43004300, 0xEA;\n"
+)
+_SINGLE = gl.constexpr("fma.rn.bf16x2 u, u, $6, $7;\nfma.rn.bf16x2 u, u, $4, $5;\n")
+# planted for the registry: 128 folded into the bias first, fma(128 + q, scale, bias - 128·scale),
+# a rounding at another point
+_FOLDED = gl.constexpr("fma.rn.bf16x2 t, $4, $7, $5;\nfma.rn.bf16x2 u, u, $4, t;\n")
+
+
+@gluon.jit
+def _pair_bf16x2(words, sel2, scale2, bias2, HFMA: gl.constexpr):
+    """Values 2c and 2c+1 of each word in bf16x2 arithmetic, for weights whose fp32 fma is
+    exact (quant.single_rounding): one byte permute puts byte c of the word and of the word
+    shifted by 4 in the two halves, one lop3 keeps their low nibbles under 0x4300 (128 + q as
+    bf16, exact), one bf16x2 fma takes 128 away (exact) and one computes q·scale + bias,
+    rounded once: five instructions a pair where the fp32 form takes seven. HFMA == 2 is the
+    planted fold (_FOLDED)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 t, u;\n"
+        + _NIBBLES
+        + (_FOLDED if HFMA == 2 else _SINGLE)
+        + "mov.b32 {$0, $1}, u; }",
+        "=h,=h,r,r,r,r,r,r",
+        [
+            words,
+            sel2,
+            scale2,
+            bias2,
+            gl.full_like(words, 0x3F803F80),
+            gl.full_like(words, -1023360256),
+        ],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=1,
+    )  # the last two: 1.0 and -128.0 in both halves
+
+
+@gluon.jit
 def _tile(
     words,
     s_ptr,
@@ -73,9 +118,18 @@ def _tile(
     BK: gl.constexpr,
     GROUP: gl.constexpr,
     A_LAYOUT: gl.constexpr,
+    HFMA: gl.constexpr = 0,
 ):
-    """Step i's weight tile [BN, BK] in bf16, in the MMA's register operand layout."""
+    """Step i's weight tile [BN, BK] in bf16, in the MMA's register operand layout (HFMA 1: in
+    bf16x2 arithmetic, the same values for weights quant.single_rounding passes; 2: planted)."""
     gs = (i * BK) // GROUP
+    if HFMA > 0:
+        sel2 = (sel - 0x7650) * 0x1111 + 0x4400  # byte c of the word (0-3), then of word >> 4 (4-7)
+        scale2 = _doubled(gl.load(s_ptr + p_s + gs, mask=s_ok, other=0.0))
+        bias2 = _doubled(gl.load(b_ptr + p_s + gs, mask=s_ok, other=0.0))
+        s2, b2 = gl.expand_dims(scale2, 5), gl.expand_dims(bias2, 5)
+        lo, hi = _pair_bf16x2(words, sel2, s2, b2, HFMA)
+        return _operand(lo, hi, BN, BK, A_LAYOUT)
     scale = gl.load(s_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32)
     bias = gl.expand_dims(gl.load(b_ptr + p_s + gs, mask=s_ok, other=0.0).to(gl.float32), 5)
     lo, hi = _pair(words, sel, gl.expand_dims(scale, 5), gl.expand_dims(scale * 0.0625, 5), bias)

@@ -317,8 +317,11 @@ def affine_matmul(
     plan: LinearPlan,
     out: torch.Tensor | None = None,
     tiles: Tiles | None = None,
+    single_rounding: bool = False,
 ) -> torch.Tensor:
-    """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]."""
+    """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]
+    (`single_rounding`: quant.single_rounding holds for the weight, so a shape's bf16x2
+    dequantization gives its values; otherwise such a shape runs the fp32 dequantization)."""
     t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
     if t.dequant:
@@ -339,8 +342,9 @@ def affine_matmul(
         if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps, t.ring):
             w = (words, scales, biases)
             part = gluon_affine.partials(
-                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps, ring=t.ring
-            )
+                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps,
+                ring=t.ring, hfma=t.hfma and single_rounding,
+            )  # fmt: skip
             return _sum(part, out)
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,
@@ -357,6 +361,14 @@ def affine_matmul(
     )
 
 
+def _single_rounding(w: QuantizedWeight) -> bool:
+    """The weight's quant.single_rounding, computed on its first eager use (it reads the scales
+    back); a graph recorded before that runs the fp32 dequantization, the same values."""
+    if "single_rounding" in w.__dict__ or not torch.cuda.is_current_stream_capturing():
+        return w.single_rounding
+    return False
+
+
 def matmul(
     x: torch.Tensor, w: "torch.Tensor | QuantizedWeight", book: TileBook | None = None
 ) -> torch.Tensor:
@@ -371,9 +383,11 @@ def matmul(
 
     def run_on(rows: torch.Tensor, t: Tiles) -> torch.Tensor:
         if packed:
+            once = t.hfma and _single_rounding(w)
             return affine_matmul(
-                rows, w.packed, w.scales, w.biases, w.bits, w.group_size, plan, tiles=t
-            )
+                rows, w.packed, w.scales, w.biases, w.bits, w.group_size, plan, tiles=t,
+                single_rounding=once,
+            )  # fmt: skip
         return dense_matmul(rows, w, plan, tiles=t)
 
     m = x.shape[0]

@@ -59,6 +59,7 @@ class Tiles:
     gluon: bool = False  # packed, <= 64 rows: the Gluon kernel where it applies, else swapped
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
     ring: bool = False  # the Gluon kernel: the inputs through a ring of a few steps, not a segment
+    hfma: bool = False  # the Gluon kernel, 4-bit: bf16x2 dequantization (single_rounding weights)
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -145,14 +146,19 @@ def _middle_gluon() -> list[Tiles]:
 
 def untried(m: int) -> list[Tiles]:
     """Packed launch shapes built but not yet offered to the tile book for m rows, because
-    their bits have not been checked on a card (the registry's `.ring` entries): the Gluon
-    kernel with its inputs through a ring of a few steps, so that programs of 64 rows, whose
-    whole segment of inputs fills half a multiprocessor's shared memory, can share one.
-    `benchmarks/kernels.py --untried` times them beside the candidates."""
+    their bits have not been checked on a card (the registry's `.ring` and `.hfma` entries):
+    the Gluon kernel with its inputs through a ring of a few steps, so that programs of 64
+    rows, whose whole segment of inputs fills half a multiprocessor's shared memory, can share
+    one; and every Gluon shape with its 4-bit values dequantized in bf16x2 arithmetic (five
+    instructions a pair of values against seven; the same values for the weights
+    quant.single_rounding admits, the fp32 form for the others). `benchmarks/kernels.py
+    --untried` times them beside the candidates."""
     if m > 64:
         return []
     shapes = [(16, 128, 4, 4)] if m <= 16 else [(64, 64, 4, 3), (64, 128, 8, 3)]
-    return [Tiles(r, n, w, s, wide=2, swap=True, gluon=True, ring=True) for r, n, w, s in shapes]
+    ring = [Tiles(r, n, w, s, wide=2, swap=True, gluon=True, ring=True) for r, n, w, s in shapes]
+    gluon = [t for t in candidates(m, packed=True) if t.gluon]
+    return ring + [replace(t, hfma=True) for t in gluon + ring]
 
 
 GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
