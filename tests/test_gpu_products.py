@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from tensorfold.ops.quant import quantize  # noqa: E402
+from tensorfold.ops.quant import quantize, single_rounding  # noqa: E402
 from tensorfold.ops.triton import linear  # noqa: E402
 
 SHAPES = [(4096, 12288)]  # the 9B's MLP down product: twelve K segments
@@ -18,10 +18,12 @@ ROWS = (1, 2, 7, 16, 64, 600, 4000)
 
 
 def _fp32(x, w, tiles=None):
-    """The product's fp32 results: the kernels store their sums in the output's dtype."""
+    """The product's fp32 results: the kernels store their sums in the output's dtype (the
+    bf16x2 shapes take their form where the weight admits it, as serving's do)."""
     out = torch.empty(x.shape[0], w[0].shape[0], device="cuda", dtype=torch.float32)
     plan = linear.LinearPlan.for_weight(out.shape[1], x.shape[1], w[4])
-    return linear.affine_matmul(x, *w, plan, out=out, tiles=tiles)
+    once = single_rounding(w[1], w[2], w[3])
+    return linear.affine_matmul(x, *w, plan, out=out, tiles=tiles, single_rounding=once)
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

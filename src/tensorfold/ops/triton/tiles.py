@@ -98,8 +98,11 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         more = (
             [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
             + [Tiles(16, n, w, s, wide=x, swap=True) for n, w, s, x in SWAPPED]
-            + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True)]
-            + [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=True)]
+            + [
+                Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=s, hfma=h)
+                for h in (False, True)
+                for s in (False, True)
+            ]
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
@@ -141,24 +144,28 @@ def _middle_gluon() -> list[Tiles]:
     """The Gluon kernel for 17-64 rows: 4 warps (64 weight rows a program) or 8 (128), each with
     its staged twin; where it does not apply (shared memory, width) the Triton swapped form runs."""
     shapes = [Tiles(64, n, w, 3, wide=2, swap=True, gluon=True) for n, w in ((64, 4), (128, 8))]
-    return shapes + [replace(t, staged=True) for t in shapes]
+    ring = [replace(t, ring=True) for t in shapes]
+    return shapes + [replace(t, staged=True) for t in shapes] + ring + _hfma(ring)
+
+
+def _hfma(shapes: list[Tiles]) -> list[Tiles]:
+    """The Gluon shapes' bf16x2 twins: 4-bit weights that quant.single_rounding admits take
+    them, every other weight runs the fp32 dequantization under them (the same values)."""
+    return [replace(t, hfma=True) for t in shapes]
 
 
 def untried(m: int) -> list[Tiles]:
-    """Packed launch shapes built but not yet offered to the tile book for m rows, because
-    their bits have not been checked on a card (the registry's `.ring` and `.hfma` entries):
-    the Gluon kernel with its inputs through a ring of a few steps, so that programs of 64
-    rows, whose whole segment of inputs fills half a multiprocessor's shared memory, can share
-    one; and every Gluon shape with its 4-bit values dequantized in bf16x2 arithmetic (five
-    instructions a pair of values against seven; the same values for the weights
-    quant.single_rounding admits, the fp32 form for the others). `benchmarks/kernels.py
-    --untried` times them beside the candidates."""
+    """Packed launch shapes built and checked but not offered to the tile book for m rows,
+    for `benchmarks/kernels.py --untried` to time beside the candidates: at most 16 rows the
+    Gluon kernel with its inputs through a ring (no gain at one row on the card, where a
+    segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
+    Gluon shapes (the ring's beat them at every 9B product)."""
     if m > 64:
         return []
-    shapes = [(16, 128, 4, 4)] if m <= 16 else [(64, 64, 4, 3), (64, 128, 8, 3)]
-    ring = [Tiles(r, n, w, s, wide=2, swap=True, gluon=True, ring=True) for r, n, w, s in shapes]
-    gluon = [t for t in candidates(m, packed=True) if t.gluon]
-    return ring + [replace(t, hfma=True) for t in gluon + ring]
+    if m > 16:
+        return [replace(t, hfma=True) for t in _middle_gluon() if not t.ring and not t.hfma]
+    ring = [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, ring=True)]
+    return ring + _hfma(ring)
 
 
 GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
