@@ -323,10 +323,9 @@ def applies(
     """Whether this kernel can run the product: at most 64 rows, a segment's inputs (or the
     ring's), and its staged words, in shared memory, and `fits` (no ring with staged words)."""
     m = x.shape[0]
-    if m > ROW_TILES[-1] or (ring and staged):
-        return False
-    shared = shared_bytes(bits, segment, row_tile(m), BN * warps // 4, staged, ring)
-    return fits(x, bits, k, segment, staged) and shared <= SHARED_BYTES
+    if m > ROW_TILES[-1] or (ring and staged) or not fits(x, bits, k, segment, staged):
+        return False  # `fits` first: the ring's size needs a width the kernel has
+    return shared_bytes(bits, segment, row_tile(m), BN * warps // 4, staged, ring) <= SHARED_BYTES
 
 
 def row_tile(m: int) -> int:

@@ -98,11 +98,8 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         more = (
             [Tiles(16, 64, 4, 4, wide=2), Tiles(16, 128, 4, 4, wide=2)]
             + [Tiles(16, n, w, s, wide=x, swap=True) for n, w, s, x in SWAPPED]
-            + [
-                Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=s, hfma=h)
-                for h in (False, True)
-                for s in (False, True)
-            ]
+            + _few_gluon()
+            + _hfma(_few_gluon())
             if packed
             else [Tiles(16, n, 4, 4, whole=True) for n in (16, 32)]
         )
@@ -148,6 +145,11 @@ def _middle_gluon() -> list[Tiles]:
     return shapes + [replace(t, staged=True) for t in shapes] + ring + _hfma(ring)
 
 
+def _few_gluon() -> list[Tiles]:
+    """The Gluon kernel for one to 16 rows: the words two steps ahead in registers, or staged."""
+    return [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, staged=s) for s in (False, True)]
+
+
 def _hfma(shapes: list[Tiles]) -> list[Tiles]:
     """The Gluon shapes' bf16x2 twins: 4-bit weights that quant.single_rounding admits take
     them, every other weight runs the fp32 dequantization under them (the same values)."""
@@ -163,7 +165,7 @@ def untried(m: int) -> list[Tiles]:
     if m > 64:
         return []
     if m > 16:
-        return [replace(t, hfma=True) for t in _middle_gluon() if not t.ring and not t.hfma]
+        return _hfma([t for t in _middle_gluon() if not t.ring and not t.hfma])
     ring = [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, ring=True)]
     return ring + _hfma(ring)
 
