@@ -66,6 +66,7 @@ class Run:
     in_memory: bool = False
     gdn_form: str = "recurrence"
     untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
+    overlap: bool | None = None  # the engine's overlapped passes (None: its default)
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -80,6 +81,7 @@ class Run:
                 max_queue=4096,
                 cuda_graphs=self.graphs,
                 gdn_form=self.gdn_form,
+                overlap=self.overlap,
             ),
         )
 
@@ -352,6 +354,12 @@ def main() -> None:
         help="replay decode passes as CUDA graphs",
     )
     p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the engine's overlapped passes (default: the engine's choice, on for a GPU)",
+    )
+    p.add_argument(
         "--untried",
         action="store_true",
         help="the tile book also times the launch shapes not yet offered to it (their bits unchecked)",
@@ -382,6 +390,7 @@ def main() -> None:
         in_memory=args.in_memory,
         gdn_form=args.gdn_form,
         untried=args.untried,
+        overlap=args.overlap,
     )
     out = Path(args.out)
     limits = ceilings()

@@ -46,9 +46,11 @@ def main() -> None:
         greedy = wall_ms(lambda: logits.argmax(-1).tolist())
         for name, rule in RULES.items():
             us = [uniform(i, 1000 + i) for i in range(m)]
-            run = lambda: dispatch.sample_rows(rows, [rule] * m, us)  # noqa: E731
+            run = lambda: dispatch.sample_rows(rows, [rule] * m, us).tolist()  # noqa: E731
             together = run()
-            alone = [dispatch.sample_rows([rows[i]], [rule], [us[i]])[0] for i in (0, m - 1)]
+            alone = [
+                dispatch.sample_rows([rows[i]], [rule], [us[i]]).tolist()[0] for i in (0, m - 1)
+            ]
             assert alone == [together[0], together[-1]], (name, m)
             print(f"| {m} | {name} | {wall_ms(run):.3f} | {greedy:.3f} |", flush=True)
 

@@ -5,8 +5,9 @@ count. Prints a table last.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/step_profile.py --models 4bit --lanes 16,64
 
-With no overlap of host and device, wall = device + host: the host share is what an engine that
-plans pass N+1 while pass N runs could hide.
+With no overlap of host and device (--no-overlap), wall = device + host: the host share is what
+an engine that plans pass N+1 while pass N runs could hide. With overlap (the engine's default on
+a GPU), wall - device is the time the card waited for the host.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from clock import Clock
 from h200 import Run, start_decoding
 
 from tensorfold.engine import engine as engine_module
+from tensorfold.engine import overlap
 from tensorfold.engine.request import SamplingParams
 from tensorfold.runner import cuda_graph, model_runner
 
@@ -72,6 +74,8 @@ def profile(model, lanes: int, run: Run, steps: int) -> dict:
     cuda_graph.PassGraph._load = counted
     restore.append((cuda_graph.PassGraph, "_load", load))
     clock.wrap(eng.sampler, "choose", "token rule + sync", restore)
+    clock.wrap(eng.sampler, "pick", "token rule (device)", restore)
+    clock.wrap(overlap.Chosen, "read", "tokens read back (wait)", restore)
     clock.wrap(eng.output, "commit", "commit (text, stops)", restore)
     replays = ReplayEvents(restore)
     torch.cuda.synchronize()
@@ -99,8 +103,9 @@ def main() -> None:
     p.add_argument("--models", default="4bit")
     p.add_argument("--lanes", default="1,16,64")
     p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
     args = p.parse_args()
-    run = Run(in_memory=True)
+    run = Run(in_memory=True, overlap=args.overlap)
     rows = []
     for name in args.models.split(","):
         path = run.checkpoint(Path(args.out) / f"{args.shape}-{name}", args.shape, name)

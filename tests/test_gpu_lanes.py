@@ -67,6 +67,20 @@ def test_many_lanes_concurrent_equals_solo_9b(nine_b, parallel):
         assert _run(_engine(nine_b, 1), [jobs[i]]) == [together[i]], f"lane {i}"
 
 
+def test_overlapped_equals_sequential_9b(nine_b):
+    """Pass N+1 launched before pass N's tokens are read (the GPU's default): every lane's tokens
+    equal the sequential engine's, through every bucket as the lanes end one after another."""
+    jobs, outs = _jobs(64), []
+    for overlap in (None, False):
+        eng = _engine(nine_b, 64, overlap=overlap)
+        assert eng.overlap is (overlap is None)
+        reqs = [eng.add_request(ids, p) for ids, p in jobs]
+        eng.run_until_done()
+        outs.append([r.output_ids for r in reqs])
+    assert outs[0] == outs[1]
+    assert [len(ids) for ids in outs[0]] == [p.max_tokens for _, p in jobs]
+
+
 def test_padded_graph_equals_eager_9b(nine_b):
     """13 lanes replay the 16-lane graph (3 padding lanes) and give the eager passes' bytes."""
     jobs = _jobs(13)

@@ -78,7 +78,7 @@ class KVPool:
         """Cache rows of positions 0..length-1 of a lane with this page table."""
         device = self.k[0].device if self.k else torch.device("cpu")
         pos = torch.arange(length, device=device)
-        table = torch.tensor(pages, dtype=torch.long, device=device)
+        table = torch.tensor(pages, dtype=torch.long).to(device, non_blocking=True)  # no wait
         return table[pos // self.page_size] * self.page_size + pos % self.page_size
 
     @property

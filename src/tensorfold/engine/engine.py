@@ -23,6 +23,7 @@ from .constraints import GrammarBook
 from .drafting import Drafting
 from .inbox import Inbox
 from .output import Output
+from .overlap import Chosen, fed
 from .passes import plan_pass
 from .request import Request, SamplingParams, Status, TokenEvent, Watch
 from .sampler import Sampler
@@ -45,6 +46,9 @@ class EngineConfig(SchedulerConfig):
     draft_tokens: int = 4  # tokens drafted per verify pass
     gdn_form: str = "recurrence"  # the gated delta rule's exact form: "recurrence" or "chunk"
     max_tokens: int | None = None  # a request's reply limit when it sets none (None: the context)
+    # plan and launch pass N+1 while pass N's tokens are chosen (engine/overlap.py); None: on a
+    # GPU for a whole model that does not draft
+    overlap: bool | None = None
 
 
 class Engine:
@@ -92,6 +96,11 @@ class Engine:
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)
         self.output = Output(tokenizer, self.eos_ids)
+        auto = model.device.type == "cuda" and model.group is None and not config.draft
+        self.overlap = auto if config.overlap is None else config.overlap
+        if self.overlap and (model.group is not None or config.draft):
+            raise ValueError("overlapped passes need a whole model that does not draft")
+        self._chosen: Chosen | None = None  # the last pass's tokens, not read back yet
         self.inbox = Inbox(config.max_queue)
         self.wakeup = self.inbox.wakeup  # the server's loop waits on it
         self._requests: dict[str, Request] = {}
@@ -138,11 +147,54 @@ class Engine:
 
     # -- the loop (one thread) -----------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.inbox or self.scheduler.waiting or self.scheduler.running)
+        waiting = self.inbox or self.scheduler.waiting or self.scheduler.running
+        return bool(waiting or self._chosen is not None)
 
     def step(self) -> list[TokenEvent]:
-        start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
+        """One pass; with overlap, the tokens of the pass before are committed while it runs."""
         events = self._take_inbox()
+        if self._overlapping():
+            return events + self._overlapped_step()
+        return events + self._settle() + self._step()
+
+    def _overlapping(self) -> bool:
+        """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps."""
+        lanes = itertools.chain(self.scheduler.running, self.scheduler.waiting)
+        return self.overlap and all(req.watch is None for req in lanes)
+
+    def _overlapped_step(self) -> list[TokenEvent]:
+        self.scheduler.admit()
+        work = self.scheduler.schedule()
+        ready = []
+        if work:
+            plan = plan_pass(work, fed=fed(work, self._chosen))
+            logits = self.runner.execute(plan)
+            self._passes += 1
+            for i, w in enumerate(work):
+                if self._advance(w.request, w.rows, logits.get(i)):
+                    ready.append((w.request, logits[i][-1]))
+        events = self._settle()  # the pass before's tokens, read while this one runs
+        ready = [(req, row) for req, row in ready if req.status == Status.RUNNING]
+        if ready:
+            self._chosen = Chosen.pick(self.sampler, ready)
+        return events
+
+    def _settle(self) -> list[TokenEvent]:
+        """Commits the tokens chosen on the device and not read back yet (a lane that finished
+        meanwhile, cancelled, drops its own)."""
+        chosen, self._chosen = self._chosen, None
+        if chosen is None:
+            return []
+        events = []
+        for (req, row), token in zip(chosen.ready, chosen.read()):
+            if req.status == Status.RUNNING and req.lane.pending >= 0:
+                req.lane.pending = -1
+                events.append(self._commit(req, row, token))
+        return events
+
+    def _step(self) -> list[TokenEvent]:
+        start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
+        events: list[TokenEvent] = []
         self.scheduler.admit()
         self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
@@ -211,6 +263,7 @@ class Engine:
         "error" and gives back its lane, touching no device memory (the device may be lost)."""
         self.scheduler.waiting.extend(self.inbox.take())
         self.inbox.take_cancels()
+        self._chosen = None
         events = []
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.finish(req)
@@ -230,6 +283,7 @@ class Engine:
         if watch is not None and watch.on_finish is not None and req.status == Status.RUNNING:
             watch.on_finish(req, logits)
         req.finish_reason = reason
+        req.lane.pending = -1  # a token chosen meanwhile is dropped
         self.drafting.release(req)
         self.scheduler.finish(req)
         self._requests.pop(req.request_id, None)

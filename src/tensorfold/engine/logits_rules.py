@@ -62,7 +62,7 @@ def shape_rows(
     if on:
         at, _ = _entries([[t for t, _ in rules[i][0].logit_bias] for i in on], on, x.device)
         bias = [b for i in on for _, b in rules[i][0].logit_bias]
-        x[at] = x[at] + torch.tensor(bias, dtype=torch.float32).to(x.device)
+        x[at] = x[at] + torch.tensor(bias, dtype=torch.float32).to(x.device, non_blocking=True)
     on = [i for i, (p, _, out) in enumerate(rules) if len(out) < p.min_tokens]
     ends = [stop_ids(rules[i][0], eos_ids) for i in on]
     if any(ends):
@@ -95,8 +95,8 @@ def _count_penalties(x: torch.Tensor, rules) -> None:
     pp[on] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
     lane, n = flat // x.shape[1], n.to(torch.float32)
     xf = x.view(-1)
-    v = xf[flat] - fp.to(x.device)[lane] * n
-    xf[flat] = v - pp.to(x.device)[lane] * (n > 0).to(torch.float32)
+    v = xf[flat] - fp.to(x.device, non_blocking=True)[lane] * n
+    xf[flat] = v - pp.to(x.device, non_blocking=True)[lane] * (n > 0).to(torch.float32)
 
 
 def _entries(lists: list[list[int]], lanes: list[int], device) -> tuple[tuple, torch.Tensor]:
@@ -104,9 +104,14 @@ def _entries(lists: list[list[int]], lanes: list[int], device) -> tuple[tuple, t
     sizes = torch.tensor([len(ids) for ids in lists], dtype=torch.int64)
     flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(sizes.sum()))
     rows = torch.repeat_interleave(torch.tensor(lanes, dtype=torch.int64), sizes)
-    return (rows.to(device), torch.from_numpy(flat).to(device)), sizes
+    return (
+        rows.to(device, non_blocking=True),
+        torch.from_numpy(flat).to(device, non_blocking=True),
+    ), sizes
 
 
 def _per_entry(values: list[float], sizes: torch.Tensor, device) -> torch.Tensor:
     """Each lane's value (fp32) repeated for its entries."""
-    return torch.repeat_interleave(torch.tensor(values, dtype=torch.float32), sizes).to(device)
+    return torch.repeat_interleave(torch.tensor(values, dtype=torch.float32), sizes).to(
+        device, non_blocking=True
+    )

@@ -2,11 +2,12 @@
 
 A plan reads each lane's computed count, its committed ids and its drafted proposal, nothing of
 the pass before but through them: the one dependency a host planning pass N+1 while pass N runs
-must wait for is the token pass N is choosing (a decoding lane's next row feeds it)."""
+would wait for is the token pass N is choosing (a decoding lane's next row feeds it), and that
+token stays on the device (engine/overlap.py)."""
 
 from __future__ import annotations
 
-from ..runner.plan import LaneRows, PassPlan
+from ..runner.plan import Fed, LaneRows, PassPlan
 from .request import Request
 from .scheduler import Work
 
@@ -27,7 +28,10 @@ def logit_rows(req: Request, n: int) -> range:
     return range(n - 1, n) if end == req.num_tokens or watched else range(0)
 
 
-def plan_pass(work: list[Work], forks: tuple[LaneRows, ...] = ()) -> PassPlan:
-    """The scheduled lanes in order, then a drafting pass's forks (which return no logits)."""
+def plan_pass(
+    work: list[Work], forks: tuple[LaneRows, ...] = (), fed: Fed | None = None
+) -> PassPlan:
+    """The scheduled lanes in order, then a drafting pass's forks (which return no logits);
+    `fed`: its rows whose tokens the device chose and the host has not read."""
     lanes = tuple(w.request.rows(w.rows, logit_rows(w.request, w.rows)) for w in work)
-    return PassPlan(lanes + forks)
+    return PassPlan(lanes + forks, fed)

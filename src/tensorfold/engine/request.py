@@ -11,7 +11,7 @@ import torch
 
 from ..drafters.base import LaneDraft
 from ..errors import InvalidRequest
-from ..runner.plan import LaneRows
+from ..runner.plan import PENDING, LaneRows
 from .constraints import Grammar, Matcher
 from .text import ReplyText
 
@@ -149,6 +149,7 @@ class Lane:
     cached: int = 0  # prompt tokens resumed from the prompt cache
     matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
     draft: LaneDraft | None = None  # its drafting, when it drafts
+    pending: int = -1  # its next token, chosen on the device and not read back: its index there
 
 
 @dataclass
@@ -197,7 +198,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Its tokens: the prompt, the reply, and a token chosen but not read back yet."""
+        return len(self.prompt_ids) + len(self.output_ids) + (self.lane.pending >= 0)
 
     @property
     def in_prompt(self) -> bool:
@@ -214,11 +216,14 @@ class Request:
         return self.reply.text
 
     def fed(self, start: int, end: int) -> list[int]:
-        """Positions [start, end) of what a pass feeds: the committed ids, then the drafted
-        tokens in flight (sliced part by part: a long context's list is never copied whole)."""
+        """Positions [start, end) of what a pass feeds: the committed ids, then a token chosen
+        on the device (PENDING: the pass's Fed writes it) or the drafted tokens in flight
+        (sliced part by part: a long context's list is never copied whole)."""
         p, o = len(self.prompt_ids), len(self.output_ids)
         ids = self.prompt_ids[start:end] + self.output_ids[max(0, start - p) : max(0, end - p)]
-        if end > p + o and self.drafting:
+        if start <= p + o < end and self.lane.pending >= 0:
+            ids.append(PENDING)
+        elif end > p + o and self.drafting:
             ids += self.lane.draft.proposal[max(0, start - p - o) : end - p - o]
         return ids
 

@@ -17,34 +17,46 @@ from .request import Request
 class Sampler:
     """Chooses tokens: the request's own rule (penalties, bias, grammar), then greedy's first
     maximum or a draw keyed by (seed, choice, position). `greedy(rows)` is the runner's argmax
-    of many rows at once (one device sync; a split takes it across its ranks)."""
+    of many rows at once (on the device; a split takes it across its ranks, on the host)."""
 
     def __init__(self, greedy, eos_ids: set[int], grammars: GrammarBook) -> None:
         self.greedy, self.eos_ids, self.grammars = greedy, eos_ids, grammars
 
     def choose(self, ready: list[tuple[Request, torch.Tensor]]) -> list[int]:
-        """Next tokens of the lanes that produce one: plain greedy rows in one argmax; every
-        other row through its request's rule (all rules in one `rule_rows`), then the greedy
-        ones' argmax in one call and the sampled ones' draws in one `sample` call
-        (`choose_token` is the same rule for one row)."""
+        """Next tokens of the lanes that produce one (`pick`, read back in one sync)."""
+        order, tokens = self.pick(ready)
+        out = [0] * len(ready)
+        for i, t in zip(order, tokens.tolist()):
+            out[i] = t
+        return out
+
+    def pick(self, ready: list[tuple[Request, torch.Tensor]]) -> tuple[list[int], torch.Tensor]:
+        """The next tokens of `ready`'s lanes chosen on the rows' device, not read back:
+        (order, tokens) with tokens[j] the choice of ready[order[j]]. Plain greedy rows in one
+        argmax; every other row through its request's rule (all rules in one `rule_rows`),
+        then the greedy ones' argmax in one call and the sampled ones' draws in one `sample`
+        call (`choose_token` is the same rule for one row)."""
         plain = [i for i, (req, _) in enumerate(ready) if plain_greedy(req)]
-        tokens: list[int] = [0] * len(ready)
+        order, parts = [], []
         if plain:
-            for i, t in zip(plain, self.greedy(torch.stack([ready[i][1] for i in plain]))):
-                tokens[i] = t
-        batched = set(plain)
-        rest = [i for i in range(len(ready)) if i not in batched]
+            order += plain
+            parts.append(self.greedy(torch.stack([ready[i][1] for i in plain])))
+        rest = [i for i in range(len(ready)) if not plain_greedy(ready[i][0])]
         shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
         greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
-        if greedy:  # one argmax (first maximum) over the stacked rows, one sync
-            picks = torch.argmax(torch.stack([x for _, x in greedy]), dim=1).tolist()
-            for (i, _), t in zip(greedy, picks):
-                tokens[i] = t
-        batched |= {i for i, _ in greedy}
-        sampled = [(i, ready[i][0], x) for i, x in zip(rest, shaped) if i not in batched]
-        for (i, _, _), token in zip(sampled, self.sample([(req, x) for _, req, x in sampled])):
-            tokens[i] = token
-        return tokens
+        if greedy:  # one argmax (first maximum) over the stacked rows
+            order += [i for i, _ in greedy]
+            parts.append(torch.argmax(torch.stack([x for _, x in greedy]), dim=1))
+        sampled = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature > 0.0]
+        if sampled:
+            order += [i for i, _ in sampled]
+            parts.append(self.sample([(ready[i][0], x) for i, x in sampled]))
+        if not parts:
+            return [], torch.empty(0, dtype=torch.long)
+        devices = {p.device for p in parts}  # a split's argmax comes back on the host
+        return order, torch.cat(
+            [p.to(parts[0].device) for p in parts] if len(devices) > 1 else parts
+        )
 
     def rule_rows(self, asks: list[tuple[Request, list[int], torch.Tensor]]) -> list[torch.Tensor]:
         """`rule_row` of each (request, output ids, row), the rules of all rows that shape
@@ -59,18 +71,20 @@ class Sampler:
         words = [(j, self._words(asks[i][0], asks[i][1])) for j, i in enumerate(shaping)]
         words = [(j, w) for j, w in words if w is not None]
         if words:  # the packed masks sent once, unpacked on the rows' device
-            packed = torch.from_numpy(np.stack([w for _, w in words])).to(x.device)
-            at = torch.tensor([j for j, _ in words], device=x.device)
+            packed = torch.from_numpy(np.stack([w for _, w in words])).to(
+                x.device, non_blocking=True
+            )
+            at = torch.tensor([j for j, _ in words]).to(x.device, non_blocking=True)
             x[at] = x[at].masked_fill(~unpack(packed, x.shape[1]), float("-inf"))
         for j, i in enumerate(shaping):
             out[i] = x[j]
         return out
 
-    def sample(self, rows: list[tuple[Request, torch.Tensor]]) -> list[int]:
+    def sample(self, rows: list[tuple[Request, torch.Tensor]]) -> torch.Tensor:
         """The sampled tokens of rows (each through its request's rule) in one call: each
         request's temperature, top-k, top-p, min-p and its draw at its next position."""
         if not rows:
-            return []
+            return torch.empty(0, dtype=torch.long)
         params = [
             (r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p) for r, _ in rows
         ]
@@ -103,12 +117,12 @@ class Sampler:
         row = self.rule_row(req, req.output_ids, logits)
         if req.params.temperature <= 0.0:
             return int(torch.argmax(row))
-        return self.sample([(req, row)])[0]  # the batched passes' rule, one row
+        return int(self.sample([(req, row)])[0])  # the batched passes' rule, one row
 
     def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
         """choose_token of every row at once for a plain greedy request, whose choice does not
         depend on the tokens before it; else [] (choose row by row)."""
-        return self.greedy(rows) if plain_greedy(req) else []
+        return self.greedy(rows).tolist() if plain_greedy(req) else []
 
 
 def custom(req: Request) -> bool:

@@ -68,7 +68,8 @@ class AttentionTiles:
                 base.append(offset)
             tables.append(seg.kv_rows)
             offset += seg.kv_rows.shape[0]
-        as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+        # host lists copied without waiting for the device's queued work
+        as_t = lambda v: torch.tensor(v, dtype=torch.int32).to(device, non_blocking=True)  # noqa: E731
         return AttentionTiles(
             as_t(row0),
             as_t(rows),

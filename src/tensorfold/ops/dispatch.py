@@ -33,6 +33,12 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_cuda else ref_linear.pad_rows(x)
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device's queued work: a blocking copy
+    to a GPU waits for the stream, which would stall a host planning the next pass."""
+    return t.to(device, non_blocking=True)
+
+
 def lane_index(
     segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = False
 ) -> LaneIndex:
@@ -41,7 +47,7 @@ def lane_index(
     for seg in segments:
         bounds.append(bounds[-1] + seg.length)
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
-    as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+    as_t = lambda v: to_device(torch.tensor(v, dtype=torch.long), device)  # noqa: E731
     plan = None
     if torch.device(device).type == "cuda" and chunked:
         from .triton.gated_delta_chunk import LanePlan
@@ -242,11 +248,11 @@ def moe_combine(
 
 def sample_rows(
     rows: list[torch.Tensor], params: list[tuple[float, int, float, float]], us: list[float]
-) -> list[int]:
+) -> torch.Tensor:
     """The sampled token of each row (through its request's rule already): (temperature, top_k,
-    top_p, min_p) and the draw u a row, `ops.sampling.sample_row`'s rule; on the GPU one sort
-    and two kernels a group of rows and one sync for all (a row's token never depends on the
-    others)."""
+    top_p, min_p) and the draw u a row, `ops.sampling.sample_row`'s rule, as int64 [R] on the
+    rows' device; on the GPU one sort and two kernels a group of rows and no sync (a row's
+    token never depends on the others)."""
     if rows[0].is_cuda:
         from .triton.sampling import GROUP, choose
 
@@ -255,5 +261,6 @@ def sample_rows(
             t, k, p, m = zip(*params[a : a + GROUP])
             x = torch.stack([row.float() for row in rows[a : a + GROUP]])
             tokens.append(choose(x, t, k, p, m, us[a : a + GROUP]))
-        return torch.cat(tokens).tolist()
-    return [ref_sampling.sample_row(row, *q, u) for row, q, u in zip(rows, params, us)]
+        return torch.cat(tokens)
+    picked = [ref_sampling.sample_row(row, *q, u) for row, q, u in zip(rows, params, us)]
+    return torch.tensor(picked, dtype=torch.long)

@@ -185,7 +185,7 @@ class PassGraph:
         if members != self.members:  # lanes joined or left: reload their tables
             for i, lane in enumerate(plan):
                 self.table[i, : lane.capacity] = lane.kv_rows.to(torch.int32)
-            self.slots.copy_(torch.tensor([lane.slot for lane in plan]))
+            self.slots.copy_(torch.tensor([lane.slot for lane in plan]), non_blocking=True)
             self.members = members
         ids, positions = [], []
         for lane in plan:
@@ -197,6 +197,8 @@ class PassGraph:
             ids += [0] * pad + [plan.lanes[-1].rows]
             positions += [positions[-1]] * (pad + 1)
         self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
+        if plan.fed is not None:  # tokens the device chose for this pass, not read back
+            plan.fed.apply(self.inputs[0])
 
     def _forward(self) -> torch.Tensor:
         self.lane.refresh()

@@ -228,8 +228,8 @@ class SplitRunner(ModelRunner):
         self.collective.last_pass_seconds = seconds
         return out
 
-    def greedy(self, rows: torch.Tensor) -> list[int]:
-        return split_argmax(rows, self.vocab_widths)
+    def greedy(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(split_argmax(rows, self.vocab_widths), dtype=torch.long)
 
     def fingerprint(self, lane: LaneRows, logits: torch.Tensor | None) -> str:
         """The whole model's fingerprint of the lane, from every rank's part of its states."""

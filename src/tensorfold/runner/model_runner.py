@@ -10,7 +10,7 @@ import torch
 from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.dispatch import lane_index
+from ..ops.dispatch import lane_index, to_device
 from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, mixed_room
 from .plan import LaneRows, PassPlan, padded
 
@@ -22,13 +22,13 @@ def eager_batch(
 ) -> ForwardBatch:
     """An eager pass over `segments` (rows in their order) feeding `token_ids`."""
     dev = token_ids.device
-    positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments]).to(dev)
+    positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments])
     return ForwardBatch(
         token_ids=token_ids,
-        positions=positions,
+        positions=to_device(positions, dev),
         kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
         segments=segments,
-        logit_rows=torch.as_tensor(logit_rows, dtype=torch.long, device=dev),
+        logit_rows=to_device(torch.as_tensor(logit_rows, dtype=torch.long), dev),
         lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
     )
 
@@ -113,7 +113,9 @@ class ModelRunner:
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n
-        ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        ids = to_device(torch.tensor(ids, dtype=torch.long), self.device)
+        if plan.fed is not None:
+            plan.fed.apply(ids)
         return eager_batch(self.model, tuple(segments), ids, logit_rows), owners
 
     def ranks_memory(self) -> list:
@@ -123,9 +125,9 @@ class ModelRunner:
     def close(self) -> None:
         """Releases what the runner holds beyond this process (the ranks of a split)."""
 
-    def greedy(self, rows: torch.Tensor) -> list[int]:
-        """The first maximum of each logit row [R, V] (one device sync for all of them)."""
-        return rows.argmax(-1).tolist()
+    def greedy(self, rows: torch.Tensor) -> torch.Tensor:
+        """The first maximum of each logit row [R, V], on the rows' device (no sync)."""
+        return rows.argmax(-1)
 
     def mixed_room(self, decode_rows: list[int]) -> int:
         """The prompt rows a mixed graph takes beside decoding lanes of `decode_rows` rows each

@@ -31,10 +31,36 @@ class LaneRows:
 
 
 @dataclass(frozen=True)
+class Fed:
+    """Tokens a pass feeds that were chosen on the device and not read back yet (an overlapped
+    engine plans pass N+1 while pass N's tokens are chosen): the pass's row `rows[j]` feeds
+    `tokens[picks[j]]`, and its LaneRows hold PENDING there."""
+
+    rows: tuple[int, ...]
+    tokens: torch.Tensor  # [chosen] token ids, on the pass's device
+    picks: tuple[int, ...]
+
+    def apply(self, ids: torch.Tensor) -> None:
+        """Writes the chosen tokens into a pass's fed ids [rows] (stream-ordered, no sync)."""
+        dev = ids.device
+        rows = torch.tensor(self.rows, dtype=torch.long).to(dev, non_blocking=True)
+        picks = torch.tensor(self.picks, dtype=torch.long).to(dev, non_blocking=True)
+        ids[rows] = self.tokens[picks].to(ids.dtype)
+
+    def shifted(self, after: int, by: int) -> Fed:
+        """The same feeds with rows from `after` on moved `by` rows (padding inserted there)."""
+        return Fed(tuple(r + by if r >= after else r for r in self.rows), self.tokens, self.picks)
+
+
+PENDING = -1  # a fed token the device chose and the host has not read (Fed writes it)
+
+
+@dataclass(frozen=True)
 class PassPlan:
     """The lanes of one pass, in row order; logits come back keyed by a lane's index here."""
 
     lanes: tuple[LaneRows, ...]
+    fed: Fed | None = None  # tokens the device chose for it, not yet read back
 
     def __len__(self) -> int:
         return len(self.lanes)
@@ -56,4 +82,8 @@ def padded(plan: PassPlan, lanes: int, pad: LaneRows, at: int | None = None) -> 
     if lanes < len(plan):
         raise ValueError(f"cannot pad a pass of {len(plan)} lanes to {lanes}")
     at = len(plan) if at is None else at
-    return PassPlan(plan.lanes[:at] + (pad,) * (lanes - len(plan)) + plan.lanes[at:])
+    extra = lanes - len(plan)
+    fed = plan.fed
+    if fed is not None:  # rows after the padding move past it
+        fed = fed.shifted(sum(lane.rows for lane in plan.lanes[:at]), extra * pad.rows)
+    return PassPlan(plan.lanes[:at] + (pad,) * extra + plan.lanes[at:], fed)

@@ -40,6 +40,14 @@ def add_parser(sub) -> None:
         help="on a GPU, replay decode and verify passes as CUDA graphs (same kernels and bits, one launch "
         "per pass)",
     )
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan and launch each pass while the one before chooses its tokens, which are read "
+        "back while it runs (the same tokens; default: on a GPU for a whole model that does not "
+        "draft)",
+    )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument(
         "--mixed-chunk",
@@ -171,6 +179,7 @@ def _build(args: argparse.Namespace):
         draft=args.draft,
         draft_tokens=args.draft_tokens,
         gdn_form=args.gdn_form,
+        overlap=args.overlap,
     )
     engine = Engine(model, tokenizer, config)
     memory = engine.memory()

@@ -139,7 +139,7 @@ class LanePlan:
             if rest:
                 parts_b.append((slot, rest, len(parts_a) - 1 if whole else -1))
             pos_a, pos_b, row0 = pos_a + whole, pos_b + rest, row0 + n
-        as_t = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+        as_t = lambda v: torch.tensor(v, dtype=torch.long).to(device, non_blocking=True)  # noqa: E731
         cu_a, ch_a, off_a = _fla_index([n for _, n in parts_a])
         cu_b, ch_b, off_b = _fla_index([n for _, n, _ in parts_b])
         order = [src[i] for i in range(pos_b)]

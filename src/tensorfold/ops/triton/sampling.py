@@ -134,7 +134,9 @@ def choose(rows: torch.Tensor, temperature, top_k, top_p, min_p, u, chunk=CHUNK)
         raise TypeError(f"sampled rows must hold fp32 values, got {rows.dtype}")
     keys, idx = torch.sort(rows.float(), dim=-1, descending=True, stable=True)
     n = [k if 0 < k < v else v for k in top_k]
-    rule = torch.tensor([temperature, n, top_p, min_p, u], dtype=torch.float64).to(rows.device)
+    rule = torch.tensor([temperature, n, top_p, min_p, u], dtype=torch.float64).to(
+        rows.device, non_blocking=True
+    )
     chunks = triton.cdiv(v, chunk)
     runs = torch.empty((b, v), dtype=torch.float64, device=rows.device)
     figures = torch.empty((b, FIGURES, chunks), dtype=torch.float64, device=rows.device)

@@ -1,0 +1,68 @@
+"""The host beside the device: pass N+1 is planned and launched while pass N's tokens are
+chosen, and those tokens are read back (committed, streamed, checked for a stop) while pass
+N+1 runs.
+
+The one thing pass N+1 needs of pass N is the token each decoding lane chose; it stays on the
+device (a lane's `pending` index into `Chosen.tokens`) and the pass's Fed writes it into the
+fed ids, stream-ordered. Every lane's rows are still computed apart from the others', so a
+lane's tokens and states are the sequential engine's: only when the host learns them moves. A
+lane whose token ends it has already fed that token in the pass launched meanwhile (as a
+finishing lane's catch-up would): its prompt-cache cut then holds the whole reply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..runner.plan import Fed
+from .request import Request
+from .scheduler import Work
+
+
+@dataclass
+class Chosen:
+    """The tokens of a pass's ready lanes, chosen on the device: tokens[j] is ready[j]'s."""
+
+    ready: list[tuple[Request, torch.Tensor]]  # (request, the logits row it chose from)
+    tokens: torch.Tensor
+    host: torch.Tensor  # their copy on the host, landed once `event` has
+    event: torch.cuda.Event | None = None
+
+    @classmethod
+    def pick(cls, sampler, ready: list[tuple[Request, torch.Tensor]]) -> Chosen:
+        """Chooses every ready lane's next token without waiting for it; each lane is marked
+        pending (its token's index here) and its host copy is on its way."""
+        order, tokens = sampler.pick(ready)
+        ready = [ready[i] for i in order]
+        for j, (req, _) in enumerate(ready):
+            req.lane.pending = j
+        if not tokens.is_cuda:
+            return cls(ready, tokens, tokens)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(ready, tokens, host, event)
+
+    def read(self) -> list[int]:
+        """The chosen tokens, once they have landed on the host (waits for them alone, not for
+        the pass launched after them)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+def fed(work: list[Work], chosen: Chosen | None) -> Fed | None:
+    """The rows of a pass (its lanes in `work` order) that feed a token still on the device."""
+    if chosen is None:
+        return None
+    rows, picks, row0 = [], [], 0
+    for w in work:
+        req = w.request
+        at = req.num_tokens - 1 - req.lane.computed  # the pending token's row in the lane's
+        if req.lane.pending >= 0 and 0 <= at < w.rows:
+            rows.append(row0 + at)
+            picks.append(req.lane.pending)
+        row0 += w.rows
+    return Fed(tuple(rows), chosen.tokens, tuple(picks)) if rows else None

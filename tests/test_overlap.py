@@ -1,0 +1,168 @@
+"""The overlapped engine (engine/overlap.py) against the sequential one, on the CPU: pass N+1
+is planned and launched before pass N's tokens are read, and no request's tokens, text or
+finish change for it, through arrivals, cancels, stops by token and by length, sampling,
+penalties, grammars and the prompt cache."""
+
+from __future__ import annotations
+
+import torch
+from engine_util import make_engine, sample_prompt
+from llguidance import LLMatcher
+
+from tensorfold.engine import overlap
+from tensorfold.engine.constraints import Grammar
+from tensorfold.engine.request import SamplingParams
+from tensorfold.runner.plan import PENDING, Fed, LaneRows, PassPlan, padded
+from tensorfold.tokenizer import Tokenizer
+from tensorfold.util import default_checkpoint
+
+DEMO = default_checkpoint(None)
+
+
+def _asks(vocab: int) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts of several lengths with every kind of rule the sampler has."""
+    kinds = [
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True),
+        SamplingParams(
+            max_tokens=12,
+            temperature=0.0,
+            repetition_penalty=1.3,
+            frequency_penalty=0.5,
+            presence_penalty=0.4,
+            logit_bias={3: 4.0},
+            ignore_eos=True,
+        ),  # fmt: skip
+        SamplingParams(max_tokens=6, temperature=1.1, top_k=20, seed=9, min_tokens=3),
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+    ]
+    lengths = (5, 40, 130, 9, 70)
+    return [(sample_prompt(300 + i, n, vocab), p) for i, (n, p) in enumerate(zip(lengths, kinds))]
+
+
+def _run(path, asks, overlap_on: bool, cancel: dict[int, int] | None = None, **config):
+    """Requests arrive one every other step (more than the lanes: some queue); `cancel` maps
+    a request's index to the step its cancel arrives at."""
+    eng = make_engine(path, parallel=3, overlap=overlap_on, **config)
+    assert eng.overlap is overlap_on
+    reqs, waiting, step = [], list(asks), 0
+    while waiting or eng.has_work():
+        if waiting and step % 2 == 0:
+            reqs.append(eng.add_request(*waiting.pop(0)))
+        for i, at in (cancel or {}).items():
+            if at == step:
+                eng.cancel(reqs[i].request_id)
+        eng.step()
+        step += 1
+    return reqs
+
+
+def _replies(reqs) -> list[tuple[list[int], str | None, str]]:
+    return [(r.output_ids, r.finish_reason, r.text) for r in reqs]
+
+
+def test_overlapped_replies_equal_sequential(hf_tiny_b):
+    asks = _asks(300)
+    plain = _run(hf_tiny_b, asks, False)
+    # a stop by token value, which the overlapped host learns a pass late: the 4th token
+    stop = plain[4].output_ids[3]
+    asks[4] = (asks[4][0], SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=(stop,)))
+    plain = _run(hf_tiny_b, asks, False)
+    assert plain[4].finish_reason == "stop" and len(plain[4].output_ids) <= 4
+    assert _replies(_run(hf_tiny_b, asks, True)) == _replies(plain)
+
+
+def test_cancels_drop_only_the_cancelled(hf_tiny_b):
+    """A cancel mid-decode ends its request with a prefix of the reply it would have had (the
+    overlapped engine may not have read its last chosen token); every other reply is whole."""
+    asks = _asks(300)
+    whole = _run(hf_tiny_b, asks, False)
+    for overlap_on in (False, True):
+        got = _run(hf_tiny_b, asks, overlap_on, cancel={0: 7, 2: 12})
+        for i, (r, w) in enumerate(zip(got, whole)):
+            if i in (0, 2):
+                assert r.finish_reason == "cancelled"
+                assert r.output_ids == w.output_ids[: len(r.output_ids)]
+            else:
+                assert (r.output_ids, r.finish_reason) == (w.output_ids, w.finish_reason)
+
+
+def test_resumed_from_an_overlapped_reply_equals_fresh(hf_tiny_b):
+    """The overlapped lane fed its last token before the host knew it was the last: its
+    prompt-cache cut holds the whole reply, and the next turn resumed from it equals a fresh
+    read of the same ids."""
+    first = sample_prompt(1, 50, 300)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    eng = make_engine(hf_tiny_b, parallel=2, overlap=True, prompt_cache_bytes=64 << 20)
+    reply = eng.add_request(first, params)
+    eng.run_until_done()
+    turn = first + reply.output_ids + sample_prompt(2, 20, 300)
+    resumed = eng.add_request(turn, params)
+    eng.run_until_done()
+    assert resumed.cached_tokens == len(first) + len(reply.output_ids)
+    fresh_eng = make_engine(hf_tiny_b, parallel=1, overlap=False)
+    fresh = fresh_eng.add_request(turn, params)
+    fresh_eng.run_until_done()
+    assert resumed.output_ids == fresh.output_ids
+
+
+def test_next_pass_is_launched_before_the_last_tokens_are_read(hf_tiny_b, monkeypatch):
+    """The host's order: pass N+1 runs (its decoding rows fed PENDING, written from the device's
+    choice) before pass N's tokens are read back."""
+    eng = make_engine(hf_tiny_b, parallel=2, overlap=True)
+    log = []
+    execute, read = eng.runner.execute, overlap.Chosen.read
+
+    def spy_execute(plan):
+        pending = sum(t == PENDING for lane in plan for t in lane.token_ids)
+        assert pending == (len(plan.fed.rows) if plan.fed is not None else 0)
+        log.append(("pass", pending))
+        return execute(plan)
+
+    def spy_read(chosen):
+        log.append(("read", len(chosen.ready)))
+        return read(chosen)
+
+    monkeypatch.setattr(eng.runner, "execute", spy_execute)
+    monkeypatch.setattr(overlap.Chosen, "read", spy_read)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    reqs = [eng.add_request(sample_prompt(i, 9, 300), params) for i in range(2)]
+    eng.run_until_done()
+    assert all(len(r.output_ids) == 5 for r in reqs)
+    # one prompt pass, then every decode pass feeds both lanes' unread tokens before the read;
+    # the last pass feeds the last tokens (a finishing lane's catch-up row) and is read after
+    assert log[:5] == [("pass", 0), ("pass", 2), ("read", 2), ("pass", 2), ("read", 2)]
+    assert log[-2:] == [("pass", 2), ("read", 2)]
+    assert [kind for kind, _ in log].count("read") == 5 and len(log) == 11
+
+
+def test_padding_lanes_move_the_fed_rows_after_them():
+    kv = torch.arange(8)
+    lane = lambda n: LaneRows("a", 0, 0, (PENDING,) * n, kv, ())  # noqa: E731
+    fed = Fed((0, 1, 3), torch.tensor([7, 8, 9]), (2, 0, 1))
+    plan = padded(PassPlan((lane(1), lane(1), lane(2)), fed), 5, lane(1), at=2)
+    assert plan.fed.rows == (0, 1, 5) and plan.fed.picks == (2, 0, 1)
+    ids = torch.zeros(6, dtype=torch.long)
+    plan.fed.apply(ids)
+    assert ids.tolist() == [9, 7, 0, 0, 0, 8]
+
+
+def test_grammar_and_stop_string_replies_under_overlap():
+    """The demo model under a grammar (each mask follows the tokens read back so far) and a stop
+    string: the overlapped replies equal the sequential ones."""
+    tok = Tokenizer(DEMO)
+    grammar = Grammar(LLMatcher.grammar_from_lark('start: "{" /[a-z ]{1,12}/ "}"'))
+    asks = [
+        (
+            tok.encode("Reverse the word"),
+            SamplingParams(max_tokens=16, temperature=0.0, grammar=grammar),
+        ),
+        (
+            tok.encode("What is"),
+            SamplingParams(max_tokens=16, temperature=0.7, seed=3, stop=("e",)),
+        ),
+        (tok.encode("Hello"), SamplingParams(max_tokens=12, temperature=0.0)),
+    ]
+    got = _replies(_run(DEMO, asks, True, context=256))
+    assert got == _replies(_run(DEMO, asks, False, context=256))
+    assert got[0][2].startswith("{") and got[1][1] in ("stop", "length")
