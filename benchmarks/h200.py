@@ -360,6 +360,12 @@ def main() -> None:
         help="the engine's overlapped passes (default: the engine's choice, on for a GPU)",
     )
     p.add_argument(
+        "--unfused-sums",
+        action="store_true",
+        help="every product's segment sums in a launch of their own, none added inside the op "
+        "that reads them (the same bits; prices the fusion)",
+    )
+    p.add_argument(
         "--untried",
         action="store_true",
         help="the tile book also times the launch shapes not yet offered to it (their bits unchecked)",
@@ -376,6 +382,13 @@ def main() -> None:
         help="chart: decode against lanes, prompts against length, the peers",
     )
     args = p.parse_args()
+    if args.unfused_sums:
+        from tensorfold.ops.triton import linear as tlinear
+
+        keep_none = tlinear._total
+        tlinear._total = lambda part, out, keep, dtype, y=None: keep_none(
+            part, out, False, dtype, y
+        )
     if args.plot:
         require_matplotlib()  # before the run, not after it
     for item in filter(None, args.attention.split(",")):

@@ -19,10 +19,10 @@ from tensorfold.layers.linear import Joined, Linear
 class CublasLinear(Linear):
     """A bf16 product through cuBLAS (its reduction order follows the row count)."""
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
         if isinstance(self.weight, torch.Tensor):
             return F.linear(x.contiguous(), self.weight)
-        return super().__call__(x)
+        return super().__call__(x, partial)
 
 
 class ChunkedGDN(GatedDeltaNet):

@@ -34,7 +34,7 @@ def _asks(vocab: int) -> list[tuple[list[int], SamplingParams]]:
             ignore_eos=True,
         ),  # fmt: skip
         SamplingParams(max_tokens=6, temperature=1.1, top_k=20, seed=9, min_tokens=3),
-        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3),
     ]
     lengths = (5, 40, 130, 9, 70)
     return [(sample_prompt(300 + i, n, vocab), p) for i, (n, p) in enumerate(zip(lengths, kinds))]
@@ -45,20 +45,26 @@ def _run(path, asks, overlap_on: bool, cancel: dict[int, int] | None = None, **c
     a request's index to the step its cancel arrives at."""
     eng = make_engine(path, parallel=3, overlap=overlap_on, **config)
     assert eng.overlap is overlap_on
-    reqs, waiting, step = [], list(asks), 0
+    reqs, waiting, step, events = [], list(asks), 0, []
     while waiting or eng.has_work():
         if waiting and step % 2 == 0:
             reqs.append(eng.add_request(*waiting.pop(0)))
         for i, at in (cancel or {}).items():
             if at == step:
                 eng.cancel(reqs[i].request_id)
-        eng.step()
+        events += eng.step()
         step += 1
+    for r in reqs:  # what a client was streamed: each event's tokens, text and logprobs
+        r.streamed = [
+            (e.token_ids, e.text, e.logprobs, e.finish_reason)
+            for e in events
+            if e.request_id == r.request_id
+        ]
     return reqs
 
 
 def _replies(reqs) -> list[tuple[list[int], str | None, str]]:
-    return [(r.output_ids, r.finish_reason, r.text) for r in reqs]
+    return [(r.output_ids, r.finish_reason, r.text, r.streamed) for r in reqs]
 
 
 def test_overlapped_replies_equal_sequential(hf_tiny_b):
@@ -66,7 +72,10 @@ def test_overlapped_replies_equal_sequential(hf_tiny_b):
     plain = _run(hf_tiny_b, asks, False)
     # a stop by token value, which the overlapped host learns a pass late: the 4th token
     stop = plain[4].output_ids[3]
-    asks[4] = (asks[4][0], SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=(stop,)))
+    asks[4] = (
+        asks[4][0],
+        SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=(stop,), logprobs=3),
+    )
     plain = _run(hf_tiny_b, asks, False)
     assert plain[4].finish_reason == "stop" and len(plain[4].output_ids) <= 4
     assert _replies(_run(hf_tiny_b, asks, True)) == _replies(plain)

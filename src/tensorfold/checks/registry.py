@@ -27,6 +27,7 @@ from ..ops.triton import conv as tconv
 from ..ops.triton import gates as tgates
 from ..ops.triton import linear, norm
 from . import attention as registry_attention
+from . import fused as registry_fused
 from . import gdn as registry_gdn
 from . import gluon as registry_gluon
 from . import moe as registry_moe
@@ -301,12 +302,18 @@ KERNELS += [
     + registry_gdn.ENTRIES
     + registry_moe.ENTRIES
     + registry_gluon.ENTRIES
+    + registry_fused.ENTRIES
 ]
 CONTROLS = (
-    DENSE_CONTROLS + registry_attention.CONTROLS + registry_moe.CONTROLS + registry_gluon.CONTROLS
+    DENSE_CONTROLS
+    + registry_attention.CONTROLS
+    + registry_moe.CONTROLS
+    + registry_gluon.CONTROLS
+    + registry_fused.CONTROLS
 )
 IMPLS = {
     **registry_gluon.IMPLS,
+    **registry_fused.IMPLS,
     **registry_attention.IMPLS,
     **registry_gdn.IMPLS,
     **registry_moe.IMPLS,

@@ -36,7 +36,8 @@ class GatedAttention:
         rope: tuple[torch.Tensor, torch.Tensor],
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-    ) -> torch.Tensor:
+        partial: bool = False,
+    ):
         n, d = x.shape[0], self.head_dim
         q_out, k_out, v_out = self.qkv(x)
         # Per head, the first D channels of q_proj are the query, the next D the output gate.
@@ -49,4 +50,4 @@ class GatedAttention:
         k_cache[batch.kv_write] = k[:rows].to(k_cache.dtype)
         v_cache[batch.kv_write] = v[:rows].to(v_cache.dtype)
         out = op.gated_attention(q, k_cache, v_cache, batch, self.scale, gate=qg[..., d:])
-        return self.o_proj(out)
+        return self.o_proj(out, partial)  # partial: for the residual add after it

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import dispatch as op
-from ..ops.linear import col_tile
+from ..ops.linear import Partial, col_tile
 from ..ops.quant import QuantizedWeight
 
 Weight = torch.Tensor | QuantizedWeight
@@ -32,8 +32,10 @@ class Linear:
         # The CPU's column tile follows the whole weight's rows, also on a rank holding a part.
         self.tile = col_tile(whole_rows or self.out_features)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return op.linear(x, self.weight, self.book, self.tile)
+    def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor | Partial:
+        """`partial`: the GPU's split form may leave its segment sums to the op that reads the
+        output (`rms_norm`'s residual add, `silu_mul`), which adds them in order."""
+        return op.linear(x, self.weight, self.book, self.tile, partial)
 
 
 class Embedding:
@@ -69,12 +71,14 @@ class Joined:
             return self.products[0][0]
         return None
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, x: torch.Tensor, partial: bool = False) -> tuple:
         if not self.products:
-            return tuple(lin(x) for lin in self.parts)
-        out: list[torch.Tensor | None] = [None] * len(self.parts)
+            return tuple(lin(x, partial) for lin in self.parts)
+        out: list = [None] * len(self.parts)
         for lin, held in self.products:
-            ys = lin(x).split([self.parts[i].out_features for i in held], dim=-1)
+            y = lin(x, partial)
+            sizes = [self.parts[i].out_features for i in held]
+            ys = y.split(sizes) if isinstance(y, Partial) else y.split(sizes, dim=-1)
             for i, y in zip(held, ys):
                 out[i] = y
         return tuple(out)

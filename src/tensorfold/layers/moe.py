@@ -34,7 +34,8 @@ class SparseMoE:
         self.gates = join([router, shared_gate])  # one product for the router and the shared gate
         self.group, self.first = group, first  # a split: this rank's experts from `first`
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+        """`partial` is the dense MLP's; the weighted sum here is always a stored tensor."""
         logits, shared_logit = self.gates(x)
         route = op.moe_route(logits, self.top_k)
         if self.group is None:

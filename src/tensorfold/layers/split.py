@@ -33,7 +33,8 @@ class RowSplit(Linear):
         self.group, self.gather_input = group, gather_input
         self.widths, self.input_widths = widths, input_widths
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+        """The whole output on every rank (never a Partial: the gather needs the values)."""
         if self.gather_input:
             x = self.group.gather_cols(x, self.input_widths)
         return self.group.gather_cols(super().__call__(x), self.widths)

@@ -90,8 +90,9 @@ class Qwen35Model:
         norms_after = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         tapped = {}
         for i, (layer, next_norm) in enumerate(zip(self.layers, norms_after)):
+            # each output's segment sums are added inside the residual add that reads it
             h, x = layer.post_norm(self._mix(layer, x, batch, rope, caches), residual=h)
-            h, x = next_norm(layer.mlp(x), residual=h)
+            h, x = next_norm(layer.mlp(x, partial=True), residual=h)
             if i in self.taps:
                 tapped[i] = h  # the residual stream after layer i
         if self.taps:
@@ -103,8 +104,8 @@ class Qwen35Model:
     @staticmethod
     def _mix(layer: DecoderLayer, x, batch, rope, caches) -> torch.Tensor:
         if isinstance(layer.mixer, GatedAttention):
-            return layer.mixer(x, batch, rope, *caches.kv_layer(layer.cache_index))
-        return layer.mixer(x, batch, caches.state_layer(layer.cache_index))
+            return layer.mixer(x, batch, rope, *caches.kv_layer(layer.cache_index), partial=True)
+        return layer.mixer(x, batch, caches.state_layer(layer.cache_index), partial=True)
 
     @property
     def gdn_form(self) -> str:

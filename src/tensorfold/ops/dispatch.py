@@ -18,6 +18,7 @@ from . import linear as ref_linear
 from . import moe as ref_moe
 from . import norm as ref_norm
 from . import sampling as ref_sampling
+from .linear import Partial
 from .quant import QuantizedWeight
 from .rope import apply_rope
 
@@ -65,14 +66,19 @@ def lane_index(
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor | QuantizedWeight, book=None, tile: int = ref_linear.COL_TILE
-) -> torch.Tensor:
+    x: torch.Tensor,
+    w: torch.Tensor | QuantizedWeight,
+    book=None,
+    tile: int = ref_linear.COL_TILE,
+    partial: bool = False,
+) -> torch.Tensor | Partial:
     """x [M, K] · wᵀ -> [M, N]; `book` (ops.triton.linear.TileBook) picks GPU launch shapes,
-    `tile` the CPU's column tile (ops/linear.py, col_tile)."""
+    `tile` the CPU's column tile (ops/linear.py, col_tile). `partial`: on the GPU a split form's
+    segment sums may come back as a Partial, for `rms_norm`'s residual add or `silu_mul` to add."""
     if x.is_cuda:
         from .triton.linear import matmul
 
-        return matmul(x, w, book)
+        return matmul(x, w, book, keep=partial)
     if isinstance(w, QuantizedWeight):
         return ref_linear.matmul_packed_rows(x, w, tile)
     return ref_linear.matmul_rows(x, w, tile=tile)
@@ -85,8 +91,11 @@ def rms_norm(
     offset: float,
     residual: torch.Tensor | None = None,
 ):
-    """rms_norm(x); with `residual`, the residual add first: returns (residual + x, its norm)."""
-    if x.is_cuda:
+    """rms_norm(x); with `residual`, the residual add first: returns (residual + x, its norm)
+    (x may be a product's Partial: its segments are added, in order, inside the add)."""
+    if isinstance(x, Partial) and residual is None:
+        x = total(x)
+    if isinstance(x, Partial) or x.is_cuda:
         from .triton import norm
 
         if residual is None:
@@ -123,8 +132,24 @@ def norm_rope(
     return apply_rope(ref_norm.rms_norm(x, weight, eps, offset), *rope)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if gate.is_cuda:
+def total(y: torch.Tensor | Partial) -> torch.Tensor:
+    """A product's output: a Partial's segments added in order (its own sum launch)."""
+    if isinstance(y, Partial):
+        from .triton.linear import _sum
+
+        sums = y.sums.contiguous()
+        return _sum(sums, sums.new_empty(y.shape, dtype=y.dtype))
+    return y
+
+
+def silu_mul(gate: torch.Tensor | Partial, up: torch.Tensor | Partial) -> torch.Tensor:
+    """silu(gate) · up; gate and up may be column ranges of one product's Partial (two products,
+    of their own plans or forms, are each summed first)."""
+    if isinstance(gate, Partial) or isinstance(up, Partial):
+        same = isinstance(gate, Partial) and isinstance(up, Partial)
+        if not (same and gate.sums.shape == up.sums.shape):
+            gate, up = total(gate), total(up)
+    if isinstance(gate, Partial) or gate.is_cuda:
         from .triton import gates as tgates
 
         return tgates.silu_mul(gate, up)

@@ -14,6 +14,8 @@ columns; varying M, or N below ~32, is not. float64 products are not column-posi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .quant import QuantizedWeight
@@ -67,3 +69,21 @@ def matmul_packed_rows(x: torch.Tensor, w: QuantizedWeight, tile: int = COL_TILE
         stop = min(start + chunk, n)
         out[:, start:stop] = matmul_rows(x, w.rows(start, stop, x.dtype), tile=tile)
     return out
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A product's output left as its K segments' fp32 sums [S, M, N] (the GPU's split form):
+    the op that reads it adds them in segment order and rounds once to `dtype`, as the product's
+    own sum would, so the sum costs no launch of its own (docs/exactness.md, 'Products')."""
+
+    sums: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.sums.shape[1:])
+
+    def split(self, sizes: list[int]) -> tuple[Partial, ...]:
+        """Column ranges of the output, as Tensor.split(sizes, dim=-1) cuts a product's."""
+        return tuple(Partial(part, self.dtype) for part in self.sums.split(sizes, dim=-1))

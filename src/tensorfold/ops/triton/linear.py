@@ -23,12 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from ..quant import QuantizedWeight
 from .segments import (
     _affine_segment,
     _affine_whole,
     _dense_segment,
     _dense_whole,
+    _segment_total,
     _swapped_segment,
 )
 from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
@@ -237,13 +239,11 @@ def _affine_swapped_kernel(
 
 @triton.jit
 def _sum_segments(p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.constexpr):
-    m = tl.program_id(0)
+    m = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_n < N
-    acc = tl.load(p_ptr + m.to(tl.int64) * N + o_n, mask=mask, other=0.0)
-    for s in range(1, NSEG):  # in segment order, as the whole form adds them
-        acc += tl.load(p_ptr + (s * M + m).to(tl.int64) * N + o_n, mask=mask, other=0.0)
-    tl.store(y_ptr + m * stride_y + o_n, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    total = _segment_total(p_ptr, m, o_n, mask, M * N, N, NSEG, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + m * stride_y + o_n, total, mask=mask)
 
 
 def _launch(
@@ -255,9 +255,11 @@ def _launch(
     out: torch.Tensor | None,
     plan: LinearPlan,
     t: Tiles,
+    keep: bool = False,
     **consts,
-) -> torch.Tensor:
-    """Runs the whole or the split form of `kernel` (then the in-order sum of the segments)."""
+) -> torch.Tensor | Partial:
+    """Runs the whole or the split form of `kernel`, then the in-order sum of the segments (or,
+    with `keep`, the segments' sums as a Partial for the op that reads them)."""
     m, k = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     nseg = plan.segments(k)
@@ -284,7 +286,15 @@ def _launch(
         num_warps=t.warps,
         num_stages=t.stages,
     )
-    return _sum(partial, y) if split else y
+    return _total(partial, out, keep, x.dtype, y) if split else y
+
+
+def _total(partial: torch.Tensor, out, keep: bool, dtype, y=None) -> torch.Tensor | Partial:
+    """The segments' sums added (`_sum`, into `y` or `out`), or kept for their reader (`keep`,
+    when no `out` was asked for)."""
+    if keep and out is None:
+        return Partial(partial, dtype)
+    return _sum(partial, out if y is None else y)
 
 
 def _sum(partial: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -301,10 +311,12 @@ def dense_matmul(
     plan: LinearPlan,
     out: torch.Tensor | None = None,
     tiles: Tiles | None = None,
-) -> torch.Tensor:
-    """x [M, K] bf16 · w [N, K]ᵀ -> [M, N] in x's dtype."""
+    keep: bool = False,
+) -> torch.Tensor | Partial:
+    """x [M, K] bf16 · w [N, K]ᵀ -> [M, N] in x's dtype (`keep`: a split form's segment sums
+    left to their reader, a Partial)."""
     t = tiles or candidates(x.shape[0], packed=False)[0]
-    return _launch(_dense_kernel, x, (w,), (w.stride(0),), w.shape[0], out, plan, t)
+    return _launch(_dense_kernel, x, (w,), (w.stride(0),), w.shape[0], out, plan, t, keep)
 
 
 def affine_matmul(
@@ -318,10 +330,12 @@ def affine_matmul(
     out: torch.Tensor | None = None,
     tiles: Tiles | None = None,
     single_rounding: bool = False,
-) -> torch.Tensor:
+    keep: bool = False,
+) -> torch.Tensor | Partial:
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]
     (`single_rounding`: quant.single_rounding holds for the weight, so a shape's bf16x2
-    dequantization gives its values; otherwise such a shape runs the fp32 dequantization)."""
+    dequantization gives its values; otherwise such a shape runs the fp32 dequantization;
+    `keep`: a split form's segment sums left to their reader, a Partial)."""
     t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
     if t.dequant:
@@ -337,6 +351,7 @@ def affine_matmul(
             out,
             LinearPlan.for_weight(*w.shape),
             replace(t, dequant=False),
+            keep,
         )
     if t.gluon and gluon_affine is not None:
         if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps, t.ring):
@@ -345,7 +360,7 @@ def affine_matmul(
                 x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps,
                 ring=t.ring, hfma=t.hfma and single_rounding,
             )  # fmt: skip
-            return _sum(part, out)
+            return _total(part, out, keep, x.dtype)
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,
         x,
@@ -355,6 +370,7 @@ def affine_matmul(
         out,
         plan,
         t,
+        keep,
         BITS=bits,
         GROUP=group_size,
         GROUPS=max(t.step_k(plan) // group_size, 1),
@@ -370,10 +386,14 @@ def _single_rounding(w: QuantizedWeight) -> bool:
 
 
 def matmul(
-    x: torch.Tensor, w: "torch.Tensor | QuantizedWeight", book: TileBook | None = None
-) -> torch.Tensor:
+    x: torch.Tensor,
+    w: "torch.Tensor | QuantizedWeight",
+    book: TileBook | None = None,
+    keep: bool = False,
+) -> torch.Tensor | Partial:
     """x [M, K] · wᵀ for a dense or packed weight, in the launch shape the tile book picked for
-    this product and rows class (the default shape without a book). The plan follows (N, K) alone."""
+    this product and rows class (the default shape without a book). The plan follows (N, K) alone.
+    `keep`: a split form's segment sums are left to the op that reads the product (a Partial)."""
     n, k = w.shape
     if x.shape[0] == 0:  # a pass with no logits rows: nothing to launch, compile or time
         return torch.empty((0, n), dtype=x.dtype, device=x.device)
@@ -381,22 +401,22 @@ def matmul(
     plan = LinearPlan.for_weight(n, k, w.group_size if packed else None)
     x = x.contiguous()
 
-    def run_on(rows: torch.Tensor, t: Tiles) -> torch.Tensor:
+    def run_on(rows: torch.Tensor, t: Tiles, keep: bool = False) -> torch.Tensor | Partial:
         if packed:
             once = t.hfma and _single_rounding(w)
             return affine_matmul(
                 rows, w.packed, w.scales, w.biases, w.bits, w.group_size, plan, tiles=t,
-                single_rounding=once,
+                single_rounding=once, keep=keep,
             )  # fmt: skip
-        return dense_matmul(rows, w, plan, tiles=t)
+        return dense_matmul(rows, w, plan, tiles=t, keep=keep)
 
     m = x.shape[0]
     if book is None:
-        return run_on(x, candidates(m, packed)[0])
+        return run_on(x, candidates(m, packed)[0], keep)
     key = (rows_class(m), n, k, *((w.bits, w.group_size) if packed else (str(w.dtype),)))
     timer, rows = None, timing_rows(m)
     fresh = key not in book.chosen and rows != m
     if fresh and x.is_cuda and not torch.cuda.is_current_stream_capturing():
         probe = x.new_zeros(rows, k)  # the class is timed at its own rows
         timer = lambda t: run_on(probe, t)  # noqa: E731
-    return run_on(x, book.pick(key, m, packed, lambda t: run_on(x, t), timer=timer))
+    return run_on(x, book.pick(key, m, packed, lambda t: run_on(x, t), timer=timer), keep)

@@ -7,6 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
+from .segments import _segment_total
+
 
 def _config(width: int) -> tuple[int, int]:
     block = triton.next_power_of_2(width)
@@ -68,14 +71,21 @@ def gated_rms_norm(
 
 @triton.jit
 def _add_rms_kernel(
-    h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.constexpr
-):
+    h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, offset, stride_ds, stride_dm,
+    NSEG: tl.constexpr, BLOCK: tl.constexpr, FAULT: tl.constexpr = 0,
+):  # fmt: skip
+    """NSEG 0: the delta d [rows, W] as stored; else its product's segment sums [NSEG, rows, W],
+    added in order and rounded to the model dtype first, as the product's own sum stores it."""
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
-    s = tl.load(h_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32) + tl.load(
-        d_ptr + row * W + o, mask=mask, other=0.0
-    ).to(tl.float32)
+    if NSEG == 0:
+        d = tl.load(d_ptr + row * W + o, mask=mask, other=0.0)
+    else:
+        d = _segment_total(
+            d_ptr, row, o, mask, stride_ds, stride_dm, NSEG, hout_ptr.dtype.element_ty, FAULT
+        )
+    s = tl.load(h_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32) + d.to(tl.float32)
     s = s.to(hout_ptr.dtype.element_ty)  # the residual stream, rounded as torch adds
     tl.store(hout_ptr + row * W + o, s, mask=mask)
     x = s.to(tl.float32)
@@ -85,17 +95,31 @@ def _add_rms_kernel(
 
 
 def add_rms_norm(
-    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+    h: torch.Tensor, delta, weight: torch.Tensor, eps: float, offset: float, fault: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + delta, rms_norm(h + delta)) in one pass: the residual add and the next norm."""
+    """(h + delta, rms_norm(h + delta)) in one pass: the residual add and the next norm; `delta`
+    may be a product's Partial, whose segments are added here (`fault`: the registry's planted
+    forms of that sum)."""
     w = h.shape[-1]
-    h, delta = h.contiguous(), delta.contiguous()
+    h = h.contiguous()
+    d, nseg, strides = _sums_of(delta)
     out, y = torch.empty_like(h), torch.empty_like(h)
     block, warps = _config(w)
     _add_rms_kernel[(h.shape[0],)](
-        h, delta, weight, out, y, w, eps, offset, BLOCK=block, num_warps=warps
-    )
+        h, d, weight, out, y, w, eps, offset, *strides, NSEG=nseg, BLOCK=block, FAULT=fault,
+        num_warps=warps,
+    )  # fmt: skip
     return out, y
+
+
+def _sums_of(y) -> tuple[torch.Tensor, int, tuple[int, int]]:
+    """(the tensor a kernel reads, its segments (0: a stored output), their strides)."""
+    if isinstance(y, Partial):
+        sums = y.sums
+        if sums.stride(-1) != 1:
+            sums = sums.contiguous()
+        return sums, sums.shape[0], (sums.stride(0), sums.stride(1))
+    return y.contiguous(), 0, (0, 0)
 
 
 @triton.jit

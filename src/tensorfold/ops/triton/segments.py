@@ -1,6 +1,8 @@
 """The arithmetic of one product's reduction plan on the GPU: one K segment summed from zero
-(one tl.dot per K block, in order, into one fp32 accumulator), and the whole chain (every segment,
-added in order). The products of linear.py and the expert products of moe.py run these."""
+(one tl.dot per K block, in order, into one fp32 accumulator), the whole chain (every segment,
+added in order), and the segments' stored sums added in order (`_segment_total`: the split form's
+second step, run by its own launch or inside the op that reads the product). The products of
+linear.py and the expert products of moe.py run these."""
 
 from __future__ import annotations
 
@@ -247,3 +249,27 @@ def _swapped_whole(
             PACKED, BITS, GROUP, GROUPS, SEG, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     return tl.trans(acc)
+
+
+@triton.jit
+def _segment_total(
+    p_ptr, row, o, mask, stride_s, stride_m, NSEG: tl.constexpr, OUT: tl.constexpr,
+    FAULT: tl.constexpr = 0,
+):  # fmt: skip
+    """Columns `o` of row `row` of a product from its segments' stored fp32 sums (segment s at
+    p_ptr + s·stride_s + row·stride_m), added in segment order as the whole form adds them and
+    rounded once to OUT. Planted (the registry's controls): FAULT 1 adds them in reverse, FAULT
+    2 returns the fp32 total unrounded (a fused reader rounding at another point)."""
+    if FAULT == 1:
+        acc = tl.load(p_ptr + (NSEG - 1) * stride_s + row * stride_m + o, mask=mask, other=0.0)
+        for s in range(1, NSEG):
+            acc += tl.load(
+                p_ptr + (NSEG - 1 - s) * stride_s + row * stride_m + o, mask=mask, other=0.0
+            )
+    else:
+        acc = tl.load(p_ptr + row * stride_m + o, mask=mask, other=0.0)
+        for s in range(1, NSEG):  # in segment order, as the whole form adds them
+            acc += tl.load(p_ptr + s * stride_s + row * stride_m + o, mask=mask, other=0.0)
+    if FAULT == 2:
+        return acc
+    return acc.to(OUT)
