@@ -270,6 +270,6 @@ def _segment_total(
         acc = tl.load(p_ptr + row * stride_m + o, mask=mask, other=0.0)
         for s in range(1, NSEG):  # in segment order, as the whole form adds them
             acc += tl.load(p_ptr + s * stride_s + row * stride_m + o, mask=mask, other=0.0)
-    if FAULT == 2:
-        return acc
-    return acc.to(OUT)
+    if FAULT != 2:
+        acc = acc.to(OUT)
+    return acc
