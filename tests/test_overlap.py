@@ -23,7 +23,9 @@ def _asks(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     """Prompts of several lengths with every kind of rule the sampler has."""
     kinds = [
         SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
-        SamplingParams(max_tokens=7, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True),
+        SamplingParams(
+            max_tokens=7, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, logprobs=0
+        ),
         SamplingParams(
             max_tokens=12,
             temperature=0.0,

@@ -186,10 +186,10 @@ class Engine:
         if chosen is None:
             return []
         events = []
-        for (req, row), token in zip(chosen.ready, chosen.read()):
+        for (req, row), (token, logprobs) in zip(chosen.ready, chosen.read()):
             if req.status == Status.RUNNING and req.lane.pending >= 0:
                 req.lane.pending = -1
-                events.append(self._commit(req, row, token))
+                events.append(self._commit(req, row, token, logprobs))
         return events
 
     def _step(self) -> list[TokenEvent]:
@@ -245,8 +245,8 @@ class Engine:
             self.output.score_prompt(req, start, logits)
         return lane.computed == req.num_tokens
 
-    def _commit(self, req: Request, row: torch.Tensor, token: int) -> TokenEvent:
-        event = self.output.commit(req, row, token)
+    def _commit(self, req: Request, row: torch.Tensor, token: int, logprobs=None) -> TokenEvent:
+        event = self.output.commit(req, row, token, logprobs)
         if event.finished:
             self._finish(req, event.finish_reason, row)
         return event

@@ -79,7 +79,9 @@ def shape_rows(
 
 def _count_penalties(x: torch.Tensor, rules) -> None:
     """Frequency and presence penalties on the tokens each reply holds, by their counts (a
-    token it does not hold loses nothing)."""
+    token it does not hold loses nothing). The counts are a dense [L, V] sum of ones (exact
+    integers in any order), so nothing waits for the device: an overlapped engine's host goes
+    on planning while these run."""
     on = [
         i
         for i, (p, _, out) in enumerate(rules)
@@ -88,15 +90,15 @@ def _count_penalties(x: torch.Tensor, rules) -> None:
     if not on:
         return
     (row, tok), _ = _entries([rules[i][2] for i in on], on, x.device)
-    flat, n = torch.unique(row * x.shape[1] + tok, return_counts=True)
-    fp = torch.zeros(x.shape[0], dtype=torch.float32)
-    pp = torch.zeros(x.shape[0], dtype=torch.float32)
-    fp[on] = torch.tensor([rules[i][0].frequency_penalty for i in on], dtype=torch.float32)
-    pp[on] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
-    lane, n = flat // x.shape[1], n.to(torch.float32)
-    xf = x.view(-1)
-    v = xf[flat] - fp.to(x.device, non_blocking=True)[lane] * n
-    xf[flat] = v - pp.to(x.device, non_blocking=True)[lane] * (n > 0).to(torch.float32)
+    n = torch.zeros_like(x).index_put_((row, tok), torch.ones_like(tok, dtype=x.dtype), True)
+    fp = torch.zeros(x.shape[0], 1, dtype=torch.float32)
+    pp = torch.zeros(x.shape[0], 1, dtype=torch.float32)
+    fp[on, 0] = torch.tensor([rules[i][0].frequency_penalty for i in on], dtype=torch.float32)
+    pp[on, 0] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
+    held = n > 0
+    v = x - fp.to(x.device, non_blocking=True) * n
+    v = v - pp.to(x.device, non_blocking=True) * held.to(torch.float32)
+    x.copy_(torch.where(held, v, x))
 
 
 def _entries(lists: list[list[int]], lanes: list[int], device) -> tuple[tuple, torch.Tensor]:

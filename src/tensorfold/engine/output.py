@@ -16,14 +16,17 @@ class Output:
     def __init__(self, tokenizer, eos_ids: set[int]) -> None:
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
 
-    def commit(self, req: Request, logits: torch.Tensor, token: int) -> TokenEvent:
+    def commit(self, req: Request, logits: torch.Tensor, token: int, logprobs=None) -> TokenEvent:
         """Appends `token` (chosen from `logits`) to the reply; the event carries its text and
-        logprobs, and `finished` with its reason when it ends the request."""
+        logprobs (`logprobs`: already computed from `logits`, as top_logprobs computes them),
+        and `finished` with its reason when it ends the request."""
         p = req.params
         if req.times.first_token is None:
             req.times.first_token = time.monotonic()
         req.output_ids.append(token)
-        lp = [top_logprobs(logits, token, p.logprobs)] if p.logprobs is not None else []
+        if p.logprobs is not None and logprobs is None:
+            logprobs = top_logprobs(logits, token, p.logprobs)
+        lp = [logprobs] if p.logprobs is not None else []
         reason = self.stop_reason(req, token)
         text, stop_hit = self.new_text(req, final=reason is not None)
         if stop_hit:

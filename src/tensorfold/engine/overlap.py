@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.sampling import top_logprobs_of
 from ..runner.plan import Fed
 from .request import Request
 from .scheduler import Work
@@ -22,11 +23,13 @@ from .scheduler import Work
 
 @dataclass
 class Chosen:
-    """The tokens of a pass's ready lanes, chosen on the device: tokens[j] is ready[j]'s."""
+    """The tokens of a pass's ready lanes, chosen on the device: tokens[j] is ready[j]'s; with
+    the logprobs the lanes that ask for them will report, computed beside them."""
 
     ready: list[tuple[Request, torch.Tensor]]  # (request, the logits row it chose from)
     tokens: torch.Tensor
-    host: torch.Tensor  # their copy on the host, landed once `event` has
+    host: tuple[torch.Tensor, ...]  # tokens, logprob values, their ids: landed once `event` has
+    asks: list[tuple[int, int]]  # (index in ready, top k) of the lanes asking for logprobs
     event: torch.cuda.Event | None = None
 
     @classmethod
@@ -37,20 +40,46 @@ class Chosen:
         ready = [ready[i] for i in order]
         for j, (req, _) in enumerate(ready):
             req.lane.pending = j
+        asks = [
+            (j, req.params.logprobs)
+            for j, (req, _) in enumerate(ready)
+            if req.params.logprobs is not None
+        ]
+        found = (tokens, *_logprobs(ready, tokens, asks))
         if not tokens.is_cuda:
-            return cls(ready, tokens, tokens)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return cls(ready, tokens, found, asks)
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found)
+        for h, t in zip(host, found):
+            h.copy_(t, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return cls(ready, tokens, host, event)
+        return cls(ready, tokens, host, asks, event)
 
-    def read(self) -> list[int]:
-        """The chosen tokens, once they have landed on the host (waits for them alone, not for
-        the pass launched after them)."""
+    def read(self) -> list[tuple[int, tuple | None]]:
+        """Each lane's (token, its logprobs or None) once they have landed on the host: waits
+        for them alone, not for the pass launched after them."""
         if self.event is not None:
             self.event.synchronize()
-        return self.host.tolist()
+        tokens, values, ids = (t.tolist() for t in self.host)
+        out: list[tuple[int, tuple | None]] = [(t, None) for t in tokens]
+        at = 0
+        for j, k in self.asks:  # each: its token's logprob, then its top k (value, id)
+            top = list(zip(ids[at : at + k], values[at + 1 : at + 1 + k]))
+            out[j] = (tokens[j], (values[at], top))
+            at += 1 + k
+        return out
+
+
+def _logprobs(ready, tokens: torch.Tensor, asks) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device, for each asking lane: its token's logprob and its top k, row by row as
+    ops.sampling.top_logprobs computes them (values [Σ 1 + k] and ids [Σ k])."""
+    dev = tokens.device
+    values, ids = [torch.empty(0, device=dev)], [torch.empty(0, dtype=torch.long, device=dev)]
+    for j, k in asks:
+        lp, top_values, top_ids = top_logprobs_of(ready[j][1], tokens[j : j + 1], k)
+        values += [lp, top_values]
+        ids.append(top_ids)
+    return torch.cat(values), torch.cat(ids)
 
 
 def fed(work: list[Work], chosen: Chosen | None) -> Fed | None:
