@@ -39,9 +39,11 @@ def reference(hf_tiny):
     return make_engine(hf_tiny)  # chunk 16 here, 8 on the server: chunking is free
 
 
-@pytest.fixture(scope="module")
-def live(hf_tiny):
-    server = start_server(make_engine(hf_tiny, chunk=8))
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "overlapped"])
+def live(hf_tiny, request):
+    """The server with plain steps, and with overlapped ones (each pass launched before the
+    tokens of the one before are read: the GPU's default, run here on the CPU)."""
+    server = start_server(make_engine(hf_tiny, chunk=8, overlap=request.param))
     yield server
     server.stop()
 
