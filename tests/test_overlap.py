@@ -5,6 +5,7 @@ penalties, grammars and the prompt cache."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from engine_util import make_engine, sample_prompt
 from llguidance import LLMatcher
@@ -22,7 +23,7 @@ DEMO = default_checkpoint(None)
 def _asks(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     """Prompts of several lengths with every kind of rule the sampler has."""
     kinds = [
-        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, prompt_logprobs=2),
         SamplingParams(
             max_tokens=7, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True, logprobs=0
         ),
@@ -58,7 +59,7 @@ def _run(path, asks, overlap_on: bool, cancel: dict[int, int] | None = None, **c
         step += 1
     for r in reqs:  # what a client was streamed: each event's tokens, text and logprobs
         r.streamed = [
-            (e.token_ids, e.text, e.logprobs, e.finish_reason)
+            (e.token_ids, e.text, e.logprobs, e.prompt_logprobs, e.finish_reason)
             for e in events
             if e.request_id == r.request_id
         ]
@@ -80,6 +81,7 @@ def test_overlapped_replies_equal_sequential(hf_tiny_b):
     )
     plain = _run(hf_tiny_b, asks, False)
     assert plain[4].finish_reason == "stop" and len(plain[4].output_ids) <= 4
+    assert plain[0].streamed[0][3] and plain[4].streamed[0][2]  # prompt logprobs, logprobs
     assert _replies(_run(hf_tiny_b, asks, True)) == _replies(plain)
 
 
@@ -177,3 +179,20 @@ def test_grammar_and_stop_string_replies_under_overlap():
     got = _replies(_run(DEMO, asks, True, context=256))
     assert got == _replies(_run(DEMO, asks, False, context=256))
     assert got[0][2].startswith("{") and got[1][1] in ("stop", "length")
+
+
+def test_overlap_with_drafting_is_refused_by_name_before_loading(hf_tiny_b):
+    """`serve --overlap --draft ngram`: a named refusal before any weight is read; an engine
+    asked for both directly refuses too."""
+    import subprocess
+    import sys
+
+    code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "serve", str(hf_tiny_b), "--port", "0"]
+    done = subprocess.run(
+        cmd + ["--overlap", "--draft", "ngram"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "--overlap needs a model" in done.stderr
+    assert "loading" not in done.stderr
+    with pytest.raises(ValueError, match="overlapped passes need"):
+        make_engine(hf_tiny_b, overlap=True, draft="ngram")

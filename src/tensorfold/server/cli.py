@@ -147,6 +147,11 @@ def _build(args: argparse.Namespace):
             args.draft, path, args.tensor_parallel, device.type, args.cuda_graphs
         )
         check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
+        if args.overlap and (args.draft or args.tensor_parallel > 1):
+            raise ValueError(
+                "--overlap needs a model that is not split and does not draft: serve without "
+                f"--overlap, or without --draft {args.draft} / --tensor-parallel"
+            )
         args.chunk = chunk_for(args.chunk, device)
         args.mixed_chunk = mixed_chunk_for(args.mixed_chunk)
     except (OSError, ValueError) as exc:
