@@ -181,18 +181,41 @@ def test_grammar_and_stop_string_replies_under_overlap():
     assert got[0][2].startswith("{") and got[1][1] in ("stop", "length")
 
 
-def test_overlap_with_drafting_is_refused_by_name_before_loading(hf_tiny_b):
-    """`serve --overlap --draft ngram`: a named refusal before any weight is read; an engine
-    asked for both directly refuses too."""
+def test_overlap_with_a_tensor_split_is_refused_by_name_before_loading(hf_tiny_b):
+    """`serve --overlap --tensor-parallel 2`: a named refusal before any weight is read."""
     import subprocess
     import sys
 
     code = "import sys; from tensorfold.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "serve", str(hf_tiny_b), "--port", "0"]
+    cmd = [sys.executable, "-c", code, "serve", str(hf_tiny_b), "--port", "0", "--overlap"]
     done = subprocess.run(
-        cmd + ["--overlap", "--draft", "ngram"], capture_output=True, text=True, timeout=120
+        cmd + ["--tensor-parallel", "2"], capture_output=True, text=True, timeout=120
     )
-    assert done.returncode != 0 and "--overlap needs a model" in done.stderr
+    assert done.returncode != 0 and "--overlap needs a whole model" in done.stderr
     assert "loading" not in done.stderr
-    with pytest.raises(ValueError, match="overlapped passes need"):
-        make_engine(hf_tiny_b, overlap=True, draft="ngram")
+
+
+@pytest.mark.parametrize("pattern", ["all_wrong", "every_third_wrong", "all_right"])
+def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monkeypatch):
+    """A drafting engine overlaps the passes in which every drafting lane's gate rests (no
+    drafts, no target states read) and takes plain steps around its verify passes: its tokens
+    are the plain engine's, whatever the drafts."""
+    from drafting_util import Script
+
+    prompts = [sample_prompt(200 + i, n, 300) for i, n in enumerate((9, 40, 17))]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    wrong = {"all_wrong": lambda p: True, "every_third_wrong": lambda p: p % 3 == 2}
+    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+    eng.drafting.default = Script(replies, wrong.get(pattern, lambda p: False))
+    overlapped, step = [], eng._overlapped_step
+    monkeypatch.setattr(eng, "_overlapped_step", lambda: overlapped.append(1) or step())
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert eng.drafting.stats.verifies > 0
+    if pattern == "all_wrong":  # the gates closed long enough to rest: overlapped passes
+        assert len(overlapped) > 5

@@ -1,4 +1,6 @@
-"""The Triton kernels' logic on the CPU, through Triton's interpreter (tiny shapes, fp16)."""
+"""The Triton kernels' logic on the CPU, through Triton's interpreter (tiny shapes, fp16): each
+script runs in a process of its own with TRITON_INTERPRET=1 and prints its line when every
+check in it passed."""
 
 import os
 import subprocess
@@ -9,33 +11,22 @@ import pytest
 
 pytest.importorskip("triton")
 
+SCRIPTS = {
+    # the products, norms, attention, conv, gates, recurrence and sampling kernels
+    "triton_interpret_check.py": "match their references",
+    # the grouped expert kernels, routing and the weighted sum
+    "triton_interpret_moe.py": "moe kernels match their references",
+    # a product's segment sums added inside the residual add + norm and silu · up
+    "triton_interpret_partial.py": "partial sums match the products' own sums",
+}
 
-def test_kernels_under_the_triton_interpreter():
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_kernels_under_the_triton_interpreter(script):
     env = dict(os.environ, TRITON_INTERPRET="1")
-    script = Path(__file__).with_name("triton_interpret_check.py")
+    path = Path(__file__).with_name(script)
     done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "match their references" in done.stdout
-
-
-def test_moe_kernels_under_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = Path(__file__).with_name("triton_interpret_moe.py")
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "moe kernels match their references" in done.stdout
-
-
-def test_partial_sums_under_the_triton_interpreter():
-    """A product's segment sums added inside the residual add and silu · up give their bits."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = Path(__file__).with_name("triton_interpret_partial.py")
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "partial sums match the products' own sums" in done.stdout
+    assert SCRIPTS[script] in done.stdout

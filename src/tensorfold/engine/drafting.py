@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import LaneHistory, PassPrices, verify_pays
+from ..drafters.gate import WAKE, LaneHistory, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -164,6 +164,17 @@ class Drafting:
     def recompute(self, req: Request) -> int:
         """Committed rows an aligned lane feeds again after a rejection."""
         return req.num_tokens - req.lane.computed - 1
+
+    def quiet(self, lanes: list[Request]) -> bool:
+        """Whether a pass of `lanes` needs nothing of drafting that waits for the host to know
+        the last tokens: no lane has drafts in flight or rows behind, and every drafting lane's
+        gate rests for this pass and the next chance too (its drafter reads no target states;
+        `propose` only counts the chance): then the engine may overlap the pass."""
+        for req in lanes:
+            d = req.lane.draft
+            if d is not None and (d.proposal or d.gate.skip <= WAKE + 1 or self.behind(req)):
+                return False
+        return True
 
     def room(self, req: Request) -> int:
         """Drafts a drafting lane may carry in its next pass. Aligned: fewer by the rows it

@@ -96,10 +96,10 @@ class Engine:
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)
         self.output = Output(tokenizer, self.eos_ids)
-        auto = model.device.type == "cuda" and model.group is None and not config.draft
+        auto = model.device.type == "cuda" and model.group is None
         self.overlap = auto if config.overlap is None else config.overlap
-        if self.overlap and (model.group is not None or config.draft):
-            raise ValueError("overlapped passes need a whole model that does not draft")
+        if self.overlap and model.group is not None:
+            raise ValueError("overlapped passes need a whole model (not a tensor split)")
         self._chosen: Chosen | None = None  # the last pass's tokens, not read back yet
         self.inbox = Inbox(config.max_queue)
         self.wakeup = self.inbox.wakeup  # the server's loop waits on it
@@ -158,12 +158,19 @@ class Engine:
         return events + self._settle() + self._step()
 
     def _overlapping(self) -> bool:
-        """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps."""
-        lanes = itertools.chain(self.scheduler.running, self.scheduler.waiting)
-        return self.overlap and all(req.watch is None for req in lanes)
+        """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps, and
+        so does a pass in which a lane may draft or its drafter read the target's states
+        (Drafting.quiet: overlapped steps only while every drafting lane rests)."""
+        lanes = list(itertools.chain(self.scheduler.running, self.scheduler.waiting))
+        quiet = all(req.watch is None for req in lanes) and self.drafting.quiet(lanes)
+        return self.overlap and quiet
 
     def _overlapped_step(self) -> list[TokenEvent]:
+        start = time.perf_counter()
         self.scheduler.admit()
+        self.drafting.propose(self.scheduler.running)  # a resting gate counts its chance
+        if any(req.drafting for req in self.scheduler.running):  # not quiet after all
+            return self._settle() + self._step(proposed=True)
         work = self.scheduler.schedule()
         ready = []
         if work:
@@ -177,6 +184,9 @@ class Engine:
         ready = [(req, row) for req, row in ready if req.status == Status.RUNNING]
         if ready:
             self._chosen = Chosen.pick(self.sampler, ready)
+        shape = self.drafting.shape(work) if work else None
+        if shape is not None and self.drafting.default is not None:  # a plain pass's price
+            self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 
     def _settle(self) -> list[TokenEvent]:
@@ -192,11 +202,14 @@ class Engine:
                 events.append(self._commit(req, row, token, logprobs))
         return events
 
-    def _step(self) -> list[TokenEvent]:
+    def _step(self, proposed: bool = False) -> list[TokenEvent]:
+        """A plain step: the pass, then its tokens chosen and read (`proposed`: the lanes have
+        proposed for it already)."""
         start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
         events: list[TokenEvent] = []
-        self.scheduler.admit()
-        self.drafting.propose(self.scheduler.running)
+        if not proposed:
+            self.scheduler.admit()
+            self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
         if not work:
             return events

@@ -45,8 +45,8 @@ def add_parser(sub) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="plan and launch each pass while the one before chooses its tokens, which are read "
-        "back while it runs (the same tokens; default: on a GPU for a whole model that does not "
-        "draft)",
+        "back while it runs (the same tokens; default: on a GPU for a whole model; a drafting "
+        "server overlaps while every lane's drafts rest)",
     )
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument(
@@ -147,10 +147,9 @@ def _build(args: argparse.Namespace):
             args.draft, path, args.tensor_parallel, device.type, args.cuda_graphs
         )
         check_draft(args.draft, args.draft_tokens, path, args.tensor_parallel)
-        if args.overlap and (args.draft or args.tensor_parallel > 1):
+        if args.overlap and args.tensor_parallel > 1:
             raise ValueError(
-                "--overlap needs a model that is not split and does not draft: serve without "
-                f"--overlap, or without --draft {args.draft} / --tensor-parallel"
+                "--overlap needs a whole model: serve without --overlap or --tensor-parallel"
             )
         args.chunk = chunk_for(args.chunk, device)
         args.mixed_chunk = mixed_chunk_for(args.mixed_chunk)
