@@ -3,12 +3,13 @@
 # overlapped engine against the sequential one at 64 lanes, graphs and rules; the graph and
 # concurrent = solo tests, whose watched lanes take sequential steps), the lane sweep with and
 # without overlap (h200.py --overlap / --no-overlap), and where a step's time goes in each
-# (step_profile.py).
+# (step_profile.py); the segment sums' registry entry (fused.segment_sums, with its controls);
+# and what drafting that cannot win costs against the overlapped plain engine (gate_cost.py).
 #
 #   bash benchmarks/overlap.sh OUT [phases]
 #
-# phases, in the order given: tests, lanes, profile (default: all). Settings: LANES (default
-# 1,16,64), MODELS (default 4bit), PROFILE_LANES (default 64).
+# phases, in the order given: tests, lanes, profile, registry, drafting (default: the first
+# three). Settings: LANES (default 1,16,64), MODELS (default 4bit), PROFILE_LANES (default 64).
 set -u
 OUT=${1:?usage: overlap.sh OUT [phases]}
 PHASES=${2:-tests lanes profile}
@@ -24,6 +25,9 @@ for p in $PHASES; do
                      phase "lanes$how" 200 $py benchmarks/h200.py --out /tmp/bench $how \
                          --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory
                  done ;;
+        registry) phase registry 90 $py -m tensorfold.checks.registry --only fused. ;;
+        drafting) phase drafting 240 $py benchmarks/gate_cost.py --models "${MODELS:-4bit}" \
+                      --lanes 1,16 --draft-tokens 4 --tokens 256 ;;
         profile) for how in --overlap --no-overlap; do
                      phase "profile$how" 150 $py benchmarks/step_profile.py $how \
                          --models "${MODELS:-4bit}" --lanes "${PROFILE_LANES:-64}"

@@ -68,17 +68,27 @@ def test_many_lanes_concurrent_equals_solo_9b(nine_b, parallel):
 
 
 def test_overlapped_equals_sequential_9b(nine_b):
-    """Pass N+1 launched before pass N's tokens are read (the GPU's default): every lane's tokens
-    equal the sequential engine's, through every bucket as the lanes end one after another."""
-    jobs, outs = _jobs(64), []
+    """Pass N+1 launched before pass N's tokens are read (the GPU's default): every lane's
+    streamed tokens and logprobs (every third lane asks for its top 3) equal the sequential
+    engine's, through every bucket as the lanes end one after another."""
+    jobs = [
+        (ids, dataclasses.replace(p, logprobs=3) if i % 3 == 0 else p)
+        for i, (ids, p) in enumerate(_jobs(64))
+    ]
+    outs = []
     for overlap in (None, False):
         eng = _engine(nine_b, 64, overlap=overlap)
         assert eng.overlap is (overlap is None)
         reqs = [eng.add_request(ids, p) for ids, p in jobs]
-        eng.run_until_done()
-        outs.append([r.output_ids for r in reqs])
+        events = []
+        while eng.has_work():
+            events += eng.step()
+        streamed = {r.request_id: [] for r in reqs}
+        for e in events:
+            streamed[e.request_id].append((e.token_ids, e.logprobs, e.finish_reason))
+        outs.append([(r.output_ids, streamed[r.request_id]) for r in reqs])
     assert outs[0] == outs[1]
-    assert [len(ids) for ids in outs[0]] == [p.max_tokens for _, p in jobs]
+    assert [len(ids) for ids, _ in outs[0]] == [p.max_tokens for _, p in jobs]
 
 
 def test_padded_graph_equals_eager_9b(nine_b):
