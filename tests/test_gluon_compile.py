@@ -38,8 +38,9 @@ def _compile(
     staged: bool = False,
     warps: int = 4,
     ring: bool = False,
+    deep: bool = False,
 ):
-    consts = gluon_affine.constants(bits, group, 1024, mt, warps, staged, ring, fault)
+    consts = gluon_affine.constants(bits, group, 1024, mt, warps, staged, ring, fault, deep=deep)
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
     src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)
@@ -117,6 +118,31 @@ def test_ring_inputs_arrive_by_16_byte_copies_and_keep_the_mmas(bits, mt, warps,
         assert copies and set(copies) == {"0x10"}, "the inputs must arrive by 16-byte copies"
     assert ring.metadata.shared < _compile(64, mt, bits=bits, warps=warps).metadata.shared
     _assert_register_path(ring, bits, mt)
+
+
+@pytest.mark.parametrize(
+    "bits,mt,fault", [(4, 64, 0), (4, 32, 0), (8, 64, 0), (5, 64, 0), (4, 64, 1), (4, 64, 2)]
+)
+def test_deep_ring_queues_each_mma_behind_the_last(bits, mt, fault):
+    """The ring's deep form (4 warps): each step's MMA is issued before the step before it is
+    waited for (a wait that leaves one MMA in flight), with the registers form's tile and chain
+    of MMAs; the ring without it waits for every MMA before the next."""
+    deep = _compile(64, mt, fault=fault, bits=bits, ring=True, deep=True)
+    ptx = deep.asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx
+    plain = _compile(64, mt, fault=fault, bits=bits, ring=True).asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1;" not in plain
+    _assert_register_path(deep, bits, mt)
+
+
+def test_deep_ring_is_one_warpgroup_only():
+    """Eight warps (two warpgroups reading one ring) take the ring without the deep wait: one
+    warpgroup's wait would not free a slot the other's MMA may still read."""
+    consts = gluon_affine.constants(4, 64, 1024, 64, 8, ring=True, deep=True)
+    assert (
+        consts["DEEP"] == 0
+        and gluon_affine.constants(4, 64, 1024, 64, 4, ring=True, deep=True)["DEEP"] == 1
+    )
 
 
 GROUPED = dict(

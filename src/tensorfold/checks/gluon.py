@@ -76,9 +76,9 @@ def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
 
 def _name(bits: int, form: str) -> str:
     """The entry of a form: words two steps ahead in registers ("regs"), a segment's words
-    staged ("staged"), or the inputs through a ring of a few steps ("ring"); "hfma" alone or
-    after either: the 4-bit values dequantized in bf16x2 arithmetic (weights that
-    quant.single_rounding admits, as the check's are)."""
+    staged ("staged"), or the inputs through a ring of a few steps ("ring", "ring.deep": each
+    MMA queued behind the last); "hfma" alone or after either: the 4-bit values dequantized in
+    bf16x2 arithmetic (weights that quant.single_rounding admits, as the check's are)."""
     return f"linear.affine{bits}.gluon" + ("" if form == "regs" else f".{form}")
 
 
@@ -94,12 +94,15 @@ def _partials(bits, x, words, scales, biases, group, segment, fault=0, form="reg
     return linear.gluon_affine.partials(
         x, words, scales, biases, bits, group, segment, fault=fault,
         staged=form.startswith("staged"), warps=warps, ring="ring" in form, hfma="hfma" in form,
+        deep="deep" in form,
     )  # fmt: skip
 
 
 FORMS = [(b, k, form) for b, k in ((4, 128), (8, 64)) for form in ("regs", "staged", "ring")]
 FORMS += [(b, 64, form) for b in (5, 6) for form in ("regs", "ring")]  # 5, 6 bits: not staged
 FORMS += [(4, 128, form) for form in ("hfma", "staged.hfma", "ring.hfma")]  # bf16x2, 4-bit
+# the ring's deep form (4 warps; at 8 the plain ring runs): each MMA queued behind the last
+FORMS += [(4, 128, "ring.deep"), (4, 128, "ring.deep.hfma"), (8, 64, "ring.deep")]
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shapes, rule, check)
     (_name(b, form), "the Triton kernels' fp32 segment sums", f"{b}-bit, K % {k} == 0, <= 64 rows, Hopper", "exact fp32, rows", functools.partial(check_gluon, b, form))
     for b, k, form in FORMS

@@ -86,6 +86,39 @@ def _x_ready(RING: gl.constexpr):
 
 
 @gluon.jit
+def _deep_steps(a, acc, first_half, x_smem, p_x, live, p_w, row_ok, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, NSTEP: gl.constexpr, RING: gl.constexpr, KW: gl.constexpr, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr, HFMA: gl.constexpr, FAULT: gl.constexpr, MT: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
+    """Every step of a segment (step 0's tile `a` dequantized), each MMA issued while the one
+    before it may still run: after issuing step i's, the wait for step i-1's frees its tile's
+    registers and its inputs' ring slot, which takes step i + RING - 1's copies; step i+1's
+    tile is then dequantized while step i's MMA runs. Returns (acc, first_half), the MMAs done."""
+    LAST: gl.constexpr = NSTEP - 1
+    prev = a
+    ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
+    for i in range(LAST):
+        later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
+        _x_ready(RING)
+        acc = warpgroup_mma(a, x_smem.index(i % RING).permute((1, 0)), acc, is_async=True)
+        acc, prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, prev))  # step i-1's done
+        _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK, FAULT)
+        nxt = _step_tile(
+            ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
+            A_LAYOUT, HFMA,
+        )  # fmt: skip
+        if FAULT == 2:  # planted: the segment summed as two chains, then added
+            if i == NSTEP // 2 - 1:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                first_half = acc
+                acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+        prev = a
+        a = nxt
+        ahead = later
+    _x_ready(RING)
+    acc = warpgroup_mma(a, x_smem.index(LAST % RING).permute((1, 0)), acc, is_async=True)
+    acc, prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))
+    return acc, first_half
+
+
+@gluon.jit
 def _affine_swapped(
     x_ptr,
     w_ptr,
@@ -110,13 +143,14 @@ def _affine_swapped(
     RING: gl.constexpr,
     HFMA: gl.constexpr,
     num_warps: gl.constexpr,
+    DEEP: gl.constexpr = 0,
 ):
     """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
     pid_n, pid_s = gl.program_id(0), gl.program_id(1)
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
         stride_s, pid_n, pid_s, 1, False, BITS, GROUP, SEG, BN, BK, MT, X_LAYOUT, FAULT, STAGED,
-        num_warps, RING, HFMA,
+        num_warps, RING, HFMA, DEEP,
     )  # fmt: skip
 
 
@@ -152,13 +186,16 @@ def _swapped_body(
     num_warps: gl.constexpr,
     RING: gl.constexpr = 0,
     HFMA: gl.constexpr = 0,
+    DEEP: gl.constexpr = 0,
 ):
     """Weight tile pid_n, segment pid_s against rows row0 .. row0 + m_live - 1 of x (GATHER: row
     order[row0 + i] // TOP_K, an expert's pairs), their fp32 segment sums stored at rows p_row..
     of p (a row every ldp values). RING > 0: the inputs pass through a ring of RING steps in
     shared memory, copied RING - 1 steps ahead, rather than the whole segment's at once (less
     shared memory a program, so more programs share a multiprocessor; the same MMAs). HFMA: 4-bit
-    values dequantized in bf16x2 arithmetic, the same values where quant.single_rounding holds."""
+    values dequantized in bf16x2 arithmetic, the same values where quant.single_rounding holds.
+    DEEP (with a ring): step i's MMA is issued before step i-1's is waited for, so the next MMA
+    is queued when one ends; the same MMAs into the same accumulator, in the same order."""
     NSTEP: gl.constexpr = SEG // BK
     k_seg = pid_s * SEG
     RT: gl.constexpr = BN // 16
@@ -266,6 +303,15 @@ def _swapped_body(
                 if i == NSTEP // 2 - 1:
                     first_half = acc
                     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
+    elif DEEP:
+        gl.static_assert(RING > 0, "the deep form queues its MMAs behind a ring of inputs")
+        # one warpgroup: its wait for step i-1's MMA frees the ring slot for every copier (with
+        # two, the other's MMA could still read the slot this one's copies overwrite)
+        gl.static_assert(num_warps == 4, "the deep form runs one warpgroup a program")
+        acc, first_half = _deep_steps(
+            a, acc, first_half, x_smem, p_x, live, p_w, row_ok, s_ptr, b_ptr, p_s, s_ok, c_lo,
+            sel, NSTEP, RING, KW, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT, HFMA, FAULT, MT, MMA,
+        )  # fmt: skip
     else:
         ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
         for i in range(LAST):
@@ -287,10 +333,11 @@ def _swapped_body(
                 if i == NSTEP // 2 - 1:
                     first_half = acc
                     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-    if RING:
-        _x_ready(RING)
-    acc = warpgroup_mma(a, x_smem.index(LAST % XS).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if not DEEP:  # the last step (the deep form's is inside its loop)
+        if RING:
+            _x_ready(RING)
+        acc = warpgroup_mma(a, x_smem.index(LAST % XS).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if FAULT == 2:
         acc = first_half + acc
 
@@ -369,6 +416,7 @@ def partials(
     warps: int = 4,
     ring: bool = False,
     hfma: bool = False,
+    deep: bool = False,
 ) -> torch.Tensor:
     """Segment sums [K/segment, M, N] in fp32 of x [M, K] · dequant(words [N, K·bits/32])ᵀ
     (`fault`: the registry's planted controls, 1 regrouped K, 2 a segment in two chains, 3 the
@@ -377,7 +425,8 @@ def partials(
     ahead in registers, the same values and MMAs; `warps`: 4 or 8, 64 or 128 weight rows a
     program; `ring`: the inputs through a ring of RING steps, the same values and MMAs;
     `hfma`: 4-bit values in bf16x2 arithmetic, only for weights quant.single_rounding passes,
-    where it gives the same values)."""
+    where it gives the same values; `deep`, with a ring: each MMA issued before the one before
+    it is waited for, the same MMAs in the same order)."""
     m, k = x.shape
     n = words.shape[0]
     mt, bn = row_tile(m), BN * warps // 4
@@ -385,7 +434,7 @@ def partials(
     part = torch.empty((nseg, m, n), dtype=torch.float32, device=x.device)
     _affine_swapped[(triton.cdiv(n, bn), nseg)](
         x, words, scales, biases, part, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
-        **constants(bits, group, segment, mt, warps, staged, ring, fault, hfma),
+        **constants(bits, group, segment, mt, warps, staged, ring, fault, hfma, deep),
     )  # fmt: skip
     return part
 
@@ -400,6 +449,7 @@ def constants(
     ring: bool = False,
     fault: int = 0,
     hfma: bool = False,
+    deep: bool = False,
 ) -> dict:
     """The kernel's compile-time constants for one form and row tile `mt` (what `partials`
     launches with; the CPU compile tests and benchmarks/sass_report.py compile the same)."""
@@ -408,6 +458,7 @@ def constants(
         BITS=bits, GROUP=group, SEG=segment, BN=BN * warps // 4, BK=bk, MT=mt,
         X_LAYOUT=_x_layout(mt, bk), FAULT=fault, STAGED=staged,
         RING=_ring_slots(ring, segment // bk), HFMA=_hfma(hfma, bits, fault), num_warps=warps,
+        DEEP=int(deep and warps == 4 and _ring_slots(ring, segment // bk) > 0),
     )  # fmt: skip
 
 

@@ -358,7 +358,7 @@ def affine_matmul(
             w = (words, scales, biases)
             part = gluon_affine.partials(
                 x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps,
-                ring=t.ring, hfma=t.hfma and single_rounding,
+                ring=t.ring, hfma=t.hfma and single_rounding, deep=t.deep,
             )  # fmt: skip
             return _total(part, out, keep, x.dtype)
     return _launch(

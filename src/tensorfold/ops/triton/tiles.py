@@ -60,6 +60,9 @@ class Tiles:
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
     ring: bool = False  # the Gluon kernel: the inputs through a ring of a few steps, not a segment
     hfma: bool = False  # the Gluon kernel, 4-bit: bf16x2 dequantization (single_rounding weights)
+    deep: bool = (
+        False  # the Gluon ring, 4 warps: each MMA queued before the one before is waited for
+    )
 
     def step_k(self, plan: "LinearPlan") -> int:
         """K columns per loop step: `wide` plan blocks when the segment holds a whole number of them.
@@ -161,11 +164,13 @@ def untried(m: int) -> list[Tiles]:
     for `benchmarks/kernels.py --untried` to time beside the candidates: at most 16 rows the
     Gluon kernel with its inputs through a ring (no gain at one row on the card, where a
     segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
-    Gluon shapes (the ring's beat them at every 9B product)."""
+    Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
+    (each MMA queued behind the one running: not yet run on a card)."""
     if m > 64:
         return []
     if m > 16:
-        return _hfma([t for t in _middle_gluon() if not t.ring and not t.hfma])
+        deep = [replace(t, deep=True) for t in _middle_gluon() if t.ring and t.warps == 4]
+        return _hfma([t for t in _middle_gluon() if not t.ring and not t.hfma]) + deep
     ring = [Tiles(16, 128, 4, 4, wide=2, swap=True, gluon=True, ring=True)]
     return ring + _hfma(ring)
 
