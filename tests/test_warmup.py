@@ -61,17 +61,20 @@ def test_tile_file_leaves_out_what_is_not_a_candidate(tmp_path):
 
 def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
     """The shapes the kernel benchmark times beside the candidates (the ring at one to 16
-    rows, the bf16x2 twins of the plain and staged Gluon shapes at 17-64) are offered by no
-    rows class, and a tile file naming them is timed again."""
+    rows, the bf16x2 twins of the plain and staged Gluon shapes and the 4-warp ring's deep
+    twins at 17-64) are offered by no rows class, and a tile file naming them is timed again."""
     book = TileBook()
     for m in (1, 16, 40, 64):
         shapes = untried(m)
-        assert shapes and all(t.gluon and (t.ring or t.hfma) for t in shapes)
+        assert shapes and all(t.gluon and (t.ring or t.hfma or t.deep) for t in shapes)
         assert not set(shapes) & set(candidates(m, packed=True))
         for t in shapes[:2]:
             book.chosen[(rows_class(m), 64, 64 + t.hfma, 4, 64)] = t
     assert untried(65) == [] and not any(t.gluon for t in candidates(65, packed=True))
-    assert all(t.ring for t in untried(1)) and not any(t.ring for t in untried(64))
+    assert all(t.ring and not t.deep for t in untried(1))
+    middle = untried(64)
+    assert all(t.deep == t.ring for t in middle) and any(t.deep for t in middle)
+    assert all(t.warps == 4 for t in middle if t.deep)
     path = tmp_path / "tiles.json"
     book.save(path)
     assert TileBook().load(path) == 0
