@@ -24,6 +24,7 @@ from inexact import make_inexact
 from tqdm import tqdm
 
 from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.receipts.plot import require_matplotlib
@@ -353,12 +354,7 @@ def main() -> None:
         default=True,
         help="replay decode passes as CUDA graphs",
     )
-    p.add_argument(
-        "--overlap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the engine's overlapped passes (default: the engine's choice, on for a GPU)",
-    )
+    add_overlap_flag(p)
     p.add_argument(
         "--unfused-sums",
         action="store_true",

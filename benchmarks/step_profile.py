@@ -22,6 +22,7 @@ from h200 import Run, start_decoding
 
 from tensorfold.engine import engine as engine_module
 from tensorfold.engine import overlap
+from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.runner import cuda_graph, model_runner
 
@@ -103,7 +104,7 @@ def main() -> None:
     p.add_argument("--models", default="4bit")
     p.add_argument("--lanes", default="1,16,64")
     p.add_argument("--steps", type=int, default=48)
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
+    add_overlap_flag(p)
     args = p.parse_args()
     run = Run(in_memory=True, overlap=args.overlap)
     rows = []

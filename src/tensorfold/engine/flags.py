@@ -45,6 +45,18 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
     add_split_flag(p)
 
 
+def add_overlap_flag(p: argparse.ArgumentParser) -> None:
+    """--overlap / --no-overlap (default: the engine's choice, EngineConfig.overlap None)."""
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan and launch each pass while the one before chooses its tokens, which are read "
+        "back while it runs (the same tokens; default: on a GPU for a whole model; a drafting "
+        "engine overlaps while every lane's drafts rest)",
+    )
+
+
 def chunk_for(chunk: int | None, device) -> int:
     """--chunk as given, else the device's default."""
     return chunk or (GPU_CHUNK if device.type == "cuda" else CPU_CHUNK)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..drafters.choice import add_flags as add_draft_flags
-from ..engine.flags import add_model_flags, chunk_for, mixed_chunk_for
+from ..engine.flags import add_model_flags, add_overlap_flag, chunk_for, mixed_chunk_for
 from .limits import add_flags as add_limit_flags
 
 log = logging.getLogger("tensorfold.server")
@@ -40,14 +40,7 @@ def add_parser(sub) -> None:
         help="on a GPU, replay decode and verify passes as CUDA graphs (same kernels and bits, one launch "
         "per pass)",
     )
-    p.add_argument(
-        "--overlap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="plan and launch each pass while the one before chooses its tokens, which are read "
-        "back while it runs (the same tokens; default: on a GPU for a whole model; a drafting "
-        "server overlaps while every lane's drafts rest)",
-    )
+    add_overlap_flag(p)
     p.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     p.add_argument(
         "--mixed-chunk",
