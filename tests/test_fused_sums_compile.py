@@ -25,7 +25,7 @@ def test_fused_sum_readers_compile_for_hopper(nseg, fault):
     assert compile_for_hopper(ASTSource(norm._add_rms_kernel, add_rms, consts)).asm["ptx"]
     silu = dict(
         g_ptr=sums, u_ptr=sums, y_ptr="*bf16", W="i32", stride_g="i32", stride_u="i32",
-        stride_s="i32", NSEG="constexpr", BLOCK="constexpr", FAULT="constexpr",
+        stride_sg="i32", stride_su="i32", NSEG="constexpr", BLOCK="constexpr", FAULT="constexpr",
     )  # fmt: skip
     consts = dict(NSEG=nseg, BLOCK=2048, FAULT=fault)
     assert compile_for_hopper(ASTSource(gates._silu_mul, silu, consts)).asm["ptx"]

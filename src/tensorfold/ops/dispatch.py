@@ -147,7 +147,7 @@ def silu_mul(gate: torch.Tensor | Partial, up: torch.Tensor | Partial) -> torch.
     of their own plans or forms, are each summed first)."""
     if isinstance(gate, Partial) or isinstance(up, Partial):
         same = isinstance(gate, Partial) and isinstance(up, Partial)
-        if not (same and gate.sums.shape == up.sums.shape):
+        if not (same and gate.sums.shape[0] == up.sums.shape[0]):
             gate, up = total(gate), total(up)
     if isinstance(gate, Partial) or gate.is_cuda:
         from .triton import gates as tgates

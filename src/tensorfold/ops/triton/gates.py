@@ -8,8 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..linear import Partial
-from .segments import _segment_total
+from .segments import _segment_total, operand
 
 
 @triton.jit
@@ -67,12 +66,12 @@ def gdn_gates(
 
 @triton.jit
 def _silu_mul(
-    g_ptr, u_ptr, y_ptr, W, stride_g, stride_u, stride_s, NSEG: tl.constexpr,
+    g_ptr, u_ptr, y_ptr, W, stride_g, stride_u, stride_sg, stride_su, NSEG: tl.constexpr,
     BLOCK: tl.constexpr, FAULT: tl.constexpr = 0,
 ):  # fmt: skip
-    """NSEG 0: gate and up as stored (rows `stride_g` / `stride_u` apart); else their product's
-    segment sums (segments `stride_s` apart), added in order and rounded to the model dtype
-    first, as the product's own sum stores them."""
+    """NSEG 0: gate and up as stored (rows `stride_g` / `stride_u` apart); else their products'
+    segment sums (segments `stride_sg` / `stride_su` apart), added in order and rounded to the
+    model dtype first, as a product's own sum stores them."""
     r = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o < W
@@ -81,8 +80,8 @@ def _silu_mul(
         u = tl.load(u_ptr + r * stride_u + o, mask=mask, other=0.0)
     else:
         out = y_ptr.dtype.element_ty
-        g = _segment_total(g_ptr, r, o, mask, stride_s, stride_g, NSEG, out, FAULT)
-        u = _segment_total(u_ptr, r, o, mask, stride_s, stride_u, NSEG, out, FAULT)
+        g = _segment_total(g_ptr, r, o, mask, stride_sg, stride_g, NSEG, out, FAULT)
+        u = _segment_total(u_ptr, r, o, mask, stride_su, stride_u, NSEG, out, FAULT)
     tl.store(y_ptr + r * W + o, _swiglu(g.to(tl.float32), u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -97,23 +96,12 @@ def _swiglu(g, u):
 def silu_mul(gate, up, fault: int = 0) -> torch.Tensor:
     """As ops.gates.silu_mul; gate and up [rows, W] may be column slices of one product, or of
     its Partial (then their segments are added here; `fault`: the registry's planted forms)."""
-    if isinstance(gate, Partial) != isinstance(up, Partial):
-        raise TypeError("silu_mul takes gate and up both stored or both partial")
-    nseg, stride_s = 0, 0
-    if isinstance(gate, Partial):
-        dtype, (gate, up) = gate.dtype, (gate.sums, up.sums)
-        if gate.stride(0) != up.stride(0):  # two products' sums: one layout for both
-            gate, up = gate.contiguous(), up.contiguous()
-        nseg, stride_s = gate.shape[0], gate.stride(0)
-        rows, w = gate.shape[1:]
-    else:
-        dtype, (rows, w) = gate.dtype, gate.shape
-    if gate.stride(-1) != 1 or up.stride(-1) != 1:
-        gate, up = gate.contiguous(), up.contiguous()
-        stride_s = gate.stride(0) if nseg else 0
-    y = torch.empty((rows, w), dtype=dtype, device=gate.device)
+    (g, nseg, sg, rg), (u, nseg_up, su, ru) = operand(gate), operand(up)
+    if nseg != nseg_up:
+        raise TypeError("silu_mul takes gate and up both stored or both of one plan's sums")
+    rows, w = g.shape[-2:]
+    y = torch.empty((rows, w), dtype=gate.dtype, device=g.device)
     _silu_mul[(rows, triton.cdiv(w, 2048))](
-        gate, up, y, w, gate.stride(-2), up.stride(-2), stride_s, NSEG=nseg, BLOCK=2048,
-        FAULT=fault, num_warps=4,
-    )  # fmt: skip
+        g, u, y, w, rg, ru, sg, su, NSEG=nseg, BLOCK=2048, FAULT=fault, num_warps=4
+    )
     return y

@@ -7,8 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..linear import Partial
-from .segments import _segment_total
+from .segments import _segment_total, operand
 
 
 def _config(width: int) -> tuple[int, int]:
@@ -75,12 +74,13 @@ def _add_rms_kernel(
     NSEG: tl.constexpr, BLOCK: tl.constexpr, FAULT: tl.constexpr = 0,
 ):  # fmt: skip
     """NSEG 0: the delta d [rows, W] as stored; else its product's segment sums [NSEG, rows, W],
-    added in order and rounded to the model dtype first, as the product's own sum stores it."""
+    added in order and rounded to the model dtype first, as the product's own sum stores it
+    (rows `stride_dm` apart, segments `stride_ds`)."""
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
     if NSEG == 0:
-        d = tl.load(d_ptr + row * W + o, mask=mask, other=0.0)
+        d = tl.load(d_ptr + row * stride_dm + o, mask=mask, other=0.0)
     else:
         d = _segment_total(
             d_ptr, row, o, mask, stride_ds, stride_dm, NSEG, hout_ptr.dtype.element_ty, FAULT
@@ -102,24 +102,14 @@ def add_rms_norm(
     forms of that sum)."""
     w = h.shape[-1]
     h = h.contiguous()
-    d, nseg, strides = _sums_of(delta)
+    d, nseg, stride_s, stride_m = operand(delta)
     out, y = torch.empty_like(h), torch.empty_like(h)
     block, warps = _config(w)
     _add_rms_kernel[(h.shape[0],)](
-        h, d, weight, out, y, w, eps, offset, *strides, NSEG=nseg, BLOCK=block, FAULT=fault,
-        num_warps=warps,
+        h, d, weight, out, y, w, eps, offset, stride_s, stride_m, NSEG=nseg, BLOCK=block,
+        FAULT=fault, num_warps=warps,
     )  # fmt: skip
     return out, y
-
-
-def _sums_of(y) -> tuple[torch.Tensor, int, tuple[int, int]]:
-    """(the tensor a kernel reads, its segments (0: a stored output), their strides)."""
-    if isinstance(y, Partial):
-        sums = y.sums
-        if sums.stride(-1) != 1:
-            sums = sums.contiguous()
-        return sums, sums.shape[0], (sums.stride(0), sums.stride(1))
-    return y.contiguous(), 0, (0, 0)
 
 
 @triton.jit

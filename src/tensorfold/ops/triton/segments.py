@@ -6,9 +6,11 @@ linear.py and the expert products of moe.py run these."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from .unpack import _unpacked
 
 
@@ -273,3 +275,15 @@ def _segment_total(
     if FAULT != 2:
         acc = acc.to(OUT)
     return acc
+
+
+def operand(y: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int, int]:
+    """What a kernel reading a product's output takes (`_segment_total`'s callers): (the
+    tensor, its segments (0: the stored output), the segments' stride, the rows' stride), the
+    last dimension contiguous."""
+    t = y.sums if isinstance(y, Partial) else y
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if isinstance(y, Partial):
+        return t, t.shape[0], t.stride(0), t.stride(1)
+    return t, 0, 0, t.stride(0)
