@@ -161,9 +161,10 @@ class Engine:
         """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps, and
         so does a pass in which a lane may draft or its drafter read the target's states
         (Drafting.quiet: overlapped steps only while every drafting lane rests)."""
+        if not self.overlap:
+            return False
         lanes = list(itertools.chain(self.scheduler.running, self.scheduler.waiting))
-        quiet = all(req.watch is None for req in lanes) and self.drafting.quiet(lanes)
-        return self.overlap and quiet
+        return all(req.watch is None for req in lanes) and self.drafting.quiet(lanes)
 
     def _overlapped_step(self) -> list[TokenEvent]:
         start = time.perf_counter()

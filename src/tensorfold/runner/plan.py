@@ -42,9 +42,8 @@ class Fed:
 
     def apply(self, ids: torch.Tensor) -> None:
         """Writes the chosen tokens into a pass's fed ids [rows] (stream-ordered, no sync)."""
-        dev = ids.device
-        rows = torch.tensor(self.rows, dtype=torch.long).to(dev, non_blocking=True)
-        picks = torch.tensor(self.picks, dtype=torch.long).to(dev, non_blocking=True)
+        at = torch.tensor((self.rows, self.picks), dtype=torch.long)  # one copy for both
+        rows, picks = at.to(ids.device, non_blocking=True)
         ids[rows] = self.tokens[picks].to(ids.dtype)
 
     def shifted(self, after: int, by: int) -> Fed:
