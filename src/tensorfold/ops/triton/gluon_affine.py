@@ -86,39 +86,6 @@ def _x_ready(RING: gl.constexpr):
 
 
 @gluon.jit
-def _deep_steps(a, acc, first_half, x_smem, p_x, live, p_w, row_ok, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, NSTEP: gl.constexpr, RING: gl.constexpr, KW: gl.constexpr, BITS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr, LP: gl.constexpr, LS: gl.constexpr, A_LAYOUT: gl.constexpr, HFMA: gl.constexpr, FAULT: gl.constexpr, MT: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
-    """Every step of a segment (step 0's tile `a` dequantized), each MMA issued while the one
-    before it may still run: after issuing step i's, the wait for step i-1's frees its tile's
-    registers and its inputs' ring slot, which takes step i + RING - 1's copies; step i+1's
-    tile is then dequantized while step i's MMA runs. Returns (acc, first_half), the MMAs done."""
-    LAST: gl.constexpr = NSTEP - 1
-    prev = a
-    ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
-    for i in range(LAST):
-        later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
-        _x_ready(RING)
-        acc = warpgroup_mma(a, x_smem.index(i % RING).permute((1, 0)), acc, is_async=True)
-        acc, prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, prev))  # step i-1's done
-        _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK, FAULT)
-        nxt = _step_tile(
-            ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
-            A_LAYOUT, HFMA,
-        )  # fmt: skip
-        if FAULT == 2:  # planted: the segment summed as two chains, then added
-            if i == NSTEP // 2 - 1:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                first_half = acc
-                acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-        prev = a
-        a = nxt
-        ahead = later
-    _x_ready(RING)
-    acc = warpgroup_mma(a, x_smem.index(LAST % RING).permute((1, 0)), acc, is_async=True)
-    acc, prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))
-    return acc, first_half
-
-
-@gluon.jit
 def _affine_swapped(
     x_ptr,
     w_ptr,
@@ -303,22 +270,20 @@ def _swapped_body(
                 if i == NSTEP // 2 - 1:
                     first_half = acc
                     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-    elif DEEP:
-        gl.static_assert(RING > 0, "the deep form queues its MMAs behind a ring of inputs")
-        # one warpgroup: its wait for step i-1's MMA frees the ring slot for every copier (with
-        # two, the other's MMA could still read the slot this one's copies overwrite)
-        gl.static_assert(num_warps == 4, "the deep form runs one warpgroup a program")
-        acc, first_half = _deep_steps(
-            a, acc, first_half, x_smem, p_x, live, p_w, row_ok, s_ptr, b_ptr, p_s, s_ok, c_lo,
-            sel, NSTEP, RING, KW, BITS, BN, BK, GROUP, LP, LS, A_LAYOUT, HFMA, FAULT, MT, MMA,
-        )  # fmt: skip
     else:
+        # DEEP: step i's MMAs issued while step i-1's may run; the wait that leaves one group in
+        # flight frees step i-1's tile (`prev`) and ring slot. One warpgroup: its wait frees the
+        # slot for every copier (with two, the other's MMAs could still read it)
+        gl.static_assert(not DEEP or (RING > 0 and num_warps == 4), "deep: a ring, 4 warps")
+        prev = a
         ahead = gl.load(p_w + min(1, LAST) * KW, mask=row_ok, other=0)
         for i in range(LAST):
             later = gl.load(p_w + gl.minimum(i + 2, LAST) * KW, mask=row_ok, other=0)
             if RING:  # step i's inputs landed; the slot step i - 1 read takes step i + RING - 1
                 _x_ready(RING)
                 acc = warpgroup_mma(a, x_smem.index(i % RING).permute((1, 0)), acc, is_async=True)
+                if DEEP:
+                    acc, prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, prev))
                 _x_copy(x_smem, (i + RING - 1) % RING, p_x, live, i + RING - 1, NSTEP, BK, FAULT)
             else:
                 acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc, is_async=True)
@@ -326,17 +291,26 @@ def _swapped_body(
                 ahead, s_ptr, b_ptr, p_s, s_ok, c_lo, sel, i + 1, BITS, BN, BK, GROUP, LP, LS,
                 A_LAYOUT, HFMA,
             )  # fmt: skip
-            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))  # `a` lives until then
+            if DEEP:  # step i's MMAs still read `a`
+                prev = a
+            else:
+                acc, a = warpgroup_mma_wait(
+                    num_outstanding=0, deps=(acc, a)
+                )  # `a` lives until then
             a = nxt
             ahead = later
             if FAULT == 2:  # planted: the segment summed as two chains, then added
                 if i == NSTEP // 2 - 1:
+                    if DEEP:
+                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                     first_half = acc
                     acc = gl.zeros([BN, MT], gl.float32, layout=MMA)
-    if not DEEP:  # the last step (the deep form's is inside its loop)
-        if RING:
-            _x_ready(RING)
-        acc = warpgroup_mma(a, x_smem.index(LAST % XS).permute((1, 0)), acc, is_async=True)
+    if RING:
+        _x_ready(RING)
+    acc = warpgroup_mma(a, x_smem.index(LAST % XS).permute((1, 0)), acc, is_async=True)
+    if DEEP:
+        acc, prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))
+    else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     if FAULT == 2:
         acc = first_half + acc
