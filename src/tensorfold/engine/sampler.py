@@ -53,10 +53,8 @@ class Sampler:
             parts.append(self.sample([(ready[i][0], x) for i, x in sampled]))
         if not parts:
             return [], torch.empty(0, dtype=torch.long)
-        devices = {p.device for p in parts}  # a split's argmax comes back on the host
-        return order, torch.cat(
-            [p.to(parts[0].device) for p in parts] if len(devices) > 1 else parts
-        )
+        # a split's argmax comes back on the host, its sampled rows on the device
+        return order, torch.cat([p.to(parts[0].device) for p in parts])
 
     def rule_rows(self, asks: list[tuple[Request, list[int], torch.Tensor]]) -> list[torch.Tensor]:
         """`rule_row` of each (request, output ids, row), the rules of all rows that shape

@@ -34,12 +34,6 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_cuda else ref_linear.pad_rows(x)
 
 
-def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the device's queued work: a blocking copy
-    to a GPU waits for the stream, which would stall a host planning the next pass."""
-    return t.to(device, non_blocking=True)
-
-
 def lane_index(
     segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = False
 ) -> LaneIndex:
@@ -48,7 +42,9 @@ def lane_index(
     for seg in segments:
         bounds.append(bounds[-1] + seg.length)
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
-    as_t = lambda v: to_device(torch.tensor(v, dtype=torch.long), device)  # noqa: E731
+    # non-blocking: a blocking copy to a GPU waits for its queue (an overlapped engine's host
+    # plans the next pass while the card runs this one)
+    as_t = lambda v: torch.tensor(v, dtype=torch.long).to(device, non_blocking=True)  # noqa: E731
     plan = None
     if torch.device(device).type == "cuda" and chunked:
         from .triton.gated_delta_chunk import LanePlan

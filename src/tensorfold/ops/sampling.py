@@ -46,16 +46,16 @@ def sample_row(
 
 def top_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """log-probability of `token` and the k most likely tokens with theirs, from one row."""
-    lp, vals, ids = top_logprobs_of(logits, torch.tensor([token], device=logits.device), k)
-    return float(lp[0]), [(int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]
+    lp, vals, ids = top_logprobs_of(logits, token, k)
+    return float(lp), [(int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]
 
 
-def top_logprobs_of(logits: torch.Tensor, token: torch.Tensor, k: int):
-    """`top_logprobs` left on the row's device: (token's logprob [1], top k values, their ids)
-    for one row and a token [1] that may still be on the device."""
+def top_logprobs_of(logits: torch.Tensor, token, k: int):
+    """`top_logprobs` left on the row's device: (the token's logprob, the top k values, their
+    ids) for one row and a token (an int, or a [1] tensor that may still be on the device)."""
     logp = torch.log_softmax(logits.to(torch.float32), dim=-1)
-    vals, ids = torch.topk(logp, k) if k > 0 else (logp[:0], token[:0])
-    return logp.gather(0, token), vals, ids
+    vals, ids = torch.topk(logp, k) if k > 0 else (logp[:0], logp.new_empty(0, dtype=torch.long))
+    return logp[token], vals, ids
 
 
 def token_rank(logits: torch.Tensor, token: int) -> int:

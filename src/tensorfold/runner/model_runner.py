@@ -10,7 +10,7 @@ import torch
 from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
-from ..ops.dispatch import lane_index, to_device
+from ..ops.dispatch import lane_index
 from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, mixed_room
 from .plan import LaneRows, PassPlan, padded
 
@@ -25,10 +25,10 @@ def eager_batch(
     positions = torch.cat([torch.arange(s.start, s.start + s.length) for s in segments])
     return ForwardBatch(
         token_ids=token_ids,
-        positions=to_device(positions, dev),
+        positions=positions.to(dev, non_blocking=True),  # copies that wait for no queue
         kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
         segments=segments,
-        logit_rows=to_device(torch.as_tensor(logit_rows, dtype=torch.long), dev),
+        logit_rows=torch.as_tensor(logit_rows, dtype=torch.long).to(dev, non_blocking=True),
         lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
     )
 
@@ -113,7 +113,7 @@ class ModelRunner:
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n
-        ids = to_device(torch.tensor(ids, dtype=torch.long), self.device)
+        ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
         if plan.fed is not None:
             plan.fed.apply(ids)
         return eager_batch(self.model, tuple(segments), ids, logit_rows), owners
