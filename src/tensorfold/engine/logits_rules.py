@@ -79,9 +79,10 @@ def shape_rows(
 
 def _count_penalties(x: torch.Tensor, rules) -> None:
     """Frequency and presence penalties on the tokens each reply holds, by their counts (a
-    token it does not hold loses nothing). The counts are a dense [L, V] sum of ones (exact
-    integers in any order), so nothing waits for the device: an overlapped engine's host goes
-    on planning while these run."""
+    token it does not hold loses nothing). The counts are a [L, V] sum of ones (exact integers
+    in any order) read back at each held token, so nothing waits for the device (an overlapped
+    engine's host goes on planning while these run); a token held twice is written twice with
+    the same value."""
     on = [
         i
         for i, (p, _, out) in enumerate(rules)
@@ -90,15 +91,15 @@ def _count_penalties(x: torch.Tensor, rules) -> None:
     if not on:
         return
     (row, tok), _ = _entries([rules[i][2] for i in on], on, x.device)
-    n = torch.zeros_like(x).index_put_((row, tok), torch.ones_like(tok, dtype=x.dtype), True)
-    fp = torch.zeros(x.shape[0], 1, dtype=torch.float32)
-    pp = torch.zeros(x.shape[0], 1, dtype=torch.float32)
-    fp[on, 0] = torch.tensor([rules[i][0].frequency_penalty for i in on], dtype=torch.float32)
-    pp[on, 0] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
-    held = n > 0
-    v = x - fp.to(x.device, non_blocking=True) * n
-    v = v - pp.to(x.device, non_blocking=True) * held.to(torch.float32)
-    x.copy_(torch.where(held, v, x))
+    counts = torch.zeros_like(x).index_put_((row, tok), torch.ones_like(tok, dtype=x.dtype), True)
+    n = counts[row, tok]  # each held token's count (at least 1: its presence term is pp · 1)
+    fp = torch.zeros(x.shape[0], dtype=torch.float32)
+    pp = torch.zeros(x.shape[0], dtype=torch.float32)
+    fp[on] = torch.tensor([rules[i][0].frequency_penalty for i in on], dtype=torch.float32)
+    pp[on] = torch.tensor([rules[i][0].presence_penalty for i in on], dtype=torch.float32)
+    fp, pp = fp.to(x.device, non_blocking=True), pp.to(x.device, non_blocking=True)
+    v = x[row, tok] - fp[row] * n
+    x[row, tok] = v - pp[row] * (n > 0).to(torch.float32)
 
 
 def _entries(lists: list[list[int]], lanes: list[int], device) -> tuple[tuple, torch.Tensor]:
