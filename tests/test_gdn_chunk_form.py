@@ -14,6 +14,8 @@ from engine_util import (
 
 from tensorfold.batch import Segment
 from tensorfold.cache.state_pool import StatePool
+from tensorfold.engine import fingerprint
+from tensorfold.engine.fingerprint import system_fingerprint
 from tensorfold.engine.request import SamplingParams
 from tensorfold.ops import gated_delta as ref
 from tensorfold.ops.norm import l2_norm
@@ -122,3 +124,18 @@ def test_forms_differ_in_bits_not_in_tokens_much(hf_tiny_b):
     a = position_logits(make_engine(hf_tiny_b), ids)
     b = position_logits(_chunk_engine(hf_tiny_b), ids)
     assert (a - b).abs().max() < 1e-3 * a.abs().max()
+
+
+def test_grid_form_is_the_chunk_reference_on_the_cpu(hf_tiny_b, monkeypatch):
+    """`grid` differs from `chunk` only in the GPU's kernels: the CPU computes both with one
+    reference, so their bits and fingerprints agree there, while a GPU names each form."""
+    ids = sample_prompt(15, 90, 300)
+    grid = make_engine(hf_tiny_b, gdn_form="grid")
+    assert torch.equal(position_logits(grid, ids), position_logits(_chunk_engine(hf_tiny_b), ids))
+    fp = {f: system_fingerprint(hf_tiny_b, torch.float32, "cpu", "d", f) for f in ref.FORMS}
+    assert fp["grid"] == fp["chunk"] != fp["recurrence"]
+    monkeypatch.setattr(fingerprint, "device_class", lambda device: "cuda:a card:sm90")
+    gpu = {f: system_fingerprint(hf_tiny_b, torch.bfloat16, "cuda", "d", f) for f in ref.FORMS}
+    assert len(set(gpu.values())) == 3
+    with pytest.raises(ValueError, match="gdn form 'wy'"):
+        make_engine(hf_tiny_b, gdn_form="wy")

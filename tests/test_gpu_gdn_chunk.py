@@ -1,7 +1,8 @@
-"""GPU (skipped without CUDA): the gated delta rule in grid chunks, at the 9B's layer shape, gives
-a lane's rows and state the same bytes however its rows are cut into passes, in either layout
-(packed eager passes, padded CUDA-graph passes), beside other lanes or alone, and stays close to
-the per-token recurrence computed in float64."""
+"""GPU (skipped without CUDA): the gated delta rule in grid chunks, at the 9B's layer shape, in
+both GPU forms (`chunk`: fla's kernels; `grid`: one launch a layer), gives a lane's rows and state
+the same bytes however its rows are cut into passes, in either layout (packed eager passes, padded
+CUDA-graph passes), beside other lanes or alone, and stays close to the per-token recurrence
+computed in float64."""
 
 import pytest
 import torch
@@ -10,16 +11,22 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from tensorfold.batch import Segment  # noqa: E402
+from tensorfold.batch import LaneIndex, Segment  # noqa: E402
 from tensorfold.cache.state_pool import StatePool  # noqa: E402
 from tensorfold.ops import gated_delta as ref  # noqa: E402
 from tensorfold.ops.dispatch import lane_index  # noqa: E402
 from tensorfold.ops.norm import l2_norm  # noqa: E402
-from tensorfold.ops.triton import gated_delta_chunk  # noqa: E402
+from tensorfold.ops.triton import gated_delta_chunk, gated_delta_grid  # noqa: E402
 
 SHAPE = ref.GDNShape(16, 32, 128, 128)  # the 9B's Gated DeltaNet heads
 CONV = 2 * SHAPE.key_dim + SHAPE.value_dim
 DEV = torch.device("cuda")
+FORMS = ("chunk", "grid")
+
+
+@pytest.fixture(params=FORMS)
+def form(request):
+    return request.param
 
 
 def _rows(n: int, seed: int):
@@ -37,28 +44,37 @@ def _pool(slots: int = 4) -> StatePool:
     )
 
 
-def _eager(pool, lanes, x, g, beta):
+def _eager(form, pool, lanes, x, g, beta):
     """One eager pass; lanes: (slot, start, rows) in row order."""
     segs, row0 = [], 0
     for slot, start, n in lanes:
         segs.append(Segment(slot, start, row0, n, torch.arange(start + n, device=DEV)))
         row0 += n
     index = lane_index(tuple(segs), DEV, 4, chunked=True)
+    if form == "grid":
+        return gated_delta_grid.grid_lanes(x, g, beta, pool.layer(0), SHAPE, index)
     return gated_delta_chunk.gated_delta_lanes(x, g, beta, pool.layer(0), SHAPE, index)
 
 
-def _cut(cuts, x, g, beta, slot=1, graph_rows=None):
+def _graph(form, pool, x, g, beta, slots, tails, rows):
+    """One pass in a CUDA graph's layout: `rows` rows a lane, tail lengths on the device."""
+    if form == "grid":
+        bounds = torch.arange(slots.shape[0] + 1, device=DEV) * rows
+        index = LaneIndex(slots, bounds, bounds[:0], bounds[:0], None, tails)
+        return gated_delta_grid.grid_lanes(x, g, beta, pool.layer(0), SHAPE, index)
+    return gated_delta_chunk.graph_lanes(x, g, beta, pool.layer(0), SHAPE, slots, tails, rows)
+
+
+def _cut(form, cuts, x, g, beta, slot=1, graph_rows=None):
     """A lane's rows in passes of `cuts` rows (eager), or `graph_rows` a pass in the graph layout."""
     pool, outs, start = _pool(), [], 0
     for c in cuts:
         r = slice(start, start + c)
         if graph_rows:
             slots, tails = torch.tensor([slot], device=DEV), torch.tensor([start % 64], device=DEV)
-            o = gated_delta_chunk.graph_lanes(
-                x[r], g[r], beta[r], pool.layer(0), SHAPE, slots, tails, c
-            )
+            o = _graph(form, pool, x[r], g[r], beta[r], slots, tails, c)
         else:
-            o = _eager(pool, [(slot, start, c)], x[r], g[r], beta[r])
+            o = _eager(form, pool, [(slot, start, c)], x[r], g[r], beta[r])
         outs.append(o)
         start += c
     return torch.cat(outs), pool.slot_bytes(slot, start)
@@ -72,39 +88,41 @@ def _same(a, b, what):
         assert torch.equal(p, q), f"{what}: state tensor {i} differs"
 
 
-def test_any_cut_gives_the_same_bytes():
+def test_any_cut_gives_the_same_bytes(form):
     n = 300
     x, g, beta = _rows(n, 0)
-    whole = _cut([n], x, g, beta)
-    _same(whole, _cut([37] * 8 + [4], x, g, beta), "chunks of 37")
-    _same(whole, _cut([128, 128, 44], x, g, beta), "chunks of 128")
-    _same(whole, _cut([16] * 18 + [12], x, g, beta), "chunks of 16")
-    _same(whole, _cut([1] * n, x, g, beta), "eager decode steps")
-    _same(whole, _cut([1] * n, x, g, beta, graph_rows=True), "graph decode steps")
-    _same(whole, _cut([61] + [5] * 47 + [4], x, g, beta, graph_rows=True), "graph passes of 5")
+    whole = _cut(form, [n], x, g, beta)
+    _same(whole, _cut(form, [37] * 8 + [4], x, g, beta), "chunks of 37")
+    _same(whole, _cut(form, [128, 128, 44], x, g, beta), "chunks of 128")
+    _same(whole, _cut(form, [16] * 18 + [12], x, g, beta), "chunks of 16")
+    _same(whole, _cut(form, [1] * n, x, g, beta), "eager decode steps")
+    _same(whole, _cut(form, [1] * n, x, g, beta, graph_rows=True), "graph decode steps")
+    _same(
+        whole, _cut(form, [61] + [5] * 47 + [4], x, g, beta, graph_rows=True), "graph passes of 5"
+    )
 
 
-def test_a_lane_beside_others_equals_alone():
+def test_a_lane_beside_others_equals_alone(form):
     x, g, beta = _rows(190, 1)
-    alone = _cut([100, 90], x, g, beta)
+    alone = _cut(form, [100, 90], x, g, beta)
     pool, (ox, og, ob) = _pool(), _rows(400, 2)
     # lane 1 beside lanes of other lengths, starts and tails (slots 0, 2, 3), over two passes
     mix = lambda o, t: torch.cat([o[:50], t[:100], o[50:114]])  # noqa: E731
     first = _eager(
-        pool, [(0, 0, 50), (1, 0, 100), (3, 0, 64)], *map(mix, (ox, og, ob), (x, g, beta))
+        form, pool, [(0, 0, 50), (1, 0, 100), (3, 0, 64)], *map(mix, (ox, og, ob), (x, g, beta))
     )
     mix = lambda o, t: torch.cat([o[200:207], t[100:190], o[300:301]])  # noqa: E731
     second = _eager(
-        pool, [(2, 0, 7), (1, 100, 90), (0, 50, 1)], *map(mix, (ox, og, ob), (x, g, beta))
+        form, pool, [(2, 0, 7), (1, 100, 90), (0, 50, 1)], *map(mix, (ox, og, ob), (x, g, beta))
     )
     got = (torch.cat([first[50:150], second[7:97]]), pool.slot_bytes(1, 190))
     _same(alone, got, "a lane beside others")
 
 
-def test_close_to_the_float64_recurrence():
+def test_close_to_the_float64_recurrence(form):
     n = 200
     x, g, beta = _rows(n, 3)
-    out, _ = _cut([n], x, g, beta)
+    out, _ = _cut(form, [n], x, g, beta)
     s = SHAPE
     q, k, v = x.double().split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
     rep = s.num_v_heads // s.num_k_heads
@@ -118,12 +136,14 @@ def test_close_to_the_float64_recurrence():
     assert err < 2e-2, f"relative error {err:.2e}"
 
 
-def test_prompts_packed_in_one_pass_equal_each_alone():
+def test_prompts_packed_in_one_pass_equal_each_alone(form):
     lens = [20, 57, 94, 131]  # whole chunks and unfinished ones, in either call of the pass
     data = [_rows(n, 10 + i) for i, n in enumerate(lens)]
-    solo = [_cut([n], *d) for n, d in zip(lens, data)]
+    solo = [_cut(form, [n], *d) for n, d in zip(lens, data)]
     pool = _pool(5)
-    packed = _eager(pool, [(i, 0, n) for i, n in enumerate(lens)], *map(torch.cat, zip(*data)))
+    packed = _eager(
+        form, pool, [(i, 0, n) for i, n in enumerate(lens)], *map(torch.cat, zip(*data))
+    )
     start = 0
     for i, n in enumerate(lens):
         _same(solo[i], (packed[start : start + n], pool.slot_bytes(i, n)), f"prompt {i} packed")

@@ -18,6 +18,8 @@ SCRIPTS = {
     "triton_interpret_moe.py": "moe kernels match their references",
     # a product's segment sums added inside the residual add + norm and silu · up
     "triton_interpret_partial.py": "partial sums match the products' own sums",
+    # the grid form's one-launch chunk kernel: its reference, cuts, lanes, graph layout, controls
+    "triton_interpret_grid.py": "grid form matches its reference and itself",
 }
 
 

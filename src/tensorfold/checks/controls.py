@@ -61,6 +61,21 @@ def _short_passes_other_row_sum(x, g, beta, states, shape, lanes):
     return eager_lanes(x, g, beta, states, shape, lanes.gdn, fault=fault)
 
 
+def _grid_tail_solved(x, g, beta, states, shape, lanes):
+    """Planted: a chunk some of whose rows the pass lacks solves only the pass's own rows (as
+    an incremental solve that forgot the tail would)."""
+    from ..ops.triton.gated_delta_grid import FAULT_TAIL_SOLVED, grid_lanes
+
+    return grid_lanes(x, g, beta, states, shape, lanes, FAULT_TAIL_SOLVED)
+
+
+def _grid_early_state(x, g, beta, states, shape, lanes):
+    """Planted: the slot's state advances to the end of every pass, finished chunk or not."""
+    from ..ops.triton.gated_delta_grid import FAULT_EARLY_STATE, grid_lanes
+
+    return grid_lanes(x, g, beta, states, shape, lanes, FAULT_EARLY_STATE)
+
+
 def _split_k(x, w, plan, out=None):
     """Planted: small batches reduce K in two halves added afterwards (cuBLAS's small-M habit)."""
     if x.shape[0] > 16:
@@ -111,5 +126,7 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
     ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
+    ("gdn.grid", "a partial chunk's solve skips the tail's rows", _grid_tail_solved),
+    ("gdn.grid", "the boundary advances over an unfinished chunk", _grid_early_state),
     ("conv", "a conv window not carried over", _conv_no_state),
 ]

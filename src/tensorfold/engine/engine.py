@@ -16,6 +16,7 @@ from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
 from ..drafters.choice import DraftConfig
 from ..errors import QueueFull
+from ..ops.gated_delta import grid_chunked
 from ..runner.cuda_graph import lane_buckets
 from ..runner.launch import make_runner
 from .admission import make_request
@@ -44,7 +45,7 @@ class EngineConfig(SchedulerConfig):
     cuda_graphs: bool = True  # on a GPU, replay decode and verify passes as CUDA graphs
     draft: str | None = None  # drafter: "ngram", "mtp" or a drafter path (None: plain decoding)
     draft_tokens: int = 4  # tokens drafted per verify pass
-    gdn_form: str = "recurrence"  # the gated delta rule's exact form: "recurrence" or "chunk"
+    gdn_form: str = "recurrence"  # the gated delta rule's exact form (ops.gated_delta.FORMS)
     max_tokens: int | None = None  # a request's reply limit when it sets none (None: the context)
     # plan and launch pass N+1 while pass N's tokens are chosen (engine/overlap.py); None: on a
     # GPU for a whole model that does not draft
@@ -66,7 +67,7 @@ class Engine:
             config.page_size,
             config.prompt_cache_bytes,
             spares=bool(config.draft) and model.group is None,
-            chunk_form=config.gdn_form == "chunk",
+            chunk_form=grid_chunked(config.gdn_form),
             padding=buckets,
         )
         self.caches = plan.build(model.device, config.parallel, config.context)
@@ -89,7 +90,7 @@ class Engine:
                 self.runner.pad_lanes(lane_buckets(config.parallel))
                 self.drafting.use_graphs(config.context)
                 self.scheduler.lookahead = config.draft_tokens if config.draft else 0
-                if config.mixed_chunk and config.gdn_form != "chunk":  # prompt pieces beside
+                if config.mixed_chunk and not grid_chunked(config.gdn_form):  # prompt pieces beside
                     self.runner.piece_rows = config.mixed_chunk  # decoding lanes, in graphs
                     self.scheduler.mixed_room = self.runner.mixed_room
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))

@@ -54,8 +54,9 @@ def system_fingerprint(
         "arithmetic": ARITHMETIC_VERSION,
         "torch": torch.__version__.split("+")[0],
     }
-    if gdn_form != "recurrence":  # the other exact form rounds differently
-        parts["gdn"] = gdn_form
+    if gdn_form != "recurrence":  # the chunk forms round differently
+        # the CPU computes both chunk forms with one reference; a GPU runs each its own kernels
+        parts["gdn"] = "chunk" if parts["device"] == "cpu" else gdn_form
     if parts["device"] != "cpu":  # the kernels are compiled by Triton
         import triton
 

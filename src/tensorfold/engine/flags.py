@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..ops.gated_delta import FORMS
 from ..runner.launch import add_flag as add_split_flag
 
 GPU_CHUNK = 2048  # a GPU reads long prompts fastest in large passes (vLLM's default too)
@@ -36,11 +37,12 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
     )
     p.add_argument(
         "--gdn-form",
-        choices=("recurrence", "chunk"),
+        choices=FORMS,
         default="recurrence",
         help="the gated delta rule's exact form: recurrence (one token at a time; fastest "
-        "decode) or chunk (64-row grid chunks; faster prompts, slower decode for now); "
-        "each keeps every invariant, and the two round differently",
+        "decode), chunk (64-row grid chunks through fla's kernels on a GPU; faster prompts, "
+        "slower decode) or grid (the same chunks in one launch a layer on a GPU); each keeps "
+        "every invariant, and each rounds its own way on a GPU (on the CPU chunk = grid)",
     )
     add_split_flag(p)
 

@@ -32,7 +32,9 @@ class GatedDeltaNet:
         self.A_log, self.dt_bias = A_log, dt_bias
         self.norm, self.out_proj = norm, out_proj
         self.in_proj = join([in_proj_qkv, in_proj_z, in_proj_a, in_proj_b])  # GPU: one product
-        self.form = "recurrence"  # or "chunk" (ops.dispatch.gated_delta); the engine sets it
+        self.form = (
+            "recurrence"  # ops.gated_delta.FORMS (ops.dispatch.gated_delta); the engine sets it
+        )
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, state: GDNState, partial=False):
         s, n = self.shape, x.shape[0]

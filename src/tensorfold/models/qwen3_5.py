@@ -21,6 +21,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..ops import dispatch as op
+from ..ops.gated_delta import grid_chunked
 from ..ops.quant import QuantizedWeight
 from ..ops.rope import rope_tables
 
@@ -116,8 +117,7 @@ class Qwen35Model:
 
     def set_gdn_form(self, form: str) -> None:
         """Every Gated DeltaNet layer's exact form (ops.dispatch.gated_delta)."""
-        if form not in ("recurrence", "chunk"):
-            raise ValueError(f"gdn form {form!r}: expected 'recurrence' or 'chunk'")
+        grid_chunked(form)  # names an unknown form
         for layer in self.layers:
             if isinstance(layer.mixer, GatedDeltaNet):
                 layer.mixer.form = form

@@ -186,10 +186,15 @@ def gated_delta(
     form: str = "recurrence",
 ) -> torch.Tensor:
     """The gated delta rule of every lane (x = [q | k | v] as the conv left them: the op
-    l2-normalises and scales q and k), in one of two exact forms (docs/exactness.md): "recurrence",
-    one token at a time from the state after the lane's last row, or "chunk", grid chunks of 64
-    rows from the state at its last boundary and the rows since (its tail)."""
-    if form == "chunk":
+    l2-normalises and scales q and k), in one of the exact forms (docs/exactness.md): "recurrence",
+    one token at a time from the state after the lane's last row, or grid chunks of 64 rows from
+    the state at its last boundary and the rows since (its tail): "chunk" (fla's kernels on the
+    GPU) or "grid" (one launch on the GPU); the CPU runs one reference for both."""
+    if form == "grid" and x.is_cuda:
+        from .triton.gated_delta_grid import grid_lanes
+
+        return grid_lanes(x, g, beta, states, shape, batch.lanes)
+    if ref_gdn.grid_chunked(form):
         if x.is_cuda:
             from .triton.gated_delta_chunk import gated_delta_lanes
 

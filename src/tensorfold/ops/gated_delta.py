@@ -20,6 +20,18 @@ from ..batch import CHUNK, GDNState, Segment
 from .gates import untailed
 from .norm import l2_norm
 
+# The exact forms of the rule (docs/exactness.md): one token at a time, or grid chunks of 64 rows
+# (on the GPU "chunk" runs fla's chunk kernels and "grid" our one-launch kernel; the CPU runs this
+# module's reference for both)
+FORMS = ("recurrence", "chunk", "grid")
+
+
+def grid_chunked(form: str) -> bool:
+    """Whether `form` computes grid chunks, keeping each lane's rows since its boundary."""
+    if form not in FORMS:
+        raise ValueError(f"gdn form {form!r}: expected one of {', '.join(FORMS)}")
+    return form != "recurrence"
+
 
 def gated_delta_step(
     state: torch.Tensor,

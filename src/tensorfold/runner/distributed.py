@@ -28,6 +28,7 @@ from ..errors import RankLost, SplitRefused
 from ..models.qwen3_5 import Qwen35Model
 from ..models.split import row_widths
 from ..ops.collective import Group, split_argmax
+from ..ops.gated_delta import grid_chunked
 from ..util import rss_bytes
 from .model_runner import ModelRunner, tensor_bytes
 from .plan import LaneRows, PassPlan
@@ -348,7 +349,7 @@ def follow(model: Qwen35Model) -> None:
                     f"({identity(model)} against {leader})"
                 )
             model.set_gdn_form(form)  # the leader's exact form of the gated delta rule
-            caches = build_caches(model, pages, page_size, slots, chunk_tail(form == "chunk"))
+            caches = build_caches(model, pages, page_size, slots, chunk_tail(grid_chunked(form)))
             runner, snaps, rows = ModelRunner(model, caches, threads, graphs, context), {}, {}
             held[:] = [caches]
             if reports is None:

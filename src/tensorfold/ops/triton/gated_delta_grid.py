@@ -1,0 +1,183 @@
+"""The chunk form of the gated delta rule in one launch a layer (`--gdn-form grid`).
+
+The same grid chunks of 64 rows as ops/gated_delta.py `chunk` (its CPU reference): a lane's rows
+since its last boundary (the tail kept in its slot) go before its new rows, and each chunk is
+computed in the chunked (WY) form from the state at its start. Unlike the `chunk` form's GPU path
+(fla's seven kernels and the index work around them), one kernel does everything a pass needs:
+a program owns one (lane, value head, V block), loads the boundary state once, and walks the
+lane's chunks in order, assembling each chunk's rows from the tail and the pass, normalising q
+and k, and writing the new rows' outputs and the state at the last boundary it reaches.
+
+Prompt rows, decode rows and verify rows all run this kernel with this configuration, so a row is
+the same sequence of operations in every pass. What a row of a chunk reads is causal: the
+triangular solve builds (I + A)⁻¹ one row at a time in order, so when it reaches row i every
+later row is still the identity, whatever rows the pass holds; every product that mixes rows
+multiplies the later ones by exact zeros (masked before the product); rows past a lane's real
+ones load as zeros. The arithmetic is ours, not fla's: its bits differ from the `chunk` form's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...batch import CHUNK, GDNState, LaneIndex
+from ..gated_delta import GDNShape
+
+EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
+BLOCK_V = 32  # value columns per program: fixed, since it decides nothing but the grid
+NUM_WARPS = 8  # fixed: the layouts (so the reduction trees) of every pass; 4 spills more
+FAULT_TAIL_SOLVED = 1  # planted for the checks: a partial chunk's solve skips the tail's rows
+FAULT_EARLY_STATE = 2  # planted: the boundary state also advances over an unfinished chunk
+
+
+@triton.jit
+def _rows(
+    x_ptr, tail_ptr, p, t0, real, xrow, trow, col, CONV: tl.constexpr, W: tl.constexpr
+):  # fmt: skip
+    """[64, W] columns col.. of the chunk's rows: from the tail (p < t0) or the pass, else 0."""
+    o = col + tl.arange(0, W)[None, :]
+    from_x = (real & (p >= t0))[:, None]
+    a = tl.load(x_ptr + xrow[:, None] * CONV + o, mask=from_x, other=0.0)
+    b = tl.load(tail_ptr + trow[:, None] * CONV + o, mask=(p < t0)[:, None], other=0.0)
+    return tl.where(from_x, a, b)
+
+
+@triton.jit
+def _gates(g_ptr, b_ptr, tg_ptr, p, t0, real, xrow, trow, hv, HV: tl.constexpr):
+    """The chunk's log-decays and betas [64] in fp32 (0 past the lane's rows)."""
+    from_x = real & (p >= t0)
+    g = tl.load(g_ptr + xrow * HV + hv, mask=from_x, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + xrow * HV + hv, mask=from_x, other=0.0).to(tl.float32)
+    tg = tl.load(tg_ptr + trow * (2 * HV) + hv, mask=p < t0, other=0.0)
+    tb = tl.load(tg_ptr + trow * (2 * HV) + HV + hv, mask=p < t0, other=0.0)
+    return tl.where(from_x, g, tg), tl.where(from_x, b, tb)
+
+
+@triton.jit
+def _normed(x, eps):
+    """x [64, DK] l2-normalised per row in fp32."""
+    return x * tl.rsqrt(tl.sum(x * x, axis=1) + eps)[:, None]
+
+
+@triton.jit
+def _inverse(a, first, rows):
+    """(I + a)⁻¹ of the strictly lower [64, 64] a, by forward substitution over rows first ..
+    rows − 1 in order (the rest stay the identity's): row i = e_i − Σ_{j<i} a_ij · row j."""
+    r = tl.arange(0, 64)
+    inv = (r[:, None] == r[None, :]).to(tl.float32)
+    for i in range(first, rows):
+        ai = tl.sum(tl.where((r == i)[:, None], a, 0.0), axis=0)  # row i (one nonzero term)
+        row = tl.sum(ai[:, None] * inv, axis=0)
+        inv = tl.where((r == i)[:, None], (r == i).to(tl.float32)[None, :] - row[None, :], inv)
+    return inv
+
+
+@triton.jit
+def _grid_chunks(
+    x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, rec_ptr, o_ptr,
+    slots_ptr, tails_ptr, bounds_ptr, eps, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    lane, pid = tl.program_id(0), tl.program_id(1)
+    hv, vb = pid // (DV // BV), pid % (DV // BV)
+    hk = hv // (HV // HK)
+    CONV: tl.constexpr = 2 * HK * DK + HV * DV
+    dt = o_ptr.dtype.element_ty
+    slot = tl.load(slots_ptr + lane).to(tl.int64)
+    t0 = tl.load(tails_ptr + lane).to(tl.int32)
+    row0 = tl.load(bounds_ptr + lane).to(tl.int64)
+    total = t0 + (tl.load(bounds_ptr + lane + 1) - row0).to(tl.int32)
+    r = tl.arange(0, 64)
+    o_k, o_v = tl.arange(0, DK), vb * BV + tl.arange(0, BV)
+    p_s = rec_ptr + ((slot * HV + hv) * DK + o_k[:, None]) * DV + o_v[None, :]
+    s = tl.load(p_s)  # [DK, BV] fp32: the state at the lane's last boundary
+    below, upto = r[:, None] > r[None, :], r[:, None] >= r[None, :]
+    for c in range(0, tl.cdiv(total, 64)):
+        p = c * 64 + r  # positions from the boundary
+        real = p < total
+        rows = tl.minimum(total - c * 64, 64)
+        xrow = row0 + (p - t0).to(tl.int64)
+        trow = slot * 64 + p
+        q = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, hk * DK, CONV, DK).to(tl.float32)
+        k = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, (HK + hk) * DK, CONV, DK)
+        v = _rows(
+            x_ptr, tail_ptr, p, t0, real, xrow, trow, 2 * HK * DK + hv * DV + vb * BV, CONV, BV
+        )
+        q = _normed(q, eps).to(dt)
+        k = _normed(k.to(tl.float32), eps).to(dt)
+        g, beta = _gates(g_ptr, b_ptr, tg_ptr, p, t0, real, xrow, trow, hv, HV)
+        gc = tl.cumsum(g, axis=0)  # log Γ_i
+        diff = gc[:, None] - gc[None, :]  # log Γ_i/Γ_j
+        kk = tl.dot(k, tl.trans(k))
+        a = tl.where(below, kk * tl.exp(tl.where(below, diff, 0.0)) * beta[:, None], 0.0)
+        first = 1
+        if FAULT == 1:  # FAULT_TAIL_SOLVED
+            first = tl.where(rows < 64, tl.maximum(t0 - c * 64, 1), 1)
+        inv = _inverse(a, first, rows).to(dt)
+        gamma = tl.exp(gc)
+        w = tl.dot(inv, (k.to(tl.float32) * (beta * gamma)[:, None]).to(dt)).to(dt)
+        u = tl.dot(inv, (v.to(tl.float32) * beta[:, None]).to(dt))
+        v_new = (u - tl.dot(w, s.to(dt))).to(dt)  # V' = U − W S
+        attn = tl.dot(q, tl.trans(k))
+        attn = tl.where(upto, attn * tl.exp(tl.where(upto, diff, 0.0)), 0.0)
+        o = tl.dot(q, s.to(dt)) * gamma[:, None] + tl.dot(attn.to(dt), v_new)
+        keep = real & (p >= t0)
+        p_o = o_ptr + (xrow[:, None] * HV + hv) * DV + o_v[None, :]
+        tl.store(p_o, (o * scale).to(dt), mask=keep[:, None])
+        ends = rows == 64
+        if FAULT == 2:  # FAULT_EARLY_STATE
+            ends = rows > 0
+        if ends:  # a whole chunk: the state at its end
+            last = tl.sum(tl.where(r == rows - 1, gc, 0.0), axis=0)
+            to_end = tl.where(real, tl.exp(last - gc), 0.0)
+            carried = (v_new.to(tl.float32) * to_end[:, None]).to(dt)
+            s = s * tl.exp(last) + tl.dot(tl.trans(k), carried)
+    tl.store(p_s, s, mask=(o_k[:, None] * 0 + total) >= (1 if FAULT == 2 else 64))
+
+
+def grid_lanes(
+    x, g, beta, states: GDNState, s: GDNShape, lanes: LaneIndex, fault: int = 0
+) -> torch.Tensor:
+    """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype,
+    rows outside every lane zero. The slot's boundary state advances in the kernel; the rows of
+    each lane's unfinished chunk become its tail afterwards."""
+    dk, dv = s.k_head_dim, s.v_head_dim
+    if dk & (dk - 1) or dv & (dv - 1) or dk < 16 or dv < 16 or s.num_v_heads % s.num_k_heads:
+        raise ValueError(
+            f"the grid form needs power-of-two head dims of at least 16 and Hv divisible by Hk, "
+            f"got dk={dk} dv={dv} Hk={s.num_k_heads} Hv={s.num_v_heads}"
+        )
+    n, hv = x.shape[0], s.num_v_heads
+    o = torch.zeros(n, hv, dv, dtype=x.dtype, device=x.device)
+    bv = min(BLOCK_V, dv)
+    count = lanes.slots.shape[0]
+    if n and count:
+        _grid_chunks[(count, hv * (dv // bv))](
+            x, g, beta, states.tail, states.tail_gates, states.recurrent, o,
+            lanes.slots, lanes.tails, lanes.cu_seqlens, EPS, dk**-0.5,
+            s.num_k_heads, hv, dk, dv, bv, fault, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    _keep_tails(x, g, beta, states, lanes)
+    return o
+
+
+def _keep_tails(x, g, beta, states: GDNState, lanes: LaneIndex) -> None:
+    """Each lane's rows in its unfinished chunk become its tail rows (flat slot · 64 + place).
+    An eager pass names them (its plan, from host lengths); a graph pass, of at most 64 rows a
+    lane, writes every row at its place: a row of a finished chunk lands past the new tail."""
+    plan = lanes.gdn
+    if plan is not None:
+        rows, dst = plan.keep_x, plan.keep_dst
+    else:
+        count = lanes.slots.shape[0]
+        per = x.shape[0] // count
+        place = lanes.tails[:, None] + torch.arange(per, device=x.device)[None, :]
+        rows = torch.arange(x.shape[0], device=x.device)
+        dst = (lanes.slots[:, None] * CHUNK + place % CHUNK).view(-1)
+    conv, hv = x.shape[-1], g.shape[-1]
+    states.tail.view(-1, conv).index_copy_(0, dst, x[rows])
+    gates = torch.stack([g[rows].to(states.tail_gates.dtype), beta[rows].to(g.dtype)], dim=1)
+    states.tail_gates.view(-1, 2, hv).index_copy_(0, dst, gates)
