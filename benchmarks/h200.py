@@ -27,6 +27,7 @@ from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
+from tensorfold.ops.gated_delta import FORMS
 from tensorfold.receipts.plot import require_matplotlib
 from tensorfold.tools.make_random import FORMATS, RandomPlan, make_random
 from tensorfold.tools.random_checkpoint import RandomCheckpoint
@@ -341,7 +342,7 @@ def main() -> None:
     )
     p.add_argument(
         "--gdn-form",
-        choices=("recurrence", "chunk"),
+        choices=FORMS,
         default="recurrence",
         help="the gated delta rule's exact form",
     )

@@ -65,6 +65,12 @@ def pytest_addoption(parser):
         choices=sorted(FORMATS),
         help="the 9B checkpoint tests/test_gpu.py checks its invariants on",
     )
+    parser.addoption(
+        "--gdn-form",
+        default="recurrence",
+        choices=("recurrence", "chunk", "grid"),
+        help="the gated delta rule's exact form tests/test_gpu.py's 9B engines run",
+    )
 
 
 @pytest.fixture(scope="module")

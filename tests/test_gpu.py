@@ -35,12 +35,19 @@ def test_kernel_registry_and_controls():
     assert ok, "\n".join(lines)
 
 
+ENGINE = {"parallel": 16, "context": 2048, "chunk": 128}  # the 9B engines' settings
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _gdn_form(pytestconfig):
+    """Every 9B engine in --gdn-form (each form keeps every invariant)."""
+    ENGINE["gdn_form"] = pytestconfig.getoption("--gdn-form")
+
+
 def _engine(model, **kw):
     from tensorfold.engine.engine import Engine, EngineConfig
 
-    return Engine(
-        model, None, EngineConfig(**{"parallel": 16, "context": 2048, "chunk": 128, **kw})
-    )
+    return Engine(model, None, EngineConfig(**{**ENGINE, **kw}))
 
 
 @pytest.mark.parametrize("parallel", [1, 4, 16])

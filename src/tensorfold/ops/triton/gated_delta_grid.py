@@ -10,10 +10,10 @@ and k, and writing the new rows' outputs and the state at the last boundary it r
 
 Prompt rows, decode rows and verify rows all run this kernel with this configuration, so a row is
 the same sequence of operations in every pass. What a row of a chunk reads is causal: the
-triangular solve builds (I + A)⁻¹ one row at a time in order, so when it reaches row i every
-later row is still the identity, whatever rows the pass holds; every product that mixes rows
-multiplies the later ones by exact zeros (masked before the product); rows past a lane's real
-ones load as zeros. The arithmetic is ours, not fla's: its bits differ from the `chunk` form's.
+triangular solve substitutes each diagonal block's rows in order, so when it reaches row i the
+later rows are still the identity's, whatever rows the pass holds, and joins the blocks with
+products of lower-triangular factors; every product that mixes rows multiplies the later ones by
+exact zeros (masked before the product); rows past a lane's real ones load as zeros. The arithmetic is ours, not fla's: its bits differ from the `chunk` form's.
 """
 
 from __future__ import annotations
@@ -62,16 +62,52 @@ def _normed(x, eps):
 
 
 @triton.jit
-def _inverse(a, first, rows):
-    """(I + a)⁻¹ of the strictly lower [64, 64] a, by forward substitution over rows first ..
-    rows − 1 in order (the rest stay the identity's): row i = e_i − Σ_{j<i} a_ij · row j."""
-    r = tl.arange(0, 64)
-    inv = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in range(first, rows):
-        ai = tl.sum(tl.where((r == i)[:, None], a, 0.0), axis=0)  # row i (one nonzero term)
-        row = tl.sum(ai[:, None] * inv, axis=0)
-        inv = tl.where((r == i)[:, None], (r == i).to(tl.float32)[None, :] - row[None, :], inv)
-    return inv
+def _decay(gc, mask):
+    """Γ_i/Γ_j = exp(log Γ_i − log Γ_j) where `mask`, exactly 0 elsewhere (never overflows)."""
+    return tl.where(mask, tl.exp(tl.where(mask, gc[:, None] - gc[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _diagonal_blocks(a):
+    """The four 16 × 16 blocks on the diagonal of a [64, 64] tensor, as [4, 16, 16] (each sum
+    has one nonzero term, so it is exact)."""
+    b = tl.arange(0, 4)
+    blocks = tl.permute(tl.reshape(a, (4, 16, 4, 16)), (0, 2, 1, 3))  # [row block, col block, ..]
+    same = (b[:, None] == b[None, :])[:, :, None, None]
+    return tl.sum(tl.where(same, blocks, 0.0), axis=1)
+
+
+@triton.jit
+def _block_diagonal(d):
+    """[64, 64] with the [4, 16, 16] blocks d on its diagonal, zeros elsewhere."""
+    b = tl.arange(0, 4)
+    same = (b[:, None] == b[None, :])[:, :, None, None]
+    wide = tl.where(same, tl.broadcast_to(d[:, None, :, :], (4, 4, 16, 16)), 0.0)
+    return tl.reshape(tl.permute(wide, (0, 2, 1, 3)), (64, 64))
+
+
+@triton.jit
+def _inverse(a):
+    """(I + a)⁻¹ of a strictly lower [64, 64] a. Each 16 × 16 diagonal block by forward
+    substitution, its rows in order (row i = e_i − Σ_{j<i} a_ij · row j: when row i is solved the
+    later rows are still the identity's); then, with D those inverses and L a's part below them,
+    (I + a)⁻¹ = (I + D L)⁻¹ D = D − N (D − N (D − N D)) for N = D L, as N⁴ = 0. Every product
+    multiplies lower-triangular factors: a row reads only rows at or above it."""
+    r = tl.arange(0, 16)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
+    blocks = _diagonal_blocks(a)  # [4, 16, 16]
+    inv = tl.broadcast_to(eye, (4, 16, 16))
+    for i in range(1, 16):
+        at_i = (r == i)[None, :, None]
+        ai = tl.sum(tl.where(at_i, blocks, 0.0), axis=1)  # [4, 16]: row i of each block
+        row = tl.sum(ai[:, :, None] * inv, axis=1)
+        inv = tl.where(at_i, eye - row[:, None, :], inv)
+    d = _block_diagonal(inv)
+    rb = tl.arange(0, 64) // 16
+    n = tl.dot(d, tl.where(rb[:, None] > rb[None, :], a, 0.0), input_precision="tf32")
+    x = d - tl.dot(n, d, input_precision="tf32")
+    x = d - tl.dot(n, x, input_precision="tf32")
+    return d - tl.dot(n, x, input_precision="tf32")
 
 
 @triton.jit
@@ -101,29 +137,26 @@ def _grid_chunks(
         rows = tl.minimum(total - c * 64, 64)
         xrow = row0 + (p - t0).to(tl.int64)
         trow = slot * 64 + p
-        q = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, hk * DK, CONV, DK).to(tl.float32)
+        # in the order that keeps the fewest [64, ·] tiles live (the kernel runs near its registers)
         k = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, (HK + hk) * DK, CONV, DK)
-        v = _rows(
-            x_ptr, tail_ptr, p, t0, real, xrow, trow, 2 * HK * DK + hv * DV + vb * BV, CONV, BV
-        )
-        q = _normed(q, eps).to(dt)
         k = _normed(k.to(tl.float32), eps).to(dt)
         g, beta = _gates(g_ptr, b_ptr, tg_ptr, p, t0, real, xrow, trow, hv, HV)
         gc = tl.cumsum(g, axis=0)  # log Γ_i
-        diff = gc[:, None] - gc[None, :]  # log Γ_i/Γ_j
-        kk = tl.dot(k, tl.trans(k))
-        a = tl.where(below, kk * tl.exp(tl.where(below, diff, 0.0)) * beta[:, None], 0.0)
-        first = 1
-        if FAULT == 1:  # FAULT_TAIL_SOLVED
-            first = tl.where(rows < 64, tl.maximum(t0 - c * 64, 1), 1)
-        inv = _inverse(a, first, rows).to(dt)
+        a = tl.dot(k, tl.trans(k)) * _decay(gc, below) * beta[:, None]
+        if FAULT == 1:  # FAULT_TAIL_SOLVED: the tail's rows of a partial chunk left out
+            a = tl.where(((p < t0) & (rows < 64))[:, None], 0.0, a)
+        inv = _inverse(a).to(dt)
         gamma = tl.exp(gc)
         w = tl.dot(inv, (k.to(tl.float32) * (beta * gamma)[:, None]).to(dt)).to(dt)
+        v = _rows(
+            x_ptr, tail_ptr, p, t0, real, xrow, trow, 2 * HK * DK + hv * DV + vb * BV, CONV, BV
+        )
         u = tl.dot(inv, (v.to(tl.float32) * beta[:, None]).to(dt))
         v_new = (u - tl.dot(w, s.to(dt))).to(dt)  # V' = U − W S
-        attn = tl.dot(q, tl.trans(k))
-        attn = tl.where(upto, attn * tl.exp(tl.where(upto, diff, 0.0)), 0.0)
-        o = tl.dot(q, s.to(dt)) * gamma[:, None] + tl.dot(attn.to(dt), v_new)
+        q = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, hk * DK, CONV, DK)
+        q = _normed(q.to(tl.float32), eps).to(dt)
+        attn = (tl.dot(q, tl.trans(k)) * _decay(gc, upto)).to(dt)
+        o = tl.dot(q, s.to(dt)) * gamma[:, None] + tl.dot(attn, v_new)
         keep = real & (p >= t0)
         p_o = o_ptr + (xrow[:, None] * HV + hv) * DV + o_v[None, :]
         tl.store(p_o, (o * scale).to(dt), mask=keep[:, None])
@@ -139,11 +172,20 @@ def _grid_chunks(
 
 
 def grid_lanes(
-    x, g, beta, states: GDNState, s: GDNShape, lanes: LaneIndex, fault: int = 0
+    x,
+    g,
+    beta,
+    states: GDNState,
+    s: GDNShape,
+    lanes: LaneIndex,
+    fault: int = 0,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype,
     rows outside every lane zero. The slot's boundary state advances in the kernel; the rows of
-    each lane's unfinished chunk become its tail afterwards."""
+    each lane's unfinished chunk become its tail afterwards. block_v and num_warps other than
+    the defaults are for the benchmarks' timings only (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
     if dk & (dk - 1) or dv & (dv - 1) or dk < 16 or dv < 16 or s.num_v_heads % s.num_k_heads:
         raise ValueError(
@@ -152,13 +194,13 @@ def grid_lanes(
         )
     n, hv = x.shape[0], s.num_v_heads
     o = torch.zeros(n, hv, dv, dtype=x.dtype, device=x.device)
-    bv = min(BLOCK_V, dv)
+    bv = min(block_v, dv)
     count = lanes.slots.shape[0]
     if n and count:
         _grid_chunks[(count, hv * (dv // bv))](
             x, g, beta, states.tail, states.tail_gates, states.recurrent, o,
             lanes.slots, lanes.tails, lanes.cu_seqlens, EPS, dk**-0.5,
-            s.num_k_heads, hv, dk, dv, bv, fault, num_warps=NUM_WARPS,
+            s.num_k_heads, hv, dk, dv, bv, fault, num_warps=num_warps,
         )  # fmt: skip
     _keep_tails(x, g, beta, states, lanes)
     return o

@@ -1,0 +1,165 @@
+"""One Gated DeltaNet layer of a released shape on the GPU in each exact form: the per-token
+recurrence, the chunk form through fla's kernels, and the grid form's one launch (with its launch
+variants: value columns per program and warps, each its own bits, timed here only).
+
+- Decode: one step of 1 to 64 lanes (graph replay), each lane's tail at another place in its
+  chunk, and a verify pass of 8 rows a lane whose rows cross a boundary.
+- Prompt: one lane of `--tokens` rows in one eager pass.
+µs a layer (device time) and, for prompts, µs a token; the table is printed last.
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/gdn_forms.py [--shape 9b] [--tokens 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from kernels import timed
+
+from tensorfold.batch import CHUNK, LaneIndex, Segment
+from tensorfold.cache.state_pool import StatePool
+from tensorfold.ops import gated_delta as ref
+from tensorfold.ops.dispatch import lane_index
+from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
+from tensorfold.tools.shapes import text_config
+
+GRID_VARIANTS = [(32, 8), (32, 4), (64, 8), (16, 4)]  # (block_v, num_warps); the first is shipped
+
+
+def _layer(cfg: dict) -> ref.GDNShape:
+    return ref.GDNShape(
+        cfg["linear_num_key_heads"],
+        cfg["linear_num_value_heads"],
+        cfg["linear_key_head_dim"],
+        cfg["linear_value_head_dim"],
+    )
+
+
+def _inputs(s: ref.GDNShape, n: int, lanes: int):
+    conv = 2 * s.key_dim + s.value_dim
+    x = torch.randn(n, conv, device="cuda").to(torch.bfloat16)
+    g = -torch.rand(n, s.num_v_heads, device="cuda") * 0.3
+    beta = torch.rand(n, s.num_v_heads, device="cuda").to(torch.bfloat16)
+    pool = StatePool(
+        1, lanes + 1, 4, conv, s.num_v_heads, s.k_head_dim, s.v_head_dim,
+        torch.bfloat16, torch.device("cuda"), CHUNK,
+    )  # fmt: skip
+    states = pool.layer(0)
+    states.recurrent.normal_(std=0.05)
+    states.tail.normal_()
+    states.tail_gates[:, :, 0].uniform_(-0.3, 0)
+    states.tail_gates[:, :, 1].uniform_(0, 1)
+    return x, g, beta, states
+
+
+def _recurrence(s, x, g, beta, states, slots, bounds):
+    q, k, v = torch.split(x, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
+    n = x.shape[0]
+    return gated_delta.gated_delta_lanes(
+        q.reshape(n, s.num_k_heads, -1), k.reshape(n, s.num_k_heads, -1),
+        v.reshape(n, s.num_v_heads, -1), g, beta, states.recurrent, slots, bounds,
+    )  # fmt: skip
+
+
+def decode_rows(s: ref.GDNShape, lanes: int, rows: int) -> dict[str, float]:
+    """µs of one graph-replayed pass of `lanes` × `rows` in each form."""
+    x, g, beta, states = _inputs(s, lanes * rows, lanes)
+    slots = torch.arange(lanes, device="cuda")
+    tails = (torch.arange(lanes, device="cuda") * 17 + 60) % CHUNK  # 60, 13, 30, ...
+    bounds = torch.arange(lanes + 1, device="cuda") * rows
+    index = LaneIndex(slots, bounds, bounds[:0], bounds[:0], None, tails)
+    out = {
+        "recurrence": timed(lambda: _recurrence(s, x, g, beta, states, slots, bounds)),
+        "chunk (fla)": timed(
+            lambda: gated_delta_chunk.graph_lanes(x, g, beta, states, s, slots, tails, rows)
+        ),
+    }
+    for bv, warps in GRID_VARIANTS:
+        out[f"grid bv{bv} w{warps}"] = timed(
+            lambda: gated_delta_grid.grid_lanes(  # noqa: B023
+                x, g, beta, states, s, index, block_v=bv, num_warps=warps
+            )
+        )
+    return {k: v * 1e6 for k, v in out.items()}
+
+
+def prompt_rows(s: ref.GDNShape, tokens: int) -> dict[str, float]:
+    """µs of one eager pass of one lane's `tokens` prompt rows in each form."""
+    x, g, beta, states = _inputs(s, tokens, 1)
+    states.recurrent.zero_()
+    slots = torch.tensor([0], device="cuda")
+    bounds = torch.tensor([0, tokens], device="cuda")
+    seg = (Segment(0, 0, 0, tokens, torch.arange(tokens, device="cuda")),)
+    index = lane_index(seg, "cuda", 4, chunked=True)
+    out = {
+        "recurrence": timed(lambda: _recurrence(s, x, g, beta, states, slots, bounds), 3, False),
+        "chunk (fla)": timed(
+            lambda: gated_delta_chunk.eager_lanes(x, g, beta, states, s, index.gdn), 3, False
+        ),
+    }
+    for bv, warps in GRID_VARIANTS:
+        out[f"grid bv{bv} w{warps}"] = timed(
+            lambda: gated_delta_grid.grid_lanes(  # noqa: B023
+                x, g, beta, states, s, index, block_v=bv, num_warps=warps
+            ),
+            3,
+            False,
+        )
+    return {k: v * 1e6 for k, v in out.items()}
+
+
+def grid_cut_free(s: ref.GDNShape) -> str:
+    """The shipped grid configuration at this shape: 300 rows as one pass = passes of 37 =
+    decode steps (rows and state), the check the timings rest on."""
+    x, g, beta, _ = _inputs(s, 300, 1)
+
+    def run(cuts):
+        _, _, _, states = _inputs(s, 1, 1)
+        states.recurrent.zero_()
+        outs, start = [], 0
+        for c in cuts:
+            seg = (Segment(0, start, 0, c, torch.arange(start + c, device="cuda")),)
+            r = slice(start, start + c)
+            lanes = lane_index(seg, "cuda", 4, chunked=True)
+            outs.append(gated_delta_grid.grid_lanes(x[r], g[r], beta[r], states, s, lanes))
+            start += c
+        return torch.cat(outs), states.recurrent[0].clone()
+
+    whole = run([300])
+    ok = all(
+        torch.equal(a, b)
+        for cuts in ([37] * 8 + [4], [250] + [1] * 50)
+        for a, b in zip(run(cuts), whole)
+    )
+    return "cut-free" if ok else "CUTS DIFFER"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="9b")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--lanes", default="1,4,16,64")
+    args = p.parse_args()
+    s = _layer(text_config(args.shape))
+    print("grid form at this shape:", grid_cut_free(s), flush=True)
+    table = {}
+    for lanes in map(int, args.lanes.split(",")):
+        table[f"decode, {lanes} lane(s)"] = decode_rows(s, lanes, 1)
+        print(lanes, "lanes", table[f"decode, {lanes} lane(s)"], flush=True)
+    table["verify 8 rows, 1 lane"] = decode_rows(s, 1, 8)
+    table[f"prompt {args.tokens}"] = prompt_rows(s, args.tokens)
+    names = list(next(iter(table.values())))
+    print(f"\n{args.shape} layer, µs a pass (prompt: and µs a token)")
+    print("| case | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for case, row in table.items():
+        prompt = case.startswith("prompt")
+        cells = [
+            f"{row[n]:.1f}" + (f" ({row[n] / args.tokens:.3f})" if prompt else "") for n in names
+        ]
+        print(f"| {case} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/bin/bash
+# The grid form of the gated delta rule (--gdn-form grid: the chunk form in one launch a layer)
+# on a GPU machine in one call: the registry's GDN entries with their planted controls, the
+# layer tests in both chunk forms (cuts, decode, graph = eager, lanes, float64), one 9B layer in
+# each form and launch variant (benchmarks/gdn_forms.py), the 9B invariants with the grid form as
+# the engine's (tests/test_gpu.py), and whole-model prompts and decode in the recurrence and grid
+# forms (h200.py), in one process each on the same card.
+#
+#   bash benchmarks/grid.sh OUT [phases]
+#
+# phases, in the order given: registry, layer-tests, layer, tests, model (default: all).
+# Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
+set -u
+OUT=${1:?usage: grid.sh OUT [phases]}
+PHASES=${2:-registry layer-tests layer tests model}
+TAIL=${TAIL:-16}
+source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+card_start || exit 1
+
+for p in $PHASES; do
+    case $p in
+        registry)    phase registry 150 $py -m tensorfold.checks.registry --only gdn. ;;
+        layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
+        layer)       TAIL=14 phase layer 180 $py benchmarks/gdn_forms.py --shape 9b ;;
+        tests)       phase tests 300 $py -m pytest -q -x tests/test_gpu.py --gdn-form grid \
+                         --gpu-format 4bit -k "not registry" ;;
+        model)       for form in recurrence grid; do
+                         phase "model-$form" 240 $py benchmarks/h200.py --out /tmp/bench \
+                             --gdn-form $form --models "${MODELS:-bf16,4bit}" \
+                             --lanes "${LANES:-1,4}" --sizes "${SIZES:-2048,8192}" --in-memory
+                     done ;;
+    esac
+done
