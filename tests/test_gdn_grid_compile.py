@@ -16,6 +16,7 @@ def test_grid_kernel_compiles_for_hopper(fault):
     sig = dict(
         x_ptr="*bf16", g_ptr="*fp32", b_ptr="*bf16", tail_ptr="*bf16", tg_ptr="*fp32",
         rec_ptr="*fp32", o_ptr="*bf16", slots_ptr="*i64", tails_ptr="*i64", bounds_ptr="*i64",
+        arrivals_ptr="*i32",
         eps="fp32", scale="fp32", HK="constexpr", HV="constexpr", DK="constexpr",
         DV="constexpr", BV="constexpr", FAULT="constexpr",
     )  # fmt: skip

@@ -67,6 +67,9 @@ class GDNState:
     recurrent: torch.Tensor  # [slots, Hv, dk, dv] the state at the lane's last grid boundary
     tail: torch.Tensor  # [slots, 64, conv_dim] the conv's output rows since that boundary
     tail_gates: torch.Tensor  # [slots, 64, 2, Hv] their log-decay g and beta, in the state dtype
+    # [n] int32 zeros, shared by the layers: the grid form's count of each lane's programs done
+    # reading (the last one writes the lane's tail; ops/triton/gated_delta_grid.py)
+    arrivals: torch.Tensor | None = None
 
     def lane_rows(self, slot: int, t0: int, x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
         """(x, g, beta) of the lane's rows from its boundary: the tail's t0 rows, then the new."""

@@ -52,13 +52,19 @@ class StatePool:
         self.tail = per_layer(tail_rows, conv_dim)
         self.tail_gates = per_layer(tail_rows, 2, num_v_heads, dt=state_dtype)
         self._free = list(range(num_slots - 1, -1, -1))
+        # a pass's lanes: each slot at most once, padding lanes too (one per bucket place)
+        self.arrivals = (
+            zeros(2 * num_slots, dtype=torch.int32, device=device) if tail_rows else None
+        )
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         return self.conv + self.recurrent + self.tail + self.tail_gates
 
     def layer(self, i: int) -> GDNState:
-        return GDNState(self.conv[i], self.recurrent[i], self.tail[i], self.tail_gates[i])
+        return GDNState(
+            self.conv[i], self.recurrent[i], self.tail[i], self.tail_gates[i], self.arrivals
+        )
 
     @property
     def free_slots(self) -> int:
@@ -109,6 +115,7 @@ class StatePool:
 
         pool.conv, pool.recurrent = empty(self.conv), empty(self.recurrent)
         pool.tail, pool.tail_gates = empty(self.tail), empty(self.tail_gates)
+        pool.arrivals = None if self.arrivals is None else self.arrivals.new_zeros(2 * num_slots)
         return pool
 
     def slot_bytes(self, slot: int, position: int) -> list[torch.Tensor]:

@@ -103,6 +103,7 @@ def _gdn_states(shape, slots: int = 3) -> GDNState:
         z(shape.num_v_heads, shape.k_head_dim, shape.v_head_dim),
         z(CHUNK, conv, dt=torch.bfloat16),
         z(CHUNK, 2, shape.num_v_heads),
+        torch.zeros(2 * slots, dtype=torch.int32, device="cuda"),
     )
 
 

@@ -6,7 +6,8 @@ computed in the chunked (WY) form from the state at its start. Unlike the `chunk
 (fla's seven kernels and the index work around them), one kernel does everything a pass needs:
 a program owns one (lane, value head, V block), loads the boundary state once, and walks the
 lane's chunks in order, assembling each chunk's rows from the tail and the pass, normalising q
-and k, and writing the new rows' outputs and the state at the last boundary it reaches.
+and k, and writing the new rows' outputs and the state at the last boundary it reaches; the last
+of a lane's programs to finish writes its new tail.
 
 Prompt rows, decode rows and verify rows all run this kernel with this configuration, so a row is
 the same sequence of operations in every pass. What a row of a chunk reads is causal: the
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...batch import CHUNK, GDNState, LaneIndex
+from ...batch import GDNState, LaneIndex
 from ..gated_delta import GDNShape
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
@@ -111,9 +112,31 @@ def _inverse(a):
 
 
 @triton.jit
+def _keep_tail(
+    x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0,
+    CONV: tl.constexpr, HV: tl.constexpr,
+):  # fmt: skip
+    """The pass's rows in the lane's unfinished chunk become its tail rows (slot · 64 + place),
+    with their log-decays and betas in fp32."""
+    cols = tl.arange(0, 1024)
+    heads = tl.arange(0, triton.next_power_of_2(HV))
+    for p in range(tl.maximum(t0, total // 64 * 64), total):
+        src, dst = row0 + (p - t0), slot * 64 + p % 64
+        for c in tl.static_range(0, CONV, 1024):
+            m = c + cols < CONV
+            row = tl.load(x_ptr + src * CONV + c + cols, mask=m)
+            tl.store(tail_ptr + dst * CONV + c + cols, row, mask=m)
+        m = heads < HV
+        g = tl.load(g_ptr + src * HV + heads, mask=m).to(tl.float32)
+        b = tl.load(b_ptr + src * HV + heads, mask=m).to(tl.float32)
+        tl.store(tg_ptr + dst * (2 * HV) + heads, g, mask=m)
+        tl.store(tg_ptr + dst * (2 * HV) + HV + heads, b, mask=m)
+
+
+@triton.jit
 def _grid_chunks(
     x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, rec_ptr, o_ptr,
-    slots_ptr, tails_ptr, bounds_ptr, eps, scale,
+    slots_ptr, tails_ptr, bounds_ptr, arrivals_ptr, eps, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BV: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
@@ -169,6 +192,12 @@ def _grid_chunks(
             carried = (v_new.to(tl.float32) * to_end[:, None]).to(dt)
             s = s * tl.exp(last) + tl.dot(tl.trans(k), carried)
     tl.store(p_s, s, mask=(o_k[:, None] * 0 + total) >= (1 if FAULT == 2 else 64))
+    # The lane's tail rows may be rewritten only once all its programs have read them: the last
+    # to arrive (its count and every earlier one's ordered after their loads) writes them all.
+    before = tl.atomic_add(arrivals_ptr + lane, 1, sem="acq_rel")
+    if before == HV * (DV // BV) - 1:
+        tl.store(arrivals_ptr + lane, 0)  # the next pass counts from zero
+        _keep_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV)
 
 
 def grid_lanes(
@@ -182,9 +211,9 @@ def grid_lanes(
     block_v: int = BLOCK_V,
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
-    """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype,
-    rows outside every lane zero. The slot's boundary state advances in the kernel; the rows of
-    each lane's unfinished chunk become its tail afterwards. block_v and num_warps other than
+    """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype.
+    One launch: the slot's boundary state advances and the rows of each lane's unfinished chunk
+    become its tail inside the kernel. block_v and num_warps other than
     the defaults are for the benchmarks' timings only (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
     if dk & (dk - 1) or dv & (dv - 1) or dk < 16 or dv < 16 or s.num_v_heads % s.num_k_heads:
@@ -192,34 +221,18 @@ def grid_lanes(
             f"the grid form needs power-of-two head dims of at least 16 and Hv divisible by Hk, "
             f"got dk={dk} dv={dv} Hk={s.num_k_heads} Hv={s.num_v_heads}"
         )
-    n, hv = x.shape[0], s.num_v_heads
-    o = torch.zeros(n, hv, dv, dtype=x.dtype, device=x.device)
+    if x.shape[-1] != 2 * s.key_dim + s.value_dim:
+        raise ValueError(f"rows of {x.shape[-1]} values, not the layer's q | k | v")
+    n, hv, count = x.shape[0], s.num_v_heads, lanes.slots.shape[0]
+    if states.arrivals is None or count > states.arrivals.shape[0]:
+        raise ValueError(f"the grid form needs a pool's arrival counts for {count} lanes")
+    # every row of a pass belongs to a lane and is written, unless a graph pads a lane's rows
+    o = (torch.zeros if lanes.padded else torch.empty)(n, hv, dv, dtype=x.dtype, device=x.device)
     bv = min(block_v, dv)
-    count = lanes.slots.shape[0]
     if n and count:
         _grid_chunks[(count, hv * (dv // bv))](
-            x, g, beta, states.tail, states.tail_gates, states.recurrent, o,
-            lanes.slots, lanes.tails, lanes.cu_seqlens, EPS, dk**-0.5,
-            s.num_k_heads, hv, dk, dv, bv, fault, num_warps=num_warps,
+            x.contiguous(), g.contiguous(), beta.contiguous(), states.tail, states.tail_gates,
+            states.recurrent, o, lanes.slots, lanes.tails, lanes.cu_seqlens, states.arrivals,
+            EPS, dk**-0.5, s.num_k_heads, hv, dk, dv, bv, fault, num_warps=num_warps,
         )  # fmt: skip
-    _keep_tails(x, g, beta, states, lanes)
     return o
-
-
-def _keep_tails(x, g, beta, states: GDNState, lanes: LaneIndex) -> None:
-    """Each lane's rows in its unfinished chunk become its tail rows (flat slot · 64 + place).
-    An eager pass names them (its plan, from host lengths); a graph pass, of at most 64 rows a
-    lane, writes every row at its place: a row of a finished chunk lands past the new tail."""
-    plan = lanes.gdn
-    if plan is not None:
-        rows, dst = plan.keep_x, plan.keep_dst
-    else:
-        count = lanes.slots.shape[0]
-        per = x.shape[0] // count
-        place = lanes.tails[:, None] + torch.arange(per, device=x.device)[None, :]
-        rows = torch.arange(x.shape[0], device=x.device)
-        dst = (lanes.slots[:, None] * CHUNK + place % CHUNK).view(-1)
-    conv, hv = x.shape[-1], g.shape[-1]
-    states.tail.view(-1, conv).index_copy_(0, dst, x[rows])
-    gates = torch.stack([g[rows].to(states.tail_gates.dtype), beta[rows].to(g.dtype)], dim=1)
-    states.tail_gates.view(-1, 2, hv).index_copy_(0, dst, gates)
