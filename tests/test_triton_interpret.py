@@ -20,6 +20,8 @@ SCRIPTS = {
     "triton_interpret_partial.py": "partial sums match the products' own sums",
     # the grid form's one-launch chunk kernel: its reference, cuts, lanes, graph layout, controls
     "triton_interpret_grid.py": "grid form matches its reference and itself",
+    # a tiny model's engine with the grid kernel in its GDN layers: decode, chunks, lanes
+    "triton_interpret_grid_engine.py": "grid engine equals itself across passes and lanes",
 }
 
 

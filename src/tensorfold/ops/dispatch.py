@@ -37,7 +37,8 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
 def lane_index(
     segments: tuple[Segment, ...], device, conv_kernel: int, chunked: bool = False
 ) -> LaneIndex:
-    """The index tensors of a pass's per-lane kernels (`chunked`: the GDN chunk form's plan)."""
+    """The index tensors of a pass's per-lane kernels (`chunked`: the packing plan of the chunk
+    form's fla kernels on a GPU; the grid form's kernel reads the lanes' tails only)."""
     bounds = [0]
     for seg in segments:
         bounds.append(bounds[-1] + seg.length)

@@ -11,7 +11,6 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from ..ops.gated_delta import grid_chunked
 from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, mixed_room
 from .plan import LaneRows, PassPlan, padded
 
@@ -30,7 +29,7 @@ def eager_batch(
         kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
         segments=segments,
         logit_rows=torch.as_tensor(logit_rows, dtype=torch.long).to(dev, non_blocking=True),
-        lanes=lane_index(segments, dev, model.config.conv_kernel, grid_chunked(model.gdn_form)),
+        lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
     )
 
 
