@@ -8,7 +8,8 @@
 #
 #   bash benchmarks/grid.sh OUT [phases]
 #
-# phases, in the order given: registry, layer-tests, layer, tests, model (default: all).
+# phases, in the order given: registry, layer-tests, layer, tests, model, profile (default: all
+# but profile: where an 8k prompt's kernel time goes in each form, 4-bit).
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
@@ -28,6 +29,10 @@ for p in $PHASES; do
                          phase "model-$form" 240 $py benchmarks/h200.py --out /tmp/bench \
                              --gdn-form $form --models "${MODELS:-bf16,4bit}" \
                              --lanes "${LANES:-1,4}" --sizes "${SIZES:-2048,8192}" --in-memory
+                     done ;;
+        profile)     for form in recurrence grid; do
+                         TAIL=12 phase "profile-$form" 200 $py benchmarks/profile_decode.py \
+                             --models 4bit --lanes 1 --prompt 8192 --in-memory --gdn-form $form
                      done ;;
     esac
 done

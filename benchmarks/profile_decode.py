@@ -1,6 +1,8 @@
 """Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
 checkpoint (9B shape unless --shape), summed by name, and the same steps' wall time eager and as
 CUDA graphs. With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
+Each table opens with the kernel time by kind: products, experts, recurrence, attention, conv,
+the rest (where an 8k prompt's time goes, in any --gdn-form).
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
     PYTHONPATH=src python3 benchmarks/profile_decode.py --shape 35b-a3b --models 4bit --lanes 1,16
@@ -18,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from tensorfold.engine.engine import Engine
 from tensorfold.engine.request import SamplingParams
+from tensorfold.ops.gated_delta import FORMS
 
 
 def decoding_engine(model, lanes: int, graphs: bool) -> Engine:
@@ -33,6 +36,23 @@ def step_time(eng: Engine, steps: int = 20) -> float:
         eng.step()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / steps
+
+
+# where a pass's kernel time goes, by the first pattern a kernel's name matches
+CATEGORIES = (
+    ("products", ("_dense_kernel", "_affine", "_sum_segments", "_dequant", "gemm", "cutlass")),
+    ("experts", ("_grouped", "_expert", "_tiles_kernel", "_sum_pairs", "_route", "_combine")),
+    (
+        "recurrence",
+        ("_recurrence", "_grid_chunks", "_assemble", "chunk_", "cumsum", "recompute_w_u"),
+    ),
+    ("attention", ("_serial_kernel", "_split_kernel", "_fold_kernel")),
+    ("conv", ("_conv",)),
+)
+
+
+def category(kernel: str) -> str:
+    return next((c for c, names in CATEGORIES if any(n in kernel for n in names)), "the rest")
 
 
 def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
@@ -55,8 +75,14 @@ def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
         return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=top)
     total = sum(v[0] for v in sums.values()) / steps
     count = sum(v[1] for v in sums.values()) / steps
+    parts: dict[str, float] = {}
+    for name, (us, _) in sums.items():
+        parts[category(name)] = parts.get(category(name), 0.0) + us / steps
     lines = [
-        f"kernel time per step {total / 1e3:.2f} ms over {count:.0f} kernels",
+        f"kernel time per step {total / 1e3:.2f} ms over {count:.0f} kernels: "
+        + ", ".join(
+            f"{c} {us / 1e3:.2f} ms" for c, us in sorted(parts.items(), key=lambda x: -x[1])
+        ),
         "| kernel | us/step | launches/step |",
         "| --- | --- | --- |",
     ]
@@ -65,8 +91,8 @@ def kernel_table(eng: Engine, steps: int = 3, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def prompt_table(model, n: int, chunk: int) -> str:
-    eng = Run().engine(model, 1, n + 8, chunk)
+def prompt_table(run: Run, model, n: int, chunk: int) -> str:
+    eng = run.engine(model, 1, n + 8, chunk)
     warm = torch.randint(0, 1000, (min(n, 2 * chunk),)).tolist()  # compiles, times the tiles
     eng.add_request(warm, SamplingParams(max_tokens=1, temperature=0.0))
     eng.run_until_done()
@@ -90,9 +116,10 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=4096)
     p.add_argument("--shape", default="9b")
     p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
+    p.add_argument("--gdn-form", choices=FORMS, default="recurrence")
     args = p.parse_args()
     report = []
-    run = Run(in_memory=args.in_memory)
+    run = Run(in_memory=args.in_memory, gdn_form=args.gdn_form)
     for name in args.models.split(","):
         path = run.checkpoint(Path(args.out) / f"{args.shape}-{name}", args.shape, name)
         model = run.load(path)
@@ -109,7 +136,7 @@ def main() -> None:
             )
             del eng
         if args.prompt:
-            report.append(f"## {name}, {prompt_table(model, args.prompt, args.chunk)}")
+            report.append(f"## {name}, {prompt_table(run, model, args.prompt, args.chunk)}")
         del model
         torch.cuda.empty_cache()
     print("\n\n".join(report))
