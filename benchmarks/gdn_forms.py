@@ -24,7 +24,7 @@ from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
 from tensorfold.tools.shapes import text_config
 
-GRID_VARIANTS = [(32, 8), (32, 4), (64, 8), (16, 4)]  # (block_v, num_warps); the first is shipped
+GRID_VARIANTS = [(32, 8), (32, 4), (64, 8), (128, 8), (16, 4)]  # (block_v, warps); first shipped
 
 
 def _layer(cfg: dict) -> ref.GDNShape:
@@ -135,6 +135,25 @@ def grid_cut_free(s: ref.GDNShape) -> str:
     return "cut-free" if ok else "CUTS DIFFER"
 
 
+def same_bits_across_blocks(s: ref.GDNShape, warps: int = 8) -> str:
+    """Whether the value columns a program owns change any bit at fixed warps (the parts of a
+    chunk all blocks share are computed by the same code on the same tiles): if not, a server may
+    pick the block by its lane count."""
+    x, g, beta, states = _inputs(s, 200, 2)
+    seg = (Segment(0, 0, 0, 130, None), Segment(1, 0, 130, 70, None))
+    kv = torch.arange(200, device="cuda")
+    seg = tuple(Segment(t.slot, 0, t.row0, t.length, kv) for t in seg)
+    outs = []
+    for bv in (32, 64, 128):
+        st = type(states)(*(t.clone() for t in (states.conv, states.recurrent, states.tail)),
+                          states.tail_gates.clone(), states.arrivals)  # fmt: skip
+        index = lane_index(seg, "cuda", 4)
+        o = gated_delta_grid.grid_lanes(x, g, beta, st, s, index, block_v=bv, num_warps=warps)
+        outs.append((o, st.recurrent.clone()))
+    same = all(torch.equal(a[0], outs[0][0]) and torch.equal(a[1], outs[0][1]) for a in outs)
+    return f"block_v 32 / 64 / 128 at {warps} warps: " + ("same bits" if same else "bits differ")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="9b")
@@ -143,6 +162,7 @@ def main() -> None:
     args = p.parse_args()
     s = _layer(text_config(args.shape))
     print("grid form at this shape:", grid_cut_free(s), flush=True)
+    print(same_bits_across_blocks(s), flush=True)
     table = {}
     for lanes in map(int, args.lanes.split(",")):
         table[f"decode, {lanes} lane(s)"] = decode_rows(s, lanes, 1)
