@@ -63,6 +63,12 @@ def _normed(x, eps):
 
 
 @triton.jit
+def _state(rec_ptr, slot, hv, o_k, o_v, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """Pointers [DK, BV] of a program's block of its lane's boundary state."""
+    return rec_ptr + ((slot * HV + hv) * DK + o_k[:, None]) * DV + o_v[None, :]
+
+
+@triton.jit
 def _decay(gc, mask):
     """Γ_i/Γ_j = exp(log Γ_i − log Γ_j) where `mask`, exactly 0 elsewhere (never overflows)."""
     return tl.where(mask, tl.exp(tl.where(mask, gc[:, None] - gc[None, :], 0.0)), 0.0)
@@ -151,10 +157,10 @@ def _grid_chunks(
     total = t0 + (tl.load(bounds_ptr + lane + 1) - row0).to(tl.int32)
     r = tl.arange(0, 64)
     o_k, o_v = tl.arange(0, DK), vb * BV + tl.arange(0, BV)
-    p_s = rec_ptr + ((slot * HV + hv) * DK + o_k[:, None]) * DV + o_v[None, :]
-    s = tl.load(p_s)  # [DK, BV] fp32: the state at the lane's last boundary
-    below, upto = r[:, None] > r[None, :], r[:, None] >= r[None, :]
+    s = tl.load(_state(rec_ptr, slot, hv, o_k, o_v, HV, DK, DV))  # [DK, BV] at the boundary
     for c in range(0, tl.cdiv(total, 64)):
+        # masks and pointers are made where used: held across the loop they cost registers
+        below, upto = r[:, None] > r[None, :], r[:, None] >= r[None, :]
         p = c * 64 + r  # positions from the boundary
         real = p < total
         rows = tl.minimum(total - c * 64, 64)
@@ -191,6 +197,7 @@ def _grid_chunks(
             to_end = tl.where(real, tl.exp(last - gc), 0.0)
             carried = (v_new.to(tl.float32) * to_end[:, None]).to(dt)
             s = s * tl.exp(last) + tl.dot(tl.trans(k), carried)
+    p_s = _state(rec_ptr, slot, hv, o_k, o_v, HV, DK, DV)
     tl.store(p_s, s, mask=(o_k[:, None] * 0 + total) >= (1 if FAULT == 2 else 64))
     # The lane's tail rows may be rewritten only once all its programs have read them: the last
     # to arrive (its count and every earlier one's ordered after their loads) writes them all.
