@@ -170,6 +170,15 @@ def main() -> None:
     table["verify 8 rows, 1 lane"] = decode_rows(s, 1, 8)
     table[f"prompt {args.tokens}"] = prompt_rows(s, args.tokens)
     names = list(next(iter(table.values())))
+    layers = sum(t == "linear_attention" for t in text_config(args.shape)["layer_types"])
+    print(f"\n{args.shape}: the recurrence's time over each form's, {layers} GDN layers a token")
+    for case, row in table.items():
+        best = min((v, n) for n, v in row.items() if n.startswith("grid"))
+        print(
+            f"  {case}: grid best ({best[1]}) {row['recurrence'] / best[0]:.2f}×, chunk (fla) "
+            f"{row['recurrence'] / row['chunk (fla)']:.2f}×; the grid form adds "
+            f"{(best[0] - row['recurrence']) * layers / 1e3:+.3f} ms a pass over the model"
+        )
     print(f"\n{args.shape} layer, µs a pass (prompt: and µs a token)")
     print("| case | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
