@@ -1,6 +1,6 @@
 """One Gated DeltaNet layer of a released shape on the GPU in each exact form: the per-token
 recurrence, the chunk form through fla's kernels, and the grid form's one launch (with its launch
-variants: value columns per program and warps, each its own bits, timed here only).
+variants: value columns per block, warps and blocks per program, timed here only).
 
 - Decode: one step of 1 to 64 lanes (graph replay), each lane's tail at another place in its
   chunk, and a verify pass of 8 rows a lane whose rows cross a boundary.
@@ -24,7 +24,8 @@ from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
 from tensorfold.tools.shapes import text_config
 
-GRID_VARIANTS = [(32, 8), (32, 4), (64, 8), (128, 8), (16, 4)]  # (block_v, warps); first shipped
+# (block_v, warps, value blocks a program); the first is shipped
+GRID_VARIANTS = [(32, 8, 1), (32, 8, 4), (32, 4, 1), (64, 8, 1), (64, 8, 2), (128, 8, 1)]
 
 
 def _layer(cfg: dict) -> ref.GDNShape:
@@ -75,10 +76,10 @@ def decode_rows(s: ref.GDNShape, lanes: int, rows: int) -> dict[str, float]:
             lambda: gated_delta_chunk.graph_lanes(x, g, beta, states, s, slots, tails, rows)
         ),
     }
-    for bv, warps in GRID_VARIANTS:
-        out[f"grid bv{bv} w{warps}"] = timed(
+    for bv, warps, per in GRID_VARIANTS:
+        out[f"grid bv{bv} w{warps} x{per}"] = timed(
             lambda: gated_delta_grid.grid_lanes(  # noqa: B023
-                x, g, beta, states, s, index, block_v=bv, num_warps=warps
+                x, g, beta, states, s, index, block_v=bv, num_warps=warps, blocks_per_program=per
             )
         )
     return {k: v * 1e6 for k, v in out.items()}
@@ -98,10 +99,10 @@ def prompt_rows(s: ref.GDNShape, tokens: int) -> dict[str, float]:
             lambda: gated_delta_chunk.eager_lanes(x, g, beta, states, s, index.gdn), 3, False
         ),
     }
-    for bv, warps in GRID_VARIANTS:
-        out[f"grid bv{bv} w{warps}"] = timed(
+    for bv, warps, per in GRID_VARIANTS:
+        out[f"grid bv{bv} w{warps} x{per}"] = timed(
             lambda: gated_delta_grid.grid_lanes(  # noqa: B023
-                x, g, beta, states, s, index, block_v=bv, num_warps=warps
+                x, g, beta, states, s, index, block_v=bv, num_warps=warps, blocks_per_program=per
             ),
             3,
             False,
@@ -136,22 +137,25 @@ def grid_cut_free(s: ref.GDNShape) -> str:
 
 
 def same_bits_across_blocks(s: ref.GDNShape, warps: int = 8) -> str:
-    """Whether the value columns a program owns change any bit at fixed warps (the parts of a
-    chunk all blocks share are computed by the same code on the same tiles): if not, a server may
-    pick the block by its lane count."""
+    """Whether the value columns a program owns (block width, blocks a program) change any bit
+    at fixed warps (the parts of a chunk all blocks share are computed by the same code on the
+    same tiles): if not, a server may pick them by its lane count."""
     x, g, beta, states = _inputs(s, 200, 2)
     seg = (Segment(0, 0, 0, 130, None), Segment(1, 0, 130, 70, None))
     kv = torch.arange(200, device="cuda")
     seg = tuple(Segment(t.slot, 0, t.row0, t.length, kv) for t in seg)
     outs = []
-    for bv in (32, 64, 128):
+    for bv, per in ((32, 1), (32, 4), (64, 1), (64, 2), (128, 1)):
         st = type(states)(*(t.clone() for t in (states.conv, states.recurrent, states.tail)),
                           states.tail_gates.clone(), states.arrivals)  # fmt: skip
         index = lane_index(seg, "cuda", 4)
-        o = gated_delta_grid.grid_lanes(x, g, beta, st, s, index, block_v=bv, num_warps=warps)
+        o = gated_delta_grid.grid_lanes(
+            x, g, beta, st, s, index, block_v=bv, num_warps=warps, blocks_per_program=per
+        )
         outs.append((o, st.recurrent.clone()))
     same = all(torch.equal(a[0], outs[0][0]) and torch.equal(a[1], outs[0][1]) for a in outs)
-    return f"block_v 32 / 64 / 128 at {warps} warps: " + ("same bits" if same else "bits differ")
+    what = "block_v × blocks a program 32×1, 32×4, 64×1, 64×2, 128×1"
+    return f"{what} at {warps} warps: " + ("same bits" if same else "bits differ")
 
 
 def main() -> None:

@@ -114,6 +114,25 @@ def main() -> None:
             kept = (t + 4) % CHUNK
             assert torch.equal(a.tail[slot, :kept], b.tail[slot, :kept]), step
             assert torch.equal(a.tail_gates[slot, :kept], b.tail_gates[slot, :kept]), step
+    # a program's value blocks, one or several: the same bits (dv 64 in blocks of 16)
+    wide = ref.GDNShape(2, 4, 16, 64)
+    conv = 2 * wide.key_dim + wide.value_dim
+    xw = torch.randn(100, conv).half()
+    got = []
+    for per in (1, 2, 4):
+        st = StatePool(1, 2, 4, conv, 4, 16, 64, torch.float16, torch.device("cpu"), CHUNK).layer(0)
+        o = grid.grid_lanes(
+            xw,
+            g[:100],
+            beta[:100],
+            st,
+            wide,
+            eager([(1, 0, 100)]),
+            block_v=16,
+            blocks_per_program=per,
+        )
+        got.append((o, st.recurrent[1], st.tail[1, :36], st.tail_gates[1, :36]))
+    assert all(all(torch.equal(a, b) for a, b in zip(got[0], other)) for other in got[1:])
     # the planted faults, each caught by the check it plants against
     halves = run([n - 40] + [1] * 40, x, g, beta, fault=grid.FAULT_TAIL_SOLVED)
     assert not same(halves, run([n], x, g, beta, fault=grid.FAULT_TAIL_SOLVED))

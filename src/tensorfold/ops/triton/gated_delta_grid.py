@@ -140,14 +140,42 @@ def _keep_tail(
 
 
 @triton.jit
+def _value_block(
+    x_ptr, tail_ptr, rec_ptr, o_ptr, p, t0, real, xrow, trow, slot, hv, vb, ends, scale,
+    inv, w, q, k, attn, gc, gamma, beta, last, CONV: tl.constexpr, HK: tl.constexpr,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One value block's part of a chunk: V' = U − W S, the outputs of the rows the pass brought,
+    and, where the chunk ends, the state at its end written over the slot's."""
+    dt = o_ptr.dtype.element_ty
+    o_k, o_v = tl.arange(0, DK), vb * BV + tl.arange(0, BV)
+    p_s = _state(rec_ptr, slot, hv, o_k, o_v, HV, DK, DV)
+    s = tl.load(p_s)  # [DK, BV] fp32: the state at the chunk's start
+    v = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, 2 * HK * DK + hv * DV + vb * BV, CONV, BV)
+    u = tl.dot(inv, (v.to(tl.float32) * beta[:, None]).to(dt))
+    v_new = (u - tl.dot(w, s.to(dt))).to(dt)  # V' = U − W S
+    o = tl.dot(q, s.to(dt)) * gamma[:, None] + tl.dot(attn, v_new)
+    p_o = o_ptr + (xrow[:, None] * HV + hv) * DV + o_v[None, :]
+    tl.store(p_o, (o * scale).to(dt), mask=(real & (p >= t0))[:, None])
+    if ends:  # the state at the chunk's end: S' = Γ_63 S + (K Γ_63/Γ)ᵀ V'
+        carried = (v_new.to(tl.float32) * tl.where(real, tl.exp(last - gc), 0.0)[:, None]).to(dt)
+        tl.store(p_s, s * tl.exp(last) + tl.dot(tl.trans(k), carried))
+
+
+@triton.jit
 def _grid_chunks(
     x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, rec_ptr, o_ptr,
     slots_ptr, tails_ptr, bounds_ptr, arrivals_ptr, eps, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, FAULT: tl.constexpr,
+    BV: tl.constexpr, SUB: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
+    """A program per (lane, value head, group of SUB value blocks of BV columns): the chunk's
+    value-independent part (q, k, the solve, W, the attention within the chunk) once, then each
+    of its value blocks. The slot's state is read at each chunk's start and written at each
+    whole chunk's end, so it advances to the lane's last boundary and no further."""
     lane, pid = tl.program_id(0), tl.program_id(1)
-    hv, vb = pid // (DV // BV), pid % (DV // BV)
+    GROUPS: tl.constexpr = DV // (BV * SUB)
+    hv, grp = pid // GROUPS, pid % GROUPS
     hk = hv // (HV // HK)
     CONV: tl.constexpr = 2 * HK * DK + HV * DV
     dt = o_ptr.dtype.element_ty
@@ -156,10 +184,7 @@ def _grid_chunks(
     row0 = tl.load(bounds_ptr + lane).to(tl.int64)
     total = t0 + (tl.load(bounds_ptr + lane + 1) - row0).to(tl.int32)
     r = tl.arange(0, 64)
-    o_k, o_v = tl.arange(0, DK), vb * BV + tl.arange(0, BV)
-    s = tl.load(_state(rec_ptr, slot, hv, o_k, o_v, HV, DK, DV))  # [DK, BV] at the boundary
     for c in range(0, tl.cdiv(total, 64)):
-        # masks and pointers are made where used: held across the loop they cost registers
         below, upto = r[:, None] > r[None, :], r[:, None] >= r[None, :]
         p = c * 64 + r  # positions from the boundary
         real = p < total
@@ -177,32 +202,24 @@ def _grid_chunks(
         inv = _inverse(a).to(dt)
         gamma = tl.exp(gc)
         w = tl.dot(inv, (k.to(tl.float32) * (beta * gamma)[:, None]).to(dt)).to(dt)
-        v = _rows(
-            x_ptr, tail_ptr, p, t0, real, xrow, trow, 2 * HK * DK + hv * DV + vb * BV, CONV, BV
-        )
-        u = tl.dot(inv, (v.to(tl.float32) * beta[:, None]).to(dt))
-        v_new = (u - tl.dot(w, s.to(dt))).to(dt)  # V' = U − W S
         q = _rows(x_ptr, tail_ptr, p, t0, real, xrow, trow, hk * DK, CONV, DK)
         q = _normed(q.to(tl.float32), eps).to(dt)
         attn = (tl.dot(q, tl.trans(k)) * _decay(gc, upto)).to(dt)
-        o = tl.dot(q, s.to(dt)) * gamma[:, None] + tl.dot(attn, v_new)
-        keep = real & (p >= t0)
-        p_o = o_ptr + (xrow[:, None] * HV + hv) * DV + o_v[None, :]
-        tl.store(p_o, (o * scale).to(dt), mask=keep[:, None])
         ends = rows == 64
         if FAULT == 2:  # FAULT_EARLY_STATE
             ends = rows > 0
-        if ends:  # a whole chunk: the state at its end
-            last = tl.sum(tl.where(r == rows - 1, gc, 0.0), axis=0)
-            to_end = tl.where(real, tl.exp(last - gc), 0.0)
-            carried = (v_new.to(tl.float32) * to_end[:, None]).to(dt)
-            s = s * tl.exp(last) + tl.dot(tl.trans(k), carried)
-    p_s = _state(rec_ptr, slot, hv, o_k, o_v, HV, DK, DV)
-    tl.store(p_s, s, mask=(o_k[:, None] * 0 + total) >= (1 if FAULT == 2 else 64))
+        last = tl.sum(tl.where(r == rows - 1, gc, 0.0), axis=0)  # log Γ of the chunk's last row
+        for j in tl.static_range(SUB):
+            _value_block(
+                x_ptr, tail_ptr, rec_ptr, o_ptr, p, t0, real, xrow, trow, slot, hv,
+                grp * SUB + j, ends, scale, inv, w, q, k, attn, gc, gamma, beta, last,
+                CONV, HK, HV, DK, DV, BV,
+            )  # fmt: skip
+        tl.debug_barrier()  # the next chunk reads the state other threads wrote
     # The lane's tail rows may be rewritten only once all its programs have read them: the last
     # to arrive (its count and every earlier one's ordered after their loads) writes them all.
     before = tl.atomic_add(arrivals_ptr + lane, 1, sem="acq_rel")
-    if before == HV * (DV // BV) - 1:
+    if before == HV * GROUPS - 1:
         tl.store(arrivals_ptr + lane, 0)  # the next pass counts from zero
         _keep_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV)
 
@@ -217,11 +234,15 @@ def grid_lanes(
     fault: int = 0,
     block_v: int = BLOCK_V,
     num_warps: int = NUM_WARPS,
+    blocks_per_program: int = 1,
 ) -> torch.Tensor:
     """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype.
     One launch: the slot's boundary state advances and the rows of each lane's unfinished chunk
-    become its tail inside the kernel. block_v and num_warps other than
-    the defaults are for the benchmarks' timings only (the warps decide reduction trees)."""
+    become its tail inside the kernel. A program computes a chunk's value-independent part once
+    for `blocks_per_program` value blocks of `block_v` columns: more blocks a program, fewer
+    programs and less repeated work (many lanes), fewer a program, more of the card for few lanes.
+    Values other than the defaults are for the benchmarks only until a card shows their bits
+    equal (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
     if dk & (dk - 1) or dv & (dv - 1) or dk < 16 or dv < 16 or s.num_v_heads % s.num_k_heads:
         raise ValueError(
@@ -236,10 +257,11 @@ def grid_lanes(
     # every row of a pass belongs to a lane and is written, unless a graph pads a lane's rows
     o = (torch.zeros if lanes.padded else torch.empty)(n, hv, dv, dtype=x.dtype, device=x.device)
     bv = min(block_v, dv)
+    per = min(blocks_per_program, dv // bv)
     if n and count:
-        _grid_chunks[(count, hv * (dv // bv))](
+        _grid_chunks[(count, hv * (dv // (bv * per)))](
             x.contiguous(), g.contiguous(), beta.contiguous(), states.tail, states.tail_gates,
             states.recurrent, o, lanes.slots, lanes.tails, lanes.cu_seqlens, states.arrivals,
-            EPS, dk**-0.5, s.num_k_heads, hv, dk, dv, bv, fault, num_warps=num_warps,
+            EPS, dk**-0.5, s.num_k_heads, hv, dk, dv, bv, per, fault, num_warps=num_warps,
         )  # fmt: skip
     return o
