@@ -1,14 +1,15 @@
 """Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): a tiny model's engine with the
 grid form's Triton kernel in every Gated DeltaNet layer, on the CPU in fp32 (the op dispatches
 to the kernel as a GPU pass would: the engine's lanes, tails, pools and arrival counts). Bitwise:
-decode = prefill logits, any prompt chunking, concurrent = solo tokens; and close to the chunk
-form's reference engine."""
+decode = prefill logits, any prompt chunking, concurrent = solo tokens, drafted = plain (some
+drafts rejected); and close to the chunk form's reference engine."""
 
 import tempfile
 from pathlib import Path
 
 import interpreter_dot
 import torch
+from drafting_util import Script
 from engine_util import decoded_logits, make_engine, position_logits, sample_prompt
 from fixtures.checkpoints import HF_VARIANTS, build_hf_checkpoint
 
@@ -55,6 +56,12 @@ def main() -> None:
     prompts = [sample_prompt(10 + i, n, 300) for i, n in enumerate((5, 62, 20))]
     solo = [tokens(grid(parallel=1), [p])[0] for p in prompts]
     assert tokens(grid(parallel=3), prompts) == solo, "concurrent differs from solo"
+    # verify passes of several rows a lane, a boundary crossed inside one, drafts rejected
+    drafted = grid(parallel=3, draft="ngram", prompt_cache_bytes=1 << 24)
+    replies = {tuple(p): out for p, out in zip(prompts, solo)}
+    drafted.drafting.default = Script(replies, wrong=lambda p: p % 3 == 2)
+    assert tokens(drafted, prompts) == solo, "drafted differs from plain"
+    assert 0 < drafted.drafting.stats.accepted < drafted.drafting.stats.proposed
     print("grid engine equals itself across passes and lanes")
 
 
