@@ -4,17 +4,18 @@ The same grid chunks of 64 rows as ops/gated_delta.py `chunk` (its CPU reference
 since its last boundary (the tail kept in its slot) go before its new rows, and each chunk is
 computed in the chunked (WY) form from the state at its start. Unlike the `chunk` form's GPU path
 (fla's seven kernels and the index work around them), one kernel does everything a pass needs:
-a program owns one (lane, value head, V block), loads the boundary state once, and walks the
-lane's chunks in order, assembling each chunk's rows from the tail and the pass, normalising q
-and k, and writing the new rows' outputs and the state at the last boundary it reaches; the last
-of a lane's programs to finish writes its new tail.
+a program owns a lane, a value head and one or more value blocks, and walks the lane's chunks in
+order, assembling each chunk's rows from the tail and the pass, normalising q and k, writing the
+new rows' outputs and, at each whole chunk's end, the state there over the slot's; the last of a
+lane's programs to finish writes its new tail.
 
 Prompt rows, decode rows and verify rows all run this kernel with this configuration, so a row is
 the same sequence of operations in every pass. What a row of a chunk reads is causal: the
 triangular solve substitutes each diagonal block's rows in order, so when it reaches row i the
 later rows are still the identity's, whatever rows the pass holds, and joins the blocks with
 products of lower-triangular factors; every product that mixes rows multiplies the later ones by
-exact zeros (masked before the product); rows past a lane's real ones load as zeros. The arithmetic is ours, not fla's: its bits differ from the `chunk` form's.
+exact zeros (masked before the product); rows past a lane's real ones load as zeros. The
+arithmetic is ours, not fla's: its bits differ from the `chunk` form's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ...batch import GDNState, LaneIndex
 from ..gated_delta import GDNShape
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
-BLOCK_V = 32  # value columns per program: fixed, since it decides nothing but the grid
+BLOCK_V = 32  # value columns a block
 NUM_WARPS = 8  # fixed: the layouts (so the reduction trees) of every pass; 4 spills more
 FAULT_TAIL_SOLVED = 1  # planted for the checks: a partial chunk's solve skips the tail's rows
 FAULT_EARLY_STATE = 2  # planted: the boundary state also advances over an unfinished chunk
