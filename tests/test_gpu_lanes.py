@@ -125,16 +125,18 @@ def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
     assert eng.runner.replays.get(key, 0) > 10  # the prompt's pieces beside the stream
 
 
-def test_padded_mixed_graph_equals_eager_9b(nine_b):
+@pytest.mark.parametrize("form", ["recurrence", "grid"])
+def test_padded_mixed_graph_equals_eager_9b(nine_b, form):
     """5 decoding lanes (the 8-lane bucket: 3 padding lanes) and a 700-token prompt read beside
     them from mixed graphs (pieces of 120 rows, so that a pass is 128 rows; the last piece of
     100 rows in the same graph, its padding rows writing a scratch row) give the eager passes'
-    bytes, every lane's fingerprint included."""
+    bytes, every lane's fingerprint included, in the per-token form and the grid form (whose
+    kernel reads the piece's real rows from its bounds, set on the device)."""
     jobs = [(ids, dataclasses.replace(p, max_tokens=30)) for ids, p in _jobs(5)]
     prompt = (sample_prompt(33, 700, VOCAB), SamplingParams(max_tokens=8, temperature=0.0))
 
     def run(**kw):
-        eng = _engine(nine_b, 8, context=1024, mixed_chunk=128, **kw)
+        eng = _engine(nine_b, 8, context=1024, mixed_chunk=128, gdn_form=form, **kw)
         prints = {}
         reqs = [eng.add_request(ids, p, watch=finish_prints(eng, prints)) for ids, p in jobs]
         while any(r.in_prompt or not r.output_ids for r in reqs):

@@ -90,8 +90,10 @@ class Engine:
                 self.runner.pad_lanes(lane_buckets(config.parallel))
                 self.drafting.use_graphs(config.context)
                 self.scheduler.lookahead = config.draft_tokens if config.draft else 0
-                if config.mixed_chunk and not grid_chunked(config.gdn_form):  # prompt pieces beside
-                    self.runner.piece_rows = config.mixed_chunk  # decoding lanes, in graphs
+                # prompt pieces beside decoding lanes, in graphs; fla's graph layout needs as
+                # many rows in every lane, the other forms read each lane's rows from its bounds
+                if config.mixed_chunk and config.gdn_form != "chunk":
+                    self.runner.piece_rows = config.mixed_chunk
                     self.scheduler.mixed_room = self.runner.mixed_room
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
