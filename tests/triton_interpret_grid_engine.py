@@ -53,11 +53,11 @@ def main() -> None:
     chunk = position_logits(make_engine(path, gdn_form="chunk"), full)
     err = float((prefilled - chunk).abs().max() / chunk.abs().max())
     assert err < 1e-3, err  # the same rule, rounded by the kernel's order
-    prompts = [sample_prompt(10 + i, n, 300) for i, n in enumerate((5, 62, 20))]
+    prompts = [sample_prompt(10 + i, n, 300) for i, n in enumerate((5, 62))]
     solo = [tokens(grid(parallel=1), [p])[0] for p in prompts]
-    assert tokens(grid(parallel=3), prompts) == solo, "concurrent differs from solo"
+    assert tokens(grid(parallel=2), prompts) == solo, "concurrent differs from solo"
     # verify passes of several rows a lane, a boundary crossed inside one, drafts rejected
-    drafted = grid(parallel=3, draft="ngram", prompt_cache_bytes=1 << 24)
+    drafted = grid(parallel=2, draft="ngram", prompt_cache_bytes=1 << 24)
     replies = {tuple(p): out for p, out in zip(prompts, solo)}
     drafted.drafting.default = Script(replies, wrong=lambda p: p % 3 == 2)
     assert tokens(drafted, prompts) == solo, "drafted differs from plain"
