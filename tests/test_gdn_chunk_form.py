@@ -139,3 +139,10 @@ def test_grid_form_is_the_chunk_reference_on_the_cpu(hf_tiny_b, monkeypatch):
     assert len(set(gpu.values())) == 3
     with pytest.raises(ValueError, match="gdn form 'wy'"):
         make_engine(hf_tiny_b, gdn_form="wy")
+
+
+def test_grid_form_refuses_a_shape_its_kernel_cannot_run():
+    """Named at engine start on a GPU, not at the first pass: head dims its tiles cannot hold."""
+    assert ref.grid_kernel_refuses(ref.GDNShape(16, 32, 128, 128)) is None
+    assert "dk=12" in ref.grid_kernel_refuses(ref.GDNShape(2, 4, 12, 16))
+    assert "Hk=3 Hv=4" in ref.grid_kernel_refuses(ref.GDNShape(3, 4, 16, 16))

@@ -21,7 +21,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..ops import dispatch as op
-from ..ops.gated_delta import grid_chunked
+from ..ops.gated_delta import grid_chunked, grid_kernel_refuses
 from ..ops.quant import QuantizedWeight
 from ..ops.rope import rope_tables
 
@@ -118,9 +118,13 @@ class Qwen35Model:
     def set_gdn_form(self, form: str) -> None:
         """Every Gated DeltaNet layer's exact form (ops.dispatch.gated_delta)."""
         grid_chunked(form)  # names an unknown form
-        for layer in self.layers:
-            if isinstance(layer.mixer, GatedDeltaNet):
-                layer.mixer.form = form
+        mixers = [layer.mixer for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
+        if form == "grid" and self.device.type == "cuda":  # the CPU runs the reference: any shape
+            refused = next(filter(None, (grid_kernel_refuses(m.shape) for m in mixers)), None)
+            if refused:
+                raise ValueError(refused)
+        for mixer in mixers:
+            mixer.form = form
 
     @property
     def weight_bytes(self) -> int:

@@ -33,6 +33,19 @@ def grid_chunked(form: str) -> bool:
     return form != "recurrence"
 
 
+def grid_kernel_refuses(shape: "GDNShape") -> str | None:
+    """Why the GPU's grid kernel cannot run a layer of this shape, or None: its tiles want
+    power-of-two head dims of at least 16, and whole groups of value heads per key head."""
+    dk, dv = shape.k_head_dim, shape.v_head_dim
+    if dk & (dk - 1) or dv & (dv - 1) or min(dk, dv) < 16 or shape.num_v_heads % shape.num_k_heads:
+        return (
+            f"the grid form needs power-of-two head dims of at least 16 and value heads in whole "
+            f"groups per key head, got dk={dk} dv={dv} Hk={shape.num_k_heads} "
+            f"Hv={shape.num_v_heads}"
+        )
+    return None
+
+
 def gated_delta_step(
     state: torch.Tensor,
     q: torch.Tensor,

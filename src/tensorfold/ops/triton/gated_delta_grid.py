@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ...batch import GDNState, LaneIndex
-from ..gated_delta import GDNShape
+from ..gated_delta import GDNShape, grid_kernel_refuses
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
 BLOCK_V = 32  # value columns a block
@@ -245,11 +245,9 @@ def grid_lanes(
     Values other than the defaults are for the benchmarks only until a card shows their bits
     equal (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
-    if dk & (dk - 1) or dv & (dv - 1) or dk < 16 or dv < 16 or s.num_v_heads % s.num_k_heads:
-        raise ValueError(
-            f"the grid form needs power-of-two head dims of at least 16 and Hv divisible by Hk, "
-            f"got dk={dk} dv={dv} Hk={s.num_k_heads} Hv={s.num_v_heads}"
-        )
+    refused = grid_kernel_refuses(s)
+    if refused:
+        raise ValueError(refused)
     if x.shape[-1] != 2 * s.key_dim + s.value_dim:
         raise ValueError(f"rows of {x.shape[-1]} values, not the layer's q | k | v")
     n, hv, count = x.shape[0], s.num_v_heads, lanes.slots.shape[0]
