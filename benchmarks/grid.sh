@@ -20,9 +20,9 @@ card_start || exit 1
 
 for p in $PHASES; do
     case $p in
-        registry)    phase registry 150 $py -m tensorfold.checks.registry --only gdn. ;;
+        registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
         layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
-        layer)       TAIL=14 phase layer 180 $py benchmarks/gdn_forms.py --shape 9b ;;
+        layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;
         tests)       phase tests 300 $py -m pytest -q -x tests/test_gpu.py --gdn-form grid \
                          --gpu-format 4bit -k "not registry" ;;
         model)       for form in recurrence grid; do
