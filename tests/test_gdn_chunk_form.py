@@ -146,3 +146,15 @@ def test_grid_form_refuses_a_shape_its_kernel_cannot_run():
     assert ref.grid_kernel_refuses(ref.GDNShape(16, 32, 128, 128)) is None
     assert "dk=12" in ref.grid_kernel_refuses(ref.GDNShape(2, 4, 12, 16))
     assert "Hk=3 Hv=4" in ref.grid_kernel_refuses(ref.GDNShape(3, 4, 16, 16))
+
+
+def test_grid_form_is_refused_on_a_gpu_until_its_kernel_passes_there(hf_tiny_b, monkeypatch):
+    """The kernel faulted in its first card run: an engine on a GPU names that instead of
+    starting (the CPU, which runs the reference, keeps the form)."""
+    from tensorfold.models.loader import load_model
+
+    model = load_model(hf_tiny_b)
+    monkeypatch.setattr(model, "device", torch.device("cuda"))
+    with pytest.raises(ValueError, match="not yet usable on a GPU"):
+        model.set_gdn_form("grid")
+    model.set_gdn_form("chunk")  # the other forms are unaffected

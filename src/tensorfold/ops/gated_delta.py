@@ -33,6 +33,15 @@ def grid_chunked(form: str) -> bool:
     return form != "recurrence"
 
 
+# Why an engine on a GPU refuses the grid form, or None: the kernel's first card run (the
+# registry's gdn.grid entry) faulted with an illegal memory access; the kernel stays reachable
+# for the registry, the layer tests and the benchmarks until it passes them on a card.
+GRID_ON_A_CARD: str | None = (
+    "--gdn-form grid is not yet usable on a GPU: its kernel faulted (an illegal memory access) "
+    "in its first run on a card and has not passed its checks there; use recurrence or chunk"
+)
+
+
 def grid_kernel_refuses(shape: "GDNShape") -> str | None:
     """Why the GPU's grid kernel cannot run a layer of this shape, or None: its tiles want
     power-of-two head dims of at least 16, and whole groups of value heads per key head."""
