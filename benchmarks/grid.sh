@@ -8,8 +8,9 @@
 #
 #   bash benchmarks/grid.sh OUT [phases]
 #
-# phases, in the order given: registry, layer-tests, layer, tests, model, profile (default: all
-# but profile: where an 8k prompt's kernel time goes in each form, 4-bit).
+# phases, in the order given: probe, registry, layer-tests, layer, tests, model, profile (default:
+# registry to model; probe: the kernel's parts one launch a process, to find a fault; profile:
+# where an 8k prompt's kernel time goes in each form, 4-bit).
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
@@ -20,6 +21,13 @@ card_start || exit 1
 
 for p in $PHASES; do
     case $p in
+        probe)       for args in "blocks 8" "inverse 8" "blocks 4" "inverse 4" \
+                                 "kernel 2 4 16 1 16 4 float16" "kernel 2 4 16 70 16 4 float16" \
+                                 "kernel 2 4 128 1 32 8 bfloat16" "kernel 16 32 128 1 32 4 bfloat16" \
+                                 "kernel 16 32 128 1 32 8 bfloat16" "kernel 16 32 128 70 32 8 bfloat16"; do
+                         CUDA_LAUNCH_BLOCKING=1 timeout 90 $py benchmarks/grid_probe.py $args 2>&1 \
+                             | grep -E "warps|Error" | head -2 | sed "s/^/[$args] /"
+                     done ;;
         registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
         layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
         layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;

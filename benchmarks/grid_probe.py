@@ -1,0 +1,69 @@
+"""Where the grid kernel fails on a card, one small launch per process (a fault poisons the
+process): `inverse W` runs the chunk solve alone at W warps against torch's inverse, `blocks W`
+its diagonal-block extraction and reassembly, `kernel HK HV D ROWS BV W DTYPE` the whole kernel
+on one lane of ROWS prompt rows. Run it under CUDA_LAUNCH_BLOCKING=1 (benchmarks/grid.sh's probe
+phase runs the set).
+
+    PYTHONPATH=src python3 benchmarks/grid_probe.py inverse 8
+    PYTHONPATH=src python3 benchmarks/grid_probe.py kernel 16 32 128 70 32 8 bfloat16
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from tensorfold.batch import CHUNK, Segment
+from tensorfold.cache.state_pool import StatePool
+from tensorfold.ops import gated_delta as ref
+from tensorfold.ops.dispatch import lane_index
+from tensorfold.ops.triton import gated_delta_grid as grid
+
+
+@triton.jit
+def _solve_only(a_ptr, o_ptr, WHAT: tl.constexpr):
+    r = tl.arange(0, 64)
+    a = tl.load(a_ptr + r[:, None] * 64 + r[None, :])
+    if WHAT == 0:
+        y = grid._inverse(a)
+    else:
+        y = grid._block_diagonal(grid._diagonal_blocks(a))
+    tl.store(o_ptr + r[:, None] * 64 + r[None, :], y)
+
+
+def solve(what: int, warps: int) -> str:
+    a = torch.tril(torch.randn(64, 64, device="cuda") * 0.1, -1)
+    o = torch.empty_like(a)
+    _solve_only[(1,)](a, o, what, num_warps=warps)
+    torch.cuda.synchronize()
+    if what:
+        rb = torch.arange(64, device="cuda") // 16
+        want = torch.where(rb[:, None] == rb[None, :], a, 0.0)
+        return f"blocks at {warps} warps: {'equal' if torch.equal(o, want) else 'DIFFER'}"
+    err = float((o - torch.linalg.inv(torch.eye(64, device="cuda") + a)).abs().max())
+    return f"inverse at {warps} warps: max error {err:.2e}"
+
+
+def kernel(hk: int, hv: int, d: int, rows: int, bv: int, warps: int, dtype: str) -> str:
+    s, dt = ref.GDNShape(hk, hv, d, d), getattr(torch, dtype)
+    conv = 2 * s.key_dim + s.value_dim
+    pool = StatePool(1, 3, 4, conv, hv, d, d, dt, torch.device("cuda"), CHUNK)
+    x = torch.randn(rows, conv, device="cuda").to(dt)
+    g = -torch.rand(rows, hv, device="cuda") * 0.3
+    beta = torch.rand(rows, hv, device="cuda").to(dt)
+    seg = (Segment(1, 0, 0, rows, torch.arange(rows, device="cuda")),)
+    lanes = lane_index(seg, "cuda", 4)
+    o = grid.grid_lanes(x, g, beta, pool.layer(0), s, lanes, block_v=bv, num_warps=warps)
+    torch.cuda.synchronize()
+    return f"kernel {s} rows {rows} bv {bv} warps {warps}: ran, max |o| {float(o.abs().max()):.3g}"
+
+
+if __name__ == "__main__":
+    what, args = sys.argv[1], sys.argv[2:]
+    if what == "kernel":
+        print(kernel(*map(int, args[:6]), args[6]))
+    else:
+        print(solve(0 if what == "inverse" else 1, int(args[0])))
