@@ -3,6 +3,7 @@
 form's fp32 reference, and bitwise: any cuts of a prompt (decode rows included) = one call, a
 lane beside others = alone, a graph pass's layout = an eager pass's; each planted fault caught."""
 
+import interpreter_bounds
 import interpreter_dot
 import torch
 
@@ -65,6 +66,7 @@ def case(n, seed):
 
 def main() -> None:
     interpreter_dot.install()
+    interpreter_bounds.install()
     n = 150
     x, g, beta = case(n, 0)
     whole = run([n], x, g, beta)
