@@ -50,8 +50,10 @@ def install() -> None:
         if not ok.all():
             bad = int(addr[~ok].ravel()[0])
             near = ", ".join(f"[{lo:#x}, {hi:#x})" for lo, hi in sorted(ranges))
-            raise OutOfBounds(f"{what} of {int((~ok).sum())} elements outside the launch's "
-                              f"tensors, first at {bad:#x}; tensors: {near}")
+            raise OutOfBounds(
+                f"{what} of {int((~ok).sum())} elements outside the launch's "
+                f"tensors, first at {bad:#x}; tensors: {near}"
+            )
 
     builder = interpreter.InterpreterBuilder
     load, store = builder.create_masked_load, builder.create_masked_store
