@@ -21,10 +21,10 @@ card_start || exit 1
 
 for p in $PHASES; do
     case $p in
-        probe)       for args in "blocks 8" "inverse 8" "blocks 4" "inverse 4" \
-                                 "kernel 2 4 16 1 16 4 float16" "kernel 2 4 16 70 16 4 float16" \
-                                 "kernel 2 4 128 1 32 8 bfloat16" "kernel 16 32 128 1 32 4 bfloat16" \
-                                 "kernel 16 32 128 1 32 8 bfloat16" "kernel 16 32 128 70 32 8 bfloat16"; do
+        probe)       for args in "blocks 8" "blocks 8 np" "inverse 8" "inverse 8 np" \
+                                 "kernel 2 4 16 1 16 4 float16" "kernel 2 4 16 1 16 4 float16 np" \
+                                 "kernel 16 32 128 70 32 8 bfloat16" \
+                                 "kernel 16 32 128 70 32 8 bfloat16 np"; do
                          CUDA_LAUNCH_BLOCKING=1 timeout 90 $py benchmarks/grid_probe.py $args 2>&1 \
                              | grep -E "warps|Error" | head -2 | sed "s/^/[$args] /"
                      done ;;

@@ -1,7 +1,7 @@
 """Where the grid kernel fails on a card, one small launch per process (a fault poisons the
 process): `inverse W` runs the chunk solve alone at W warps against torch's inverse, `blocks W`
 its diagonal-block extraction and reassembly, `kernel HK HV D ROWS BV W DTYPE` the whole kernel
-on one lane of ROWS prompt rows. Run it under CUDA_LAUNCH_BLOCKING=1 (benchmarks/grid.sh's probe
+on one lane of ROWS prompt rows; a last word `np` swaps in block helpers without the 4-D permute. Run it under CUDA_LAUNCH_BLOCKING=1 (benchmarks/grid.sh's probe
 phase runs the set).
 
     PYTHONPATH=src python3 benchmarks/grid_probe.py inverse 8
@@ -21,6 +21,29 @@ from tensorfold.cache.state_pool import StatePool
 from tensorfold.ops import gated_delta as ref
 from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.triton import gated_delta_grid as grid
+
+
+@triton.jit
+def _diagonal_blocks_np(a):
+    """_diagonal_blocks without the 4-D permute: the diagonal blocks picked from [4, 16, 4, 16]."""
+    b = tl.arange(0, 4)
+    wide = tl.reshape(a, (4, 16, 4, 16))  # [row block, row, column block, column]
+    same = (b[:, None] == b[None, :])[:, None, :, None]
+    return tl.sum(tl.where(same, wide, 0.0), axis=2)
+
+
+@triton.jit
+def _block_diagonal_np(d):
+    """_block_diagonal without the 4-D permute."""
+    b = tl.arange(0, 4)
+    same = (b[:, None] == b[None, :])[:, None, :, None]
+    wide = tl.where(same, tl.broadcast_to(d[:, :, None, :], (4, 16, 4, 16)), 0.0)
+    return tl.reshape(wide, (64, 64))
+
+
+def no_permute() -> None:
+    """Swap the permute-free block helpers into the grid kernel (before its first compile)."""
+    grid._diagonal_blocks, grid._block_diagonal = _diagonal_blocks_np, _block_diagonal_np
 
 
 @triton.jit
@@ -63,6 +86,9 @@ def kernel(hk: int, hv: int, d: int, rows: int, bv: int, warps: int, dtype: str)
 
 if __name__ == "__main__":
     what, args = sys.argv[1], sys.argv[2:]
+    if args[-1] == "np":
+        no_permute()
+        args = args[:-1]
     if what == "kernel":
         print(kernel(*map(int, args[:6]), args[6]))
     else:
