@@ -8,8 +8,9 @@
 #
 #   bash benchmarks/grid.sh OUT [phases]
 #
-# phases, in the order given: probe, registry, layer-tests, layer, tests, model, profile (default:
-# registry to model; probe: the kernel's parts one launch a process, to find a fault; profile:
+# phases, in the order given: probe, sweep, registry, layer-tests, layer, tests, model, profile (default:
+# registry to model; probe: the kernel's parts one launch a process, to find a fault; sweep:
+# launch configurations and the mma.sync path, run, timed and checked side by side; profile:
 # where an 8k prompt's kernel time goes in each form, 4-bit).
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
 set -u
@@ -28,6 +29,18 @@ for p in $PHASES; do
                          CUDA_LAUNCH_BLOCKING=1 timeout 90 $py benchmarks/grid_probe.py $args 2>&1 \
                              | grep -E "warps|Error" | head -2 | sed "s/^/[$args] /"
                      done ;;
+        sweep)       # launch configurations side by side (one process each): run + time, then the
+                     # registry's gdn.grid entry; "v2" runs compile every product for mma.sync
+                     for args in "kernel 16 32 128 70 64 8" "kernel 16 32 128 70 64 4" \
+                                 "kernel 16 32 128 70 16 8" "kernel 16 32 128 70 16 4" \
+                                 "v2 kernel 16 32 128 70 32 8" "v2 kernel 16 32 128 70 64 8" \
+                                 "registry 64 8" "v2 registry 32 8"; do
+                         set -- $args; env=""
+                         [ "$1" = v2 ] && { env="DISABLE_MMA_V3=1"; shift; }
+                         [ "$1" = kernel ] && set -- "$@" bfloat16
+                         (env $env timeout 240 $py benchmarks/grid_probe.py "$@" 2>&1 \
+                             | grep -E "ran|timing|registry|Error" | head -3 | sed "s/^/[$args] /") &
+                     done; wait ;;
         registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
         layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
         layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;

@@ -1,11 +1,16 @@
 """Where the grid kernel fails on a card, one small launch per process (a fault poisons the
 process): `inverse W` runs the chunk solve alone at W warps against torch's inverse, `blocks W`
 its diagonal-block extraction and reassembly, `kernel HK HV D ROWS BV W DTYPE` the whole kernel
-on one lane of ROWS prompt rows; a last word `np` swaps in block helpers without the 4-D permute. Run it under CUDA_LAUNCH_BLOCKING=1 (benchmarks/grid.sh's probe
-phase runs the set).
+on one lane of ROWS prompt rows, then times it; a last word `np` swaps in block helpers without
+the 4-D permute. Run it under CUDA_LAUNCH_BLOCKING=1 (benchmarks/grid.sh's probe phase runs the
+set).
 
     PYTHONPATH=src python3 benchmarks/grid_probe.py inverse 8
     PYTHONPATH=src python3 benchmarks/grid_probe.py kernel 16 32 128 70 32 8 bfloat16
+    PYTHONPATH=src python3 benchmarks/grid_probe.py registry 64 8   # gdn.grid at block_v 64
+
+A run with DISABLE_MMA_V3=1 (Triton's own switch, read when a kernel compiles) puts every product
+on the mma.sync path instead of wgmma.
 """
 
 from __future__ import annotations
@@ -81,7 +86,46 @@ def kernel(hk: int, hv: int, d: int, rows: int, bv: int, warps: int, dtype: str)
     lanes = lane_index(seg, "cuda", 4)
     o = grid.grid_lanes(x, g, beta, pool.layer(0), s, lanes, block_v=bv, num_warps=warps)
     torch.cuda.synchronize()
-    return f"kernel {s} rows {rows} bv {bv} warps {warps}: ran, max |o| {float(o.abs().max()):.3g}"
+    print(f"kernel {s} rows {rows} bv {bv} warps {warps}: ran, max |o| {float(o.abs().max()):.3g}")
+    return f"timing bv {bv} warps {warps}: " + timing(s, pool, dt, bv, warps)
+
+
+def timing(s, pool, dt, bv: int, warps: int) -> str:
+    """µs of one lane's decode row (a graph replayed, averaged over a chunk's 64 tails) and of
+    a 4,096-row prompt (eager), at this shape and launch configuration."""
+    conv, hv, out = 2 * s.key_dim + s.value_dim, s.num_v_heads, []
+    for rows, graphed in ((1, True), (4096, False)):
+        x = torch.randn(rows, conv, device="cuda").to(dt)
+        g = -torch.rand(rows, hv, device="cuda") * 0.3
+        beta = torch.rand(rows, hv, device="cuda").to(dt)
+        lanes = lane_index((Segment(1, 0, 0, rows, torch.arange(rows, device="cuda")),), "cuda", 4)
+        run = lambda: grid.grid_lanes(
+            x, g, beta, pool.layer(0), s, lanes, block_v=bv, num_warps=warps
+        )  # noqa: E731
+        run()
+        if graphed:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            run = graph.replay
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 640 if graphed else 10
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(f"{rows} rows {start.elapsed_time(end) * 1e3 / reps:.1f} µs")
+    return ", ".join(out)
+
+
+def registry(bv: int, warps: int) -> None:
+    """The registry's gdn.grid entry with the kernel's defaults set to this configuration."""
+    from tensorfold.checks.registry import run_all
+
+    grid.BLOCK_V, grid.NUM_WARPS = bv, warps
+    lines, ok = run_all(False, echo=False, only="gdn.grid")
+    print(f"registry bv {bv} warps {warps}: " + " | ".join(lines))
 
 
 if __name__ == "__main__":
@@ -91,5 +135,7 @@ if __name__ == "__main__":
         args = args[:-1]
     if what == "kernel":
         print(kernel(*map(int, args[:6]), args[6]))
+    elif what == "registry":
+        registry(int(args[0]), int(args[1]))
     else:
         print(solve(0 if what == "inverse" else 1, int(args[0])))

@@ -233,8 +233,8 @@ def grid_lanes(
     s: GDNShape,
     lanes: LaneIndex,
     fault: int = 0,
-    block_v: int = BLOCK_V,
-    num_warps: int = NUM_WARPS,
+    block_v: int | None = None,
+    num_warps: int | None = None,
     blocks_per_program: int = 1,
 ) -> torch.Tensor:
     """Every lane of a pass (x = [q | k | v] as the conv left them); o [n, Hv, dv] in x's dtype.
@@ -242,8 +242,8 @@ def grid_lanes(
     become its tail inside the kernel. A program computes a chunk's value-independent part once
     for `blocks_per_program` value blocks of `block_v` columns: more blocks a program, fewer
     programs and less repeated work (many lanes), fewer a program, more of the card for few lanes.
-    Values other than the defaults are for the benchmarks only until a card shows their bits
-    equal (the warps decide reduction trees)."""
+    Values other than the defaults (BLOCK_V, NUM_WARPS, read at the call) are for the benchmarks
+    only until a card shows their bits equal (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
     refused = grid_kernel_refuses(s)
     if refused:
@@ -255,7 +255,7 @@ def grid_lanes(
         raise ValueError(f"the grid form needs a pool's arrival counts for {count} lanes")
     # every row of a pass belongs to a lane and is written, unless a graph pads a lane's rows
     o = (torch.zeros if lanes.padded else torch.empty)(n, hv, dv, dtype=x.dtype, device=x.device)
-    bv = min(block_v, dv)
+    bv, num_warps = min(block_v or BLOCK_V, dv), num_warps or NUM_WARPS
     per = min(blocks_per_program, dv // bv)
     if n and count:
         _grid_chunks[(count, hv * (dv // (bv * per)))](
