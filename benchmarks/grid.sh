@@ -38,7 +38,7 @@ for p in $PHASES; do
                          set -- $args; env=""
                          [ "$1" = v2 ] && { env="DISABLE_MMA_V3=1"; shift; }
                          [ "$1" = kernel ] && set -- "$@" bfloat16
-                         (env $env timeout 240 $py benchmarks/grid_probe.py "$@" 2>&1 \
+                         (env $env timeout 200 $py benchmarks/grid_probe.py "$@" 2>&1 \
                              | grep -E "ran|timing|registry|Error" | head -3 | sed "s/^/[$args] /") &
                      done; wait ;;
         registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
