@@ -148,13 +148,18 @@ def test_grid_form_refuses_a_shape_its_kernel_cannot_run():
     assert "Hk=3 Hv=4" in ref.grid_kernel_refuses(ref.GDNShape(3, 4, 16, 16))
 
 
-def test_grid_form_is_refused_on_a_gpu_until_its_kernel_passes_there(hf_tiny_b, monkeypatch):
-    """The kernel faulted in its first card run: an engine on a GPU names that instead of
-    starting (the CPU, which runs the reference, keeps the form)."""
+def test_grid_form_on_a_gpu_only_at_the_head_dims_its_kernel_passed_at(hf_tiny_b, monkeypatch):
+    """An engine on a GPU names the tiny model's head dims instead of starting (the kernel has
+    passed on a card at 128 only); the 9B's are accepted; the CPU, which runs the reference,
+    keeps the form at any shape."""
     from tensorfold.models.loader import load_model
 
+    assert ref.grid_card_refuses(ref.GDNShape(16, 32, 128, 128)) is None
+    assert "dk=64 dv=64" in ref.grid_card_refuses(ref.GDNShape(16, 32, 64, 64))
+    assert "dk=12" in ref.grid_card_refuses(ref.GDNShape(2, 4, 12, 16))  # the kernel's own limit
     model = load_model(hf_tiny_b)
+    model.set_gdn_form("grid")  # on the CPU
     monkeypatch.setattr(model, "device", torch.device("cuda"))
-    with pytest.raises(ValueError, match="not yet usable on a GPU"):
+    with pytest.raises(ValueError, match="head dims of 128"):
         model.set_gdn_form("grid")
     model.set_gdn_form("chunk")  # the other forms are unaffected

@@ -19,7 +19,6 @@ from engine_util import finish_prints, sample_prompt  # noqa: E402
 
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
 from tensorfold.engine.request import SamplingParams  # noqa: E402
-from tensorfold.ops.gated_delta import GRID_ON_A_CARD  # noqa: E402
 from tensorfold.runner.cuda_graph import lane_buckets, piece_room  # noqa: E402
 
 VOCAB = 248320
@@ -126,15 +125,7 @@ def test_stream_unchanged_by_a_long_prompt_beside_it_9b(nine_b):
     assert eng.runner.replays.get(key, 0) > 10  # the prompt's pieces beside the stream
 
 
-@pytest.mark.parametrize(
-    "form",
-    [
-        "recurrence",
-        pytest.param(
-            "grid", marks=pytest.mark.skipif(GRID_ON_A_CARD is not None, reason=str(GRID_ON_A_CARD))
-        ),
-    ],
-)
+@pytest.mark.parametrize("form", ["recurrence", "grid"])
 def test_padded_mixed_graph_equals_eager_9b(nine_b, form):
     """5 decoding lanes (the 8-lane bucket: 3 padding lanes) and a 700-token prompt read beside
     them from mixed graphs (pieces of 120 rows, so that a pass is 128 rows; the last piece of

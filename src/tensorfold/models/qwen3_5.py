@@ -21,7 +21,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..ops import dispatch as op
-from ..ops.gated_delta import GRID_ON_A_CARD, grid_chunked, grid_kernel_refuses
+from ..ops.gated_delta import grid_card_refuses, grid_chunked
 from ..ops.quant import QuantizedWeight
 from ..ops.rope import rope_tables
 
@@ -120,8 +120,7 @@ class Qwen35Model:
         grid_chunked(form)  # names an unknown form
         mixers = [layer.mixer for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
         if form == "grid" and self.device.type == "cuda":  # the CPU runs the reference: any shape
-            shapes = (grid_kernel_refuses(m.shape) for m in mixers)
-            refused = GRID_ON_A_CARD or next(filter(None, shapes), None)
+            refused = next(filter(None, (grid_card_refuses(m.shape) for m in mixers)), None)
             if refused:
                 raise ValueError(refused)
         for mixer in mixers:

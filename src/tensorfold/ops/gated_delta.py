@@ -33,15 +33,6 @@ def grid_chunked(form: str) -> bool:
     return form != "recurrence"
 
 
-# Why an engine on a GPU refuses the grid form, or None: the kernel's first card run (the
-# registry's gdn.grid entry) faulted with an illegal memory access; the kernel stays reachable
-# for the registry, the layer tests and the benchmarks until it passes them on a card.
-GRID_ON_A_CARD: str | None = (
-    "--gdn-form grid is not yet usable on a GPU: its kernel faulted (an illegal memory access) "
-    "in its first run on a card and has not passed its checks there; use recurrence or chunk"
-)
-
-
 def grid_kernel_refuses(shape: "GDNShape") -> str | None:
     """Why the GPU's grid kernel cannot run a layer of this shape, or None: its tiles want
     power-of-two head dims of at least 16, and whole groups of value heads per key head."""
@@ -53,6 +44,20 @@ def grid_kernel_refuses(shape: "GDNShape") -> str | None:
             f"Hv={shape.num_v_heads}"
         )
     return None
+
+
+def grid_card_refuses(shape: "GDNShape") -> str | None:
+    """Why an engine on a GPU refuses the grid form for a layer of this shape, or None. Beyond
+    the kernel's own limits: its configuration (value blocks of 64 columns, 8 warps) has passed
+    its checks on a card at head dims of 128 (every Qwen3.5 size) and no other; at 32-column
+    value blocks Triton 3.6 compiled it into code that faults (docs/exactness.md)."""
+    refused = grid_kernel_refuses(shape)
+    if refused or (shape.k_head_dim, shape.v_head_dim) == (128, 128):
+        return refused
+    return (
+        f"the grid form runs on a GPU at head dims of 128, the only ones its kernel has passed "
+        f"its checks at on a card; got dk={shape.k_head_dim} dv={shape.v_head_dim}"
+    )
 
 
 def gated_delta_step(
