@@ -24,8 +24,9 @@ from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
 from tensorfold.tools.shapes import text_config
 
-# (block_v, warps, value blocks a program); the first is shipped
-GRID_VARIANTS = [(32, 8, 1), (32, 8, 4), (32, 4, 1), (64, 8, 1), (64, 8, 2), (128, 8, 1)]
+# (block_v, warps, value blocks a program); the first is shipped. 32-column blocks are left out:
+# Triton 3.6 compiles the kernel at that width into code that faults on a card.
+GRID_VARIANTS = [(64, 8, 1), (64, 8, 2), (64, 4, 1), (128, 8, 1)]
 
 
 def _layer(cfg: dict) -> ref.GDNShape:
@@ -145,7 +146,7 @@ def same_bits_across_blocks(s: ref.GDNShape, warps: int = 8) -> str:
     kv = torch.arange(200, device="cuda")
     seg = tuple(Segment(t.slot, 0, t.row0, t.length, kv) for t in seg)
     outs = []
-    for bv, per in ((32, 1), (32, 4), (64, 1), (64, 2), (128, 1)):
+    for bv, per in ((64, 1), (64, 2), (128, 1)):
         st = type(states)(*(t.clone() for t in (states.conv, states.recurrent, states.tail)),
                           states.tail_gates.clone(), states.arrivals)  # fmt: skip
         index = lane_index(seg, "cuda", 4)
@@ -154,7 +155,7 @@ def same_bits_across_blocks(s: ref.GDNShape, warps: int = 8) -> str:
         )
         outs.append((o, st.recurrent.clone()))
     same = all(torch.equal(a[0], outs[0][0]) and torch.equal(a[1], outs[0][1]) for a in outs)
-    what = "block_v × blocks a program 32×1, 32×4, 64×1, 64×2, 128×1"
+    what = "block_v × blocks a program 64×1, 64×2, 128×1"
     return f"{what} at {warps} warps: " + ("same bits" if same else "bits differ")
 
 
