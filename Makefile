@@ -26,8 +26,9 @@ DRAFT ?= $(if $(findstring --draft,$(ARGS)),,--draft auto)
 serve: $(STAMP)
 	$(VENV)/bin/tensorfold serve --host $(HOST) --port $(PORT) $(DRAFT) $(ARGS)
 
+# Two workers (CI's two cores); an idle worker takes queued tests from the busy one.
 test: $(STAMP) browser lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

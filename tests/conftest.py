@@ -58,6 +58,15 @@ def _mlx(name: str, root: Path, source_dir: Path) -> Path:
     return build_mlx_checkpoint(source_dir, root / name, **kwargs)
 
 
+# Files whose tests each run for a minute or more: started first, so that with two workers
+# they run side by side rather than last on one of them.
+LONG_FILES = ("test_triton_interpret.py", "test_readme.py", "test_demo_model.py", "test_soak.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONG_FILES)  # stable: the rest keep order
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--gpu-format",
