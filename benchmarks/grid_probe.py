@@ -8,6 +8,7 @@ set).
     PYTHONPATH=src python3 benchmarks/grid_probe.py inverse 8
     PYTHONPATH=src python3 benchmarks/grid_probe.py kernel 16 32 128 70 32 8 bfloat16
     PYTHONPATH=src python3 benchmarks/grid_probe.py registry 64 8   # gdn.grid at block_v 64
+    PYTHONPATH=src python3 benchmarks/grid_probe.py compare   # recurrence beside grid, timed
 
 A run with DISABLE_MMA_V3=1 (Triton's own switch, read when a kernel compiles) puts every product
 on the mma.sync path instead of wgmma.
@@ -119,6 +120,45 @@ def timing(s, pool, dt, bv: int, warps: int) -> str:
     return ", ".join(out)
 
 
+def _timed(run, reps: int) -> float:
+    """µs a call of `run` over `reps` calls between CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def compare() -> str:
+    """The per-token recurrence beside the grid kernel (its shipped configuration) on one 9B
+    layer of this card: one lane's decode row from a CUDA graph, and a 4,096-row prompt."""
+    from tensorfold.ops.triton.gated_delta import gated_delta_lanes
+
+    out = []
+    for rows in (1, 4096):
+        mk = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+        q, k, v = mk(rows, 16, 128), mk(rows, 16, 128), mk(rows, 32, 128)
+        g = -torch.rand(rows, 32, device="cuda") * 0.5
+        beta = torch.rand(rows, 32, device="cuda").to(torch.bfloat16)
+        states = torch.zeros(3, 32, 128, 128, device="cuda")
+        slots, bounds = (torch.tensor(t, device="cuda") for t in ([1], [0, rows]))
+        run = lambda: gated_delta_lanes(q, k, v, g, beta, states, slots, bounds)  # noqa: E731
+        run()
+        if rows == 1:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            run = graph.replay
+        out.append(f"{rows} rows {_timed(run, 640 if rows == 1 else 10):.1f} µs")
+    s = ref.GDNShape(16, 32, 128, 128)
+    conv = 2 * s.key_dim + s.value_dim
+    pool = StatePool(1, 3, 4, conv, 32, 128, 128, torch.bfloat16, torch.device("cuda"), CHUNK)
+    grid_times = timing(s, pool, torch.bfloat16, grid.BLOCK_V, grid.NUM_WARPS)
+    return f"recurrence: {', '.join(out)} | grid: {grid_times}"
+
+
 def registry(bv: int, warps: int) -> None:
     """The registry's gdn.grid entry with the kernel's defaults set to this configuration."""
     from tensorfold.checks.registry import run_all
@@ -130,11 +170,13 @@ def registry(bv: int, warps: int) -> None:
 
 if __name__ == "__main__":
     what, args = sys.argv[1], sys.argv[2:]
-    if args[-1] == "np":
+    if args and args[-1] == "np":
         no_permute()
         args = args[:-1]
     if what == "kernel":
         print(kernel(*map(int, args[:6]), args[6]))
+    elif what == "compare":
+        print(compare())
     elif what == "registry":
         registry(int(args[0]), int(args[1]))
     else:
