@@ -8,14 +8,14 @@
 #
 #   bash benchmarks/grid.sh OUT [phases]
 #
-# phases, in the order given: probe, sweep, registry, layer-tests, layer, tests, model, profile (default:
-# registry to model; probe: the kernel's parts one launch a process, to find a fault; sweep:
+# phases, in the order given: probe, sweep, registry, compare, layer-tests, layer, tests, model, profile (default:
+# registry to model; compare: the recurrence beside the grid kernel on one 9B layer; probe: the kernel's parts one launch a process, to find a fault; sweep:
 # launch configurations and the mma.sync path, run, timed and checked side by side; profile:
 # where an 8k prompt's kernel time goes in each form, 4-bit).
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
-PHASES=${2:-registry layer-tests layer tests model}
+PHASES=${2:-registry compare layer-tests layer tests model}
 TAIL=${TAIL:-16}
 source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
 card_start || exit 1
@@ -41,6 +41,7 @@ for p in $PHASES; do
                          (env $env timeout 200 $py benchmarks/grid_probe.py "$@" 2>&1 \
                              | grep -E "ran|timing|registry|Error" | head -3 | sed "s/^/[$args] /") &
                      done; wait ;;
+        compare)     phase compare 150 $py benchmarks/grid_probe.py compare ;;
         registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
         layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
         layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;
