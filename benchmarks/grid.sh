@@ -8,10 +8,11 @@
 #
 #   bash benchmarks/grid.sh OUT [phases]
 #
-# phases, in the order given: probe, sweep, registry, compare, layer-tests, layer, tests, model, profile (default:
-# registry to model; compare: the recurrence beside the grid kernel on one 9B layer; probe: the kernel's parts one launch a process, to find a fault; sweep:
-# launch configurations and the mma.sync path, run, timed and checked side by side; profile:
-# where an 8k prompt's kernel time goes in each form, 4-bit).
+# phases, in the order given: probe, sweep, registry, compare, layer-tests, layer, tests, model,
+# profile (default: registry to model). probe: the kernel's parts, one launch a process, to find
+# a fault; sweep: launch configurations and the mma.sync path, run, timed and checked side by
+# side; compare: the recurrence beside the grid kernel on one 9B layer; profile: where an 8k
+# prompt's kernel time goes in each form, 4-bit.
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
