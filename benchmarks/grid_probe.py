@@ -92,36 +92,31 @@ def kernel(hk: int, hv: int, d: int, rows: int, bv: int, warps: int, dtype: str)
 
 
 def timing(s, pool, dt, bv: int, warps: int) -> str:
-    """µs of one lane's decode row (a graph replayed, averaged over a chunk's 64 tails) and of
-    a 4,096-row prompt (eager), at this shape and launch configuration."""
+    """µs of one lane's decode row (a graph replayed) and of a 4,096-row prompt (eager), at this
+    shape and launch configuration."""
     conv, hv, out = 2 * s.key_dim + s.value_dim, s.num_v_heads, []
-    for rows, graphed in ((1, True), (4096, False)):
+    for rows in (1, 4096):
         x = torch.randn(rows, conv, device="cuda").to(dt)
         g = -torch.rand(rows, hv, device="cuda") * 0.3
         beta = torch.rand(rows, hv, device="cuda").to(dt)
         lanes = lane_index((Segment(1, 0, 0, rows, torch.arange(rows, device="cuda")),), "cuda", 4)
-        run = lambda: grid.grid_lanes(
+        run = lambda: grid.grid_lanes(  # noqa: E731
             x, g, beta, pool.layer(0), s, lanes, block_v=bv, num_warps=warps
-        )  # noqa: E731
-        run()
-        if graphed:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            run = graph.replay
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        reps = 640 if graphed else 10
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(f"{rows} rows {start.elapsed_time(end) * 1e3 / reps:.1f} µs")
+        )
+        out.append(f"{rows} rows {_timed(run, graphed=rows == 1):.1f} µs")
     return ", ".join(out)
 
 
-def _timed(run, reps: int) -> float:
-    """µs a call of `run` over `reps` calls between CUDA events."""
+def _timed(run, graphed: bool) -> float:
+    """µs a call of `run` (after one warm call), between CUDA events: replayed from a CUDA graph
+    640 times, or called eagerly 10 times."""
+    run()
+    if graphed:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        run = graph.replay
+    reps = 640 if graphed else 10
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
@@ -145,13 +140,7 @@ def compare() -> str:
         states = torch.zeros(3, 32, 128, 128, device="cuda")
         slots, bounds = (torch.tensor(t, device="cuda") for t in ([1], [0, rows]))
         run = lambda: gated_delta_lanes(q, k, v, g, beta, states, slots, bounds)  # noqa: E731
-        run()
-        if rows == 1:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            run = graph.replay
-        out.append(f"{rows} rows {_timed(run, 640 if rows == 1 else 10):.1f} µs")
+        out.append(f"{rows} rows {_timed(run, graphed=rows == 1):.1f} µs")
     s = ref.GDNShape(16, 32, 128, 128)
     conv = 2 * s.key_dim + s.value_dim
     pool = StatePool(1, 3, 4, conv, 32, 128, 128, torch.bfloat16, torch.device("cuda"), CHUNK)
