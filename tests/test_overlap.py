@@ -85,6 +85,31 @@ def test_overlapped_replies_equal_sequential(hf_tiny_b):
     assert _replies(_run(hf_tiny_b, asks, True)) == _replies(plain)
 
 
+def test_lanes_asking_for_logprobs_in_one_pass_each_get_their_own(hf_tiny_b):
+    """Four lanes decode together, three of them asking for top 2, 0 and 3 (their values and
+    ids travel packed in one copy back): each lane's streamed logprobs equal the sequential
+    engine's and its own top ids, whatever the lanes before it asked for."""
+    ks = (2, None, 0, 3)
+    asks = [
+        (
+            sample_prompt(40 + i, 6 + i, 300),
+            SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=k),
+        )
+        for i, k in enumerate(ks)
+    ]
+    plain = _run(hf_tiny_b, asks, False)  # staggered arrivals: the same bytes a lane
+    eng = make_engine(hf_tiny_b, parallel=4, overlap=True)
+    reqs = [eng.add_request(*a) for a in asks]  # all in the first pass: they decode together
+    events = []
+    while eng.has_work():
+        events += eng.step()
+    for r, p, k in zip(reqs, plain, ks):
+        got = [e.logprobs for e in events if e.request_id == r.request_id]
+        assert got == [s[2] for s in p.streamed], f"top {k}"
+        if k:
+            assert all(len(top) == k for lp in got for _, top in lp)
+
+
 def test_cancels_drop_only_the_cancelled(hf_tiny_b):
     """A cancel mid-decode ends its request with a prefix of the reply it would have had (the
     overlapped engine may not have read its last chosen token); every other reply is whole."""

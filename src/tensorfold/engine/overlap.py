@@ -62,11 +62,11 @@ class Chosen:
             self.event.synchronize()
         tokens, values, ids = (t.tolist() for t in self.host)
         out: list[tuple[int, tuple | None]] = [(t, None) for t in tokens]
-        at = 0
+        at = top_at = 0  # values hold 1 + k entries a lane, ids k
         for j, k in self.asks:  # each: its token's logprob, then its top k (value, id)
-            top = list(zip(ids[at : at + k], values[at + 1 : at + 1 + k]))
+            top = list(zip(ids[top_at : top_at + k], values[at + 1 : at + 1 + k]))
             out[j] = (tokens[j], (values[at], top))
-            at += 1 + k
+            at, top_at = at + 1 + k, top_at + k
         return out
 
 
