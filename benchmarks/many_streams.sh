@@ -12,7 +12,8 @@
 # runs; ckptbg writes it in the background while the next phases run, `served` waits for it),
 # served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
 # same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, SERVE_ARGS (more
-# `tensorfold serve` flags, e.g. --mixed-chunk 256), TEMPERATURE, ADMIT_*.
+# `tensorfold serve` flags, e.g. --mixed-chunk 256), BENCH_ARGS (more `bench serve` flags),
+# TEMPERATURE, ADMIT_*.
 set -u
 OUT=${1:?usage: many_streams.sh OUT [phases]}
 PHASES=${2:-profile lanes admit}
@@ -27,6 +28,7 @@ CKPT=/tmp/tf-9b-4bit
 CONC=${CONC:-1,16,64}
 BENCH_SERVE="--concurrency $CONC --input-len 1024 --output-len 512 --tokenizer src/tensorfold/demo/bf16"
 BENCH_SERVE+=" --temperature ${TEMPERATURE:-0}"  # 1: the sampled path, the API's default
+BENCH_SERVE+=" ${BENCH_ARGS:-}"  # more bench serve flags, e.g. --num-prompts 128
 
 served() {  # served NAME PORT CMD...: start a server, bench serve it, stop it
     local name=$1 port=$2; shift 2
