@@ -165,7 +165,7 @@ def untried(m: int) -> list[Tiles]:
     Gluon kernel with its inputs through a ring (no gain at one row on the card, where a
     segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
     Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
-    (each MMA queued behind the one running: not yet run on a card)."""
+    (each MMA queued behind the one running: right on an H100, never the book's pick there)."""
     if m > 64:
         return []
     if m > 16:
