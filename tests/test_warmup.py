@@ -136,8 +136,8 @@ def test_steps_reach_every_rows_class_and_lane_count():
 def test_warmed_engine_gives_cold_tokens(hf_tiny):
     cold = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
     warm = make_engine(hf_tiny, prompt_cache_bytes=1 << 20)
-    steps = warmup_steps(4, 600, 512)  # prompts of 16, 32, 64, 128 and 507 tokens, then 4 lanes
-    assert run_steps(warm, steps, budget_s=120) == len(steps) == 6
+    steps = warmup_steps(4, 600, 512)  # prompts of 16, 32, 64, 128, 256, 507 tokens; 4 lanes
+    assert run_steps(warm, steps, budget_s=120) == len(steps) == 7
     assert len(warm.prefix_cache) == 0 and warm.prefix_cache.budget_bytes == 1 << 20
     assert not warm.has_work() and not warm.scheduler.running
     prompt = [5, 9, 14, 3, 3, 7, 100, 42, 17]
@@ -229,8 +229,8 @@ def test_a_rows_class_is_timed_at_its_own_rows(monkeypatch):
     product at the class's largest row count), never on the pass's rows, and the fastest is kept."""
     from tensorfold.ops.triton import tiles
 
-    assert [timing_rows(m) for m in (1, 2, 16, 17, 40, 64, 65, 129, 600)] == [
-        1, 16, 16, 32, 64, 64, 128, 512, 600,
+    assert [timing_rows(m) for m in (1, 2, 16, 17, 40, 64, 65, 129, 256, 257, 600)] == [
+        1, 16, 16, 32, 64, 64, 128, 256, 256, 512, 600,
     ]  # fmt: skip
     options = candidates(40, packed=True)
     fastest = options[2]

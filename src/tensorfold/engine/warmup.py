@@ -5,7 +5,7 @@ On the GPU a product's launch shape is timed once per (product, rows class) by t
 Triton compiles each kernel variant on first use; a decode pass of each lane-count bucket is
 recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
-`parallel` lanes, half of them sampled; prompt chunks of 16, 32, 64, 128, 512 and `chunk` rows;
+`parallel` lanes, half of them sampled; prompt chunks of 16, 32, 64, 128, 256, 512 and `chunk` rows;
 with `--mixed-chunk`, a prompt read beside lanes falling through every bucket) with the prompt
 cache off, then keeps the tile book's choices in a small file keyed by the card and the versions,
 so the next start times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
@@ -23,7 +23,7 @@ from pathlib import Path
 from .engine import Engine
 from .request import SamplingParams
 
-TILE_FILE_VERSION = 6  # bump when the tile book's keys or candidates change meaning
+TILE_FILE_VERSION = 7  # bump when the tile book's keys or candidates change meaning
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def warmup_steps(parallel: int, chunk: int, context: int) -> list[tuple[int, int
     """(prompt length, lanes) per step: one lane through each prompt rows class, then `parallel`
     lanes that finish one after another, so a decode pass of every lane count runs."""
     longest = max(1, context - parallel - 1)
-    prompts = sorted({min(n, chunk, longest) for n in (16, 32, 64, 128, 512, chunk)})
+    prompts = sorted({min(n, chunk, longest) for n in (16, 32, 64, 128, 256, 512, chunk)})
     return [(n, 1) for n in prompts] + [(1, parallel)]
 
 

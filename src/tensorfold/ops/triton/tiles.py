@@ -73,14 +73,16 @@ class Tiles:
         return k if plan.segment % k == 0 else plan.block_k
 
 
-ROW_CLASSES = (1, 16, 32, 64, 128, 512)  # the largest row count of each rows class but the last
+ROW_CLASSES = (1, 16, 32, 64, 128, 256, 512)  # the largest row count of each class but the last
 
 
 def rows_class(m: int) -> int:
     """Row counts that share a launch shape: one stream's decode; few lanes' decode and verify;
-    many lanes' decode (17-32, 33-64); verify passes of many lanes (16 lanes of 1 + K rows); short
-    prompt chunks; long ones. An 80-row verify pass of 16 lanes sharing a 512-row prompt chunk's
-    class took the dequantize-first shape, 5.7 decode steps' time on the card."""
+    many lanes' decode (17-32, 33-64); verify passes of many lanes (16 lanes of 1 + K rows); the
+    256-lane bucket's decode and short prompt chunks; longer chunks; long ones. An 80-row verify
+    pass of 16 lanes sharing a 512-row prompt chunk's class took the dequantize-first shape, 5.7
+    decode steps' time on the card; 129-256 rows have their own class for the same reason (a
+    256-lane step timed at 512 rows, where each weight unpacked once to bf16 pays best)."""
     return next((c for c, top in enumerate(ROW_CLASSES) if m <= top), len(ROW_CLASSES))
 
 
