@@ -69,6 +69,7 @@ class Run:
     gdn_form: str = "recurrence"
     untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
     overlap: bool | None = None  # the engine's overlapped passes (None: its default)
+    joint_shared: bool = False  # MoE: the shared expert run in the grouped launches
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -109,6 +110,8 @@ class Run:
             make_inexact(model)
         if self.untried:
             tile_book(model).untried = True
+        if self.joint_shared:
+            print(f"shared experts joined in {model.join_shared_experts()} layers", flush=True)
         return model
 
 
@@ -363,6 +366,12 @@ def main() -> None:
         "that reads them (the same bits; prices the fusion)",
     )
     p.add_argument(
+        "--joint-shared",
+        action="store_true",
+        help="MoE: each layer's shared expert as one more expert of the grouped launches (its "
+        "bits against its own launches' checked by tests/test_gpu_moe.py; not offered to serving)",
+    )
+    p.add_argument(
         "--untried",
         action="store_true",
         help="the tile book also times the launch shapes not yet offered to it (their bits unchecked)",
@@ -401,6 +410,7 @@ def main() -> None:
         gdn_form=args.gdn_form,
         untried=args.untried,
         overlap=args.overlap,
+        joint_shared=args.joint_shared,
     )
     out = Path(args.out)
     limits = ceilings()

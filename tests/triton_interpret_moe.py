@@ -119,6 +119,27 @@ def combine() -> None:
     assert not torch.equal(planted, ref_moe.combine(routed, w, shared, zero))
 
 
+def joint() -> None:
+    """The shared expert appended as expert E and chosen last by every row: the routed choices
+    keep their bits, the shared column is the expert's own product, and the weighted sum reads
+    the first k of k + 1 choices in place with the bits of contiguous copies."""
+    x = torch.randn(7, 128).half()
+    ids = torch.sort(torch.rand(7, 6).argsort(-1)[:, :2], -1).values
+    shapes = ((64, 128), (64, 128), (128, 64))
+    ex = ref_moe.Experts(*(expert_stack(6, n, k, 4) for n, k in shapes))
+    alone = ref_moe.Experts(*(expert_stack(1, n, k, 4) for n, k in shapes))
+    both = ref_moe.with_shared(ex, *(s.expert(0) for s in (alone.gate, alone.up, alone.down)))
+    y = moe.expert_swiglu(x, torch.cat([ids, torch.full((7, 1), 6)], 1), both)
+    assert torch.equal(y[:, :2], moe.expert_swiglu(x, ids, ex))
+    own = moe.expert_swiglu(x, torch.zeros(7, 1, dtype=torch.long), alone)
+    assert torch.equal(y[:, 2], own[:, 0])
+    w, logit = torch.rand(7, 2), torch.randn(7, 1).half()
+    got = moe_rows.combine(y[:, :2], w, y[:, 2], logit)
+    assert torch.equal(got, moe_rows.combine(y[:, :2].contiguous(), w, own[:, 0], logit))
+    wrong = moe_rows.combine(y[:, 1:], w, own[:, 0], logit)
+    assert not torch.equal(got, wrong), "the wrong choices went unseen"
+
+
 def main() -> None:
     interpreter_dot.install()
     torch.manual_seed(0)
@@ -127,6 +148,7 @@ def main() -> None:
     grouped()
     pair_sums()
     combine()
+    joint()
     print("moe kernels match their references")
 
 

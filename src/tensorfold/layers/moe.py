@@ -13,7 +13,7 @@ import torch
 
 from ..ops import dispatch as op
 from ..ops.collective import Group
-from ..ops.moe import Experts
+from ..ops.moe import Experts, routed_part, with_shared
 from .linear import Linear, join
 from .mlp import MLP
 
@@ -33,11 +33,29 @@ class SparseMoE:
         self.shared, self.shared_gate = shared, shared_gate
         self.gates = join([router, shared_gate])  # one product for the router and the shared gate
         self.group, self.first = group, first  # a split: this rank's experts from `first`
+        self.joint: Experts | None = None  # the shared expert as expert E too (`join_shared`)
+
+    def join_shared(self) -> bool:
+        """Runs the shared expert as one more expert of the grouped launches (its own launches
+        gone) when its projections share the stacks' format; a whole model only. True if so."""
+        if self.group is None and self.joint is None:
+            s = self.shared
+            self.joint = with_shared(
+                self.experts, s.gate_proj.weight, s.up_proj.weight, s.down_proj.weight
+            )
+            if self.joint is not None:  # the routed stacks become views of the joint ones
+                self.experts = routed_part(self.joint)
+        return self.joint is not None
 
     def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
         """`partial` is the dense MLP's; the weighted sum here is always a stored tensor."""
         logits, shared_logit = self.gates(x)
         route = op.moe_route(logits, self.top_k)
+        if self.joint is not None:  # every row's choices and the shared expert, id E, last
+            m, k = route.ids.shape
+            ids = torch.cat([route.ids, route.ids.new_full((m, 1), self.joint.num_experts - 1)], 1)
+            both = op.expert_swiglu(x, ids, self.joint, self.router.book)
+            return op.moe_combine(both[:, :k], route.weights, both[:, k], shared_logit)
         if self.group is None:
             routed = op.expert_swiglu(x, route.ids, self.experts, self.router.book)
         else:

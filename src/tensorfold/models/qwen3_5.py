@@ -126,6 +126,13 @@ class Qwen35Model:
         for mixer in mixers:
             mixer.form = form
 
+    def join_shared_experts(self) -> int:
+        """Each MoE layer's shared expert as one more expert of its grouped launches, where its
+        format allows (layers.moe.SparseMoE.join_shared); returns how many layers took it."""
+        return sum(
+            layer.mlp.join_shared() for layer in self.layers if isinstance(layer.mlp, SparseMoE)
+        )
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""

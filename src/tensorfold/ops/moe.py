@@ -76,6 +76,46 @@ class Experts:
         return sum(s.nbytes for s in stacks.values())
 
 
+def _appended(stack: ExpertStack, w: torch.Tensor | QuantizedWeight) -> ExpertStack | None:
+    """`stack` with one more expert, `w`, at index E; None when w is not in the stack's format."""
+    if isinstance(w, QuantizedWeight) != stack.packed:
+        return None
+    if not stack.packed:
+        if w.dtype != stack.weight.dtype or tuple(w.shape) != stack.shape:
+            return None
+        return ExpertStack(torch.cat([stack.weight, w[None]]))
+    if (w.bits, w.group_size, w.shape) != (stack.bits, stack.group_size, stack.shape):
+        return None
+    return ExpertStack(
+        torch.cat([stack.weight, w.packed.view(stack.weight.dtype)[None]]),
+        torch.cat([stack.scales, w.scales[None]]),
+        torch.cat([stack.biases, w.biases[None]]),
+        stack.bits,
+        stack.group_size,
+    )
+
+
+def with_shared(experts: Experts, gate, up, down) -> Experts | None:
+    """The routed experts with the shared expert's SwiGLU appended as expert E (the last id, so a
+    row's choices stay ascending): one grouped launch then runs it beside the routed ones. None
+    when any of its projections is not in its stack's format (a mixed file)."""
+    stacks = [
+        _appended(s, w) for s, w in zip((experts.gate, experts.up, experts.down), (gate, up, down))
+    ]
+    return None if any(s is None for s in stacks) else Experts(*stacks)
+
+
+def routed_part(joint: Experts) -> Experts:
+    """The routed experts of `with_shared`'s stacks: views of all but the last expert."""
+
+    def first(s: ExpertStack) -> ExpertStack:
+        if not s.packed:
+            return ExpertStack(s.weight[:-1])
+        return ExpertStack(s.weight[:-1], s.scales[:-1], s.biases[:-1], s.bits, s.group_size)
+
+    return Experts(first(joint.gate), first(joint.up), first(joint.down))
+
+
 @dataclass(frozen=True)
 class Route:
     """Each row's k experts in ascending id [M, k] and their weights [M, k] (fp32, fp64 in a

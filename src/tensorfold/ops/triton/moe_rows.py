@@ -99,6 +99,7 @@ def _combine_kernel(
     logit_ptr,
     out_ptr,
     H,
+    stride_routed,
     stride_shared,
     stride_logit,
     TOP_K: tl.constexpr,
@@ -111,7 +112,8 @@ def _combine_kernel(
     acc = tl.zeros((BLOCK,), tl.float32)
     for j in tl.static_range(TOP_K):
         w = tl.load(w_ptr + r * TOP_K + j)
-        y = tl.load(routed_ptr + (r * TOP_K + j) * H + o, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(routed_ptr + r * stride_routed + j * H + o, mask=mask, other=0.0)
+        y = y.to(tl.float32)
         if j == 0:
             acc = w * y
         else:
@@ -126,10 +128,13 @@ def _combine_kernel(
 def combine(
     routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
 ) -> torch.Tensor:
-    """ops.moe.combine on the GPU in one launch: routed [M, k, H] in ascending id, weights [M, k]
-    fp32, shared [M, H], shared_logit [M, 1] (a column of a wider product is fine)."""
+    """ops.moe.combine on the GPU in one launch: routed [M, k, H] in ascending id (rows may be
+    wider: the first k of k + 1 choices), weights [M, k] fp32, shared [M, H], shared_logit [M, 1]
+    (a column of a wider product is fine)."""
     m, k, h = routed.shape
-    routed, weights = routed.contiguous(), weights.contiguous()
+    if routed.stride(2) != 1 or routed.stride(1) != h:  # rows may be wider (the shared expert's)
+        routed = routed.contiguous()
+    weights = weights.contiguous()
     if shared.stride(1) != 1:
         shared = shared.contiguous()
     out = torch.empty((m, h), dtype=routed.dtype, device=routed.device)
@@ -141,6 +146,7 @@ def combine(
             shared_logit,
             out,
             h,
+            routed.stride(0),
             shared.stride(0),
             shared_logit.stride(0),
             TOP_K=k,

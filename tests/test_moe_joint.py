@@ -1,0 +1,53 @@
+"""The shared expert run as one more expert of the grouped launches (`join_shared_experts`): the
+routed stacks with the shared expert's SwiGLU appended as expert E, every row choosing it last.
+On the CPU the logits are the separate launches' bits, concurrent = solo holds, the routed
+experts are views of the joint stacks (no second copy), and a file whose shared expert is in
+another format than the stacks keeps its own launches."""
+
+import pytest
+import torch
+from engine_util import make_engine, position_logits, sample_prompt
+
+from tensorfold.engine.request import SamplingParams
+from tensorfold.layers.moe import SparseMoE
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _moes(engine) -> list[SparseMoE]:
+    return [layer.mlp for layer in engine.model.layers if isinstance(layer.mlp, SparseMoE)]
+
+
+@pytest.mark.parametrize("name", ["hf_moe_fused", "mlx_moe_q4"])
+def test_joint_shared_expert_gives_the_separate_bits(name, request):
+    path = request.getfixturevalue(name)
+    plain, joint = make_engine(path, parallel=3), make_engine(path, parallel=3)
+    held = joint.model.weight_bytes
+    assert joint.model.join_shared_experts() == len(_moes(joint)) > 0
+    assert joint.model.weight_bytes == held  # the routed stacks are views of the joint ones
+    for moe in _moes(joint):
+        e = moe.experts.num_experts
+        assert moe.joint.num_experts == e + 1
+        assert moe.experts.down.weight.data_ptr() == moe.joint.down.weight.data_ptr()
+        assert torch.equal(_rows(moe.joint.down.expert(e)), _rows(moe.shared.down_proj.weight))
+    ids = sample_prompt(11, 45, 200)
+    assert torch.equal(position_logits(joint, ids), position_logits(plain, ids))
+    prompts = [sample_prompt(20 + i, 9 + 13 * i, 200) for i in range(3)]
+    reqs = [joint.add_request(p, GREEDY) for p in prompts]
+    joint.run_until_done()
+    for p, r in zip(prompts, reqs):
+        alone = plain.add_request(p, GREEDY)
+        plain.run_until_done()
+        assert r.output_ids == alone.output_ids
+
+
+def _rows(w) -> torch.Tensor:
+    """A projection's first rows in fp32, packed or dense."""
+    return w.rows(0, 4, torch.float32) if hasattr(w, "rows") else w[:4].float()
+
+
+def test_a_shared_expert_in_another_format_keeps_its_launches(mlx_moe_mixed):
+    """Experts' up at 3 bits, the shared expert's at 4: not one stack, so no layer joins."""
+    eng = make_engine(mlx_moe_mixed, parallel=1)
+    assert eng.model.join_shared_experts() == 0
+    assert all(moe.joint is None for moe in _moes(eng))
