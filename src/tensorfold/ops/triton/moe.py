@@ -52,7 +52,9 @@ class ExpertTiles:
         return self.expert.shape[0]
 
 
-TILE_KERNEL_PAIRS = 1024  # up to this many (row, expert) pairs the table is one launch
+# up to this many (row, expert) pairs the table is one launch: a 128-lane decode pass with top-8
+# and the shared expert joined (9 choices a row)
+TILE_KERNEL_PAIRS = 1152
 
 
 def expert_tiles(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTiles:

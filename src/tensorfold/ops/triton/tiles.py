@@ -177,7 +177,9 @@ def untried(m: int) -> list[Tiles]:
     return ring + _hfma(ring)
 
 
-GROUPED_SMALL_PAIRS = 512  # up to this many (row, expert) pairs an expert tile holds 16, else 64
+# up to this many (row, expert) pairs an expert tile holds 16, else 64: a 64-lane decode pass with
+# top-8 and the shared expert joined (9 choices a row) keeps the few-row tiles
+GROUPED_SMALL_PAIRS = 576
 
 
 def grouped_block_m(pairs: int) -> int:
