@@ -40,7 +40,7 @@ def route() -> None:
 
 def tiles() -> None:
     """The one-launch tile table: tiles_torch's table (order, and every non-empty tile)."""
-    for m, e, k, block in ((1, 8, 2, 16), (40, 6, 2, 16), (33, 16, 4, 16), (20, 4, 3, 4)):
+    for m, e, k, block in ((1, 8, 2, 16), (40, 6, 2, 16), (33, 16, 4, 16), (20, 4, 3, 4), (128, 257, 9, 64)):  # fmt: skip
         ids = torch.sort(torch.rand(m, e).argsort(-1)[:, :k], -1).values
         ids[: m // 2, 0] = 0
         got, ref = moe.tiles_kernel(ids, e, block), moe.tiles_torch(ids, e, block)
