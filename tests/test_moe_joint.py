@@ -51,3 +51,27 @@ def test_a_shared_expert_in_another_format_keeps_its_launches(mlx_moe_mixed):
     eng = make_engine(mlx_moe_mixed, parallel=1)
     assert eng.model.join_shared_experts() == 0
     assert all(moe.joint is None for moe in _moes(eng))
+
+
+def test_with_shared_takes_only_the_stacks_format():
+    """The shared expert joins only in the stacks' own format and shape: dense of the same dtype,
+    or packed at the same bits, group and scale dtype; anything else keeps its launches."""
+    from tensorfold.ops.moe import Experts, ExpertStack, routed_part, with_shared
+    from tensorfold.ops.quant import QuantizedWeight, quantize
+
+    dense = Experts(*(ExpertStack(torch.randn(3, n, k)) for n, k in ((8, 32), (8, 32), (32, 8))))
+    own = [torch.randn(n, k) for n, k in ((8, 32), (8, 32), (32, 8))]
+    joint = with_shared(dense, *own)
+    assert joint.num_experts == 4 and torch.equal(joint.down.expert(3), own[2])
+    assert torch.equal(routed_part(joint).gate.weight, dense.gate.weight)
+    assert with_shared(dense, own[0], own[1], torch.randn(16, 8)) is None  # another width
+    assert with_shared(dense, own[0].half(), *own[1:]) is None  # another dtype
+    words, s, b = quantize(torch.randn(8, 64), 4, 32)
+    packed = ExpertStack(words[None], s[None], b[None], 4, 32)
+    q = QuantizedWeight(words, s, b, 4, 32)
+    assert with_shared(Experts(packed, packed, packed), q, q, q).num_experts == 2
+    eight = QuantizedWeight(*quantize(torch.randn(8, 64), 8, 32), 8, 32)
+    assert with_shared(Experts(packed, packed, packed), q, q, eight) is None  # 8 bits, not 4
+    half = QuantizedWeight(words, s.half(), b.half(), 4, 32)
+    assert with_shared(Experts(packed, packed, packed), q, q, half) is None  # fp16 scales
+    assert with_shared(dense, q, *own[1:]) is None  # packed beside dense

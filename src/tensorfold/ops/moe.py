@@ -86,6 +86,8 @@ def _appended(stack: ExpertStack, w: torch.Tensor | QuantizedWeight) -> ExpertSt
         return ExpertStack(torch.cat([stack.weight, w[None]]))
     if (w.bits, w.group_size, w.shape) != (stack.bits, stack.group_size, stack.shape):
         return None
+    if (w.scales.dtype, w.biases.dtype) != (stack.scales.dtype, stack.biases.dtype):
+        return None  # torch.cat would promote the stacks' own
     return ExpertStack(
         torch.cat([stack.weight, w.packed.view(stack.weight.dtype)[None]]),
         torch.cat([stack.scales, w.scales[None]]),
