@@ -30,6 +30,10 @@ def route() -> None:
         x[2, ::2] = 9.0
         got, ref = moe_rows.route(x, k), ref_moe.route(x, k)
         assert torch.equal(got.ids, ref.ids), (e, got.ids, ref.ids)
+        joint = moe_rows.route(x, k, last=e)  # the joint shared expert's id after the k
+        assert torch.equal(joint.ids, ref_moe.route(x, k, last=e).ids)
+        assert torch.equal(joint.ids[:, :k], ref.ids) and (joint.ids[:, k] == e).all()
+        assert torch.equal(joint.weights, got.weights)
         assert (got.weights - ref.weights).abs().max() < 1e-6
         assert torch.equal(moe_rows.route(x[1:2], k).ids[0], got.ids[1])
         planted = registry_moe._route_highest(x, k)

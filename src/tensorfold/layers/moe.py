@@ -50,12 +50,12 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
         """`partial` is the dense MLP's; the weighted sum here is always a stored tensor."""
         logits, shared_logit = self.gates(x)
-        route = op.moe_route(logits, self.top_k)
-        if self.joint is not None:  # every row's choices and the shared expert, id E, last
-            m, k = route.ids.shape
-            ids = torch.cat([route.ids, route.ids.new_full((m, 1), self.joint.num_experts - 1)], 1)
-            both = op.expert_swiglu(x, ids, self.joint, self.router.book)
+        if self.joint is not None:  # every row's choices, then the shared expert (id E) last
+            route = op.moe_route(logits, self.top_k, last=self.joint.num_experts - 1)
+            both = op.expert_swiglu(x, route.ids, self.joint, self.router.book)
+            k = self.top_k
             return op.moe_combine(both[:, :k], route.weights, both[:, k], shared_logit)
+        route = op.moe_route(logits, self.top_k)
         if self.group is None:
             routed = op.expert_swiglu(x, route.ids, self.experts, self.router.book)
         else:

@@ -238,14 +238,15 @@ def gated_attention(
     return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
 
 
-def moe_route(logits: torch.Tensor, top_k: int) -> ref_moe.Route:
+def moe_route(logits: torch.Tensor, top_k: int, *, last: int | None = None) -> ref_moe.Route:
     """Each row's top-k experts (ascending id) and renormalised weights (docs/exactness.md,
-    'Experts'); on the GPU one kernel (softmax, top-k, weights), a float64 run the torch ops."""
+    'Experts'), with `last` one more id after them (the joint shared expert); on the GPU one
+    kernel (softmax, top-k, weights), a float64 run the torch ops."""
     if logits.is_cuda and logits.dtype != torch.float64:
         from .triton.moe_rows import route
 
-        return route(logits, top_k)
-    return ref_moe.route(logits, top_k)
+        return route(logits, top_k, last)
+    return ref_moe.route(logits, top_k, last)
 
 
 def expert_swiglu(

@@ -10,7 +10,7 @@ added last, rounded once to the model dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -52,10 +52,18 @@ class ExpertStack:
             self.weight[e], self.scales[e], self.biases[e], self.bits, self.group_size
         )
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Its tensors by field name: the weight, and the scales and biases when packed."""
+        names = ("weight", "scales", "biases") if self.packed else ("weight",)
+        return {name: getattr(self, name) for name in names}
+
+    def each(self, fn) -> ExpertStack:
+        """The stack with `fn` applied to each of its tensors (over the experts' axis alike)."""
+        return replace(self, **{name: fn(t) for name, t in self.tensors().items()})
+
     @property
     def nbytes(self) -> int:
-        parts = [self.weight] + ([self.scales, self.biases] if self.packed else [])
-        return sum(t.numel() * t.element_size() for t in parts)
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
 
 @dataclass(frozen=True)
@@ -88,13 +96,8 @@ def _appended(stack: ExpertStack, w: torch.Tensor | QuantizedWeight) -> ExpertSt
         return None
     if (w.scales.dtype, w.biases.dtype) != (stack.scales.dtype, stack.biases.dtype):
         return None  # torch.cat would promote the stacks' own
-    return ExpertStack(
-        torch.cat([stack.weight, w.packed.view(stack.weight.dtype)[None]]),
-        torch.cat([stack.scales, w.scales[None]]),
-        torch.cat([stack.biases, w.biases[None]]),
-        stack.bits,
-        stack.group_size,
-    )
+    one = {"weight": w.packed.view(stack.weight.dtype), "scales": w.scales, "biases": w.biases}
+    return replace(stack, **{n: torch.cat([t, one[n][None]]) for n, t in stack.tensors().items()})
 
 
 def with_shared(experts: Experts, gate, up, down) -> Experts | None:
@@ -109,19 +112,14 @@ def with_shared(experts: Experts, gate, up, down) -> Experts | None:
 
 def routed_part(joint: Experts) -> Experts:
     """The routed experts of `with_shared`'s stacks: views of all but the last expert."""
-
-    def first(s: ExpertStack) -> ExpertStack:
-        if not s.packed:
-            return ExpertStack(s.weight[:-1])
-        return ExpertStack(s.weight[:-1], s.scales[:-1], s.biases[:-1], s.bits, s.group_size)
-
-    return Experts(first(joint.gate), first(joint.up), first(joint.down))
+    return Experts(*(s.each(lambda t: t[:-1]) for s in (joint.gate, joint.up, joint.down)))
 
 
 @dataclass(frozen=True)
 class Route:
     """Each row's k experts in ascending id [M, k] and their weights [M, k] (fp32, fp64 in a
-    float64 run), the weight at the same place as its expert."""
+    float64 run), the weight at the same place as its expert; a route asked for a `last` id
+    holds it after the k, [M, k + 1], with no weight of its own."""
 
     ids: torch.Tensor
     weights: torch.Tensor
@@ -131,7 +129,7 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def route(logits: torch.Tensor, top_k: int) -> Route:
+def route(logits: torch.Tensor, top_k: int, last: int | None = None) -> Route:
     """Softmax of the router logits in fp32, the top-k by probability (a stable sort: equal
     probabilities keep the lower expert id first), renormalised by their sum added in rank
     order; then each row's experts sorted ascending, their weights with them."""
@@ -143,7 +141,10 @@ def route(logits: torch.Tensor, top_k: int) -> Route:
         total = total + top[:, j]
     weights = top / total[:, None]
     ascending = torch.sort(ids, dim=-1)
-    return Route(ascending.values, weights.gather(1, ascending.indices))
+    chosen = ascending.values
+    if last is not None:  # one more id a row, after the k (its weight is not a router's)
+        chosen = torch.cat([chosen, chosen.new_full((chosen.shape[0], 1), last)], 1)
+    return Route(chosen, weights.gather(1, ascending.indices))
 
 
 def product(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:

@@ -42,11 +42,13 @@ def _route_kernel(
     E,
     stride_l,
     TOP_K: tl.constexpr,
+    LAST: tl.constexpr,
     BLOCK_E: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
+    ids_row = ids_ptr + r * (TOP_K + (LAST >= 0))  # LAST >= 0: one more id a row, after the k
     live = o_e < E
     x = tl.load(logits_ptr + r * stride_l + o_e, mask=live, other=float("-inf")).to(tl.float32)
     ex = _exp(x - tl.max(x, 0), PRECISE)
@@ -66,14 +68,17 @@ def _route_kernel(
         chosen = chosen | (o_e == pick)
         left = tl.where(o_e == pick, -1.0, left)
     place = tl.cumsum(chosen.to(tl.int32), 0) - 1  # the chosen experts written in ascending id
-    tl.store(ids_ptr + r * TOP_K + place, o_e.to(tl.int64), mask=chosen)
+    tl.store(ids_row + place, o_e.to(tl.int64), mask=chosen)
     tl.store(w_ptr + r * TOP_K + place, tl.div_rn(top, total), mask=chosen)
+    if LAST >= 0:
+        tl.store(ids_row + TOP_K + o_e, (o_e * 0 + LAST).to(tl.int64), mask=o_e == 0)
 
 
-def route(logits: torch.Tensor, top_k: int) -> Route:
-    """ops.moe.route on the GPU in one launch: ids [M, k] ascending (int64), weights [M, k] fp32."""
+def route(logits: torch.Tensor, top_k: int, last: int | None = None) -> Route:
+    """ops.moe.route on the GPU in one launch: ids [M, k] ascending (int64; with `last`, [M, k + 1]
+    ending in it), weights [M, k] fp32."""
     m, e = logits.shape
-    ids = torch.empty((m, top_k), dtype=torch.long, device=logits.device)
+    ids = torch.empty((m, top_k + (last is not None)), dtype=torch.long, device=logits.device)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=logits.device)
     if m:
         block = triton.next_power_of_2(e)
@@ -84,6 +89,7 @@ def route(logits: torch.Tensor, top_k: int) -> Route:
             e,
             logits.stride(0),
             TOP_K=top_k,
+            LAST=-1 if last is None else last,
             BLOCK_E=block,
             PRECISE=_precise(),
             num_warps=4 if block >= 512 else 1,
