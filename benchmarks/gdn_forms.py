@@ -26,7 +26,7 @@ from tensorfold.tools.shapes import text_config
 
 # (block_v, warps, value blocks a program); the first is shipped. 32-column blocks are left out:
 # Triton 3.6 compiles the kernel at that width into code that faults on a card.
-GRID_VARIANTS = [(64, 8, 1), (64, 8, 2), (64, 4, 1), (128, 8, 1)]
+GRID_VARIANTS = [(64, 4, 1), (64, 4, 2), (128, 4, 1), (64, 8, 1)]
 
 
 def _layer(cfg: dict) -> ref.GDNShape:
@@ -137,7 +137,7 @@ def grid_cut_free(s: ref.GDNShape) -> str:
     return "cut-free" if ok else "CUTS DIFFER"
 
 
-def same_bits_across_blocks(s: ref.GDNShape, warps: int = 8) -> str:
+def same_bits_across_blocks(s: ref.GDNShape, warps: int = 4) -> str:
     """Whether the value columns a program owns (block width, blocks a program) change any bit
     at fixed warps (the parts of a chunk all blocks share are computed by the same code on the
     same tiles): if not, a server may pick them by its lane count."""

@@ -29,7 +29,7 @@ from ..gated_delta import GDNShape, grid_kernel_refuses
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
 BLOCK_V = 64  # value columns a block (at 32, Triton 3.6 faults on a card: docs/exactness.md)
-NUM_WARPS = 8  # fixed: the layouts (so the reduction trees) of every pass; 4 spills more
+NUM_WARPS = 4  # fixed: the layouts (so reduction trees) of every pass; beat 8 at every size
 FAULT_TAIL_SOLVED = 1  # planted for the checks: a partial chunk's solve skips the tail's rows
 FAULT_EARLY_STATE = 2  # planted: the boundary state also advances over an unfinished chunk
 
