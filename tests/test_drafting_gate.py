@@ -308,3 +308,60 @@ def test_a_long_closed_gate_rests_until_its_last_chances():
             break
     assert resting == [True] * (most_skipped(2.0) - WAKE) + [False] * (WAKE + 1)
     assert not Gate(skip=WAKE).resting() and not Gate().resting()
+
+
+def test_a_lane_whose_proposals_the_pass_refuses_waits_before_asking_again(hf_tiny_b, monkeypatch):
+    """At 2.5 plain passes a verify, lane 0's right drafts cannot pay for three riders: each
+    refusal closes its gate for 4, 8, 16 ... chances (its record unchanged), so it asks a few
+    times, not every pass (an open gate that asks every pass keeps an engine from overlapping).
+    Planted: with refusals that do not defer, it asks nearly every pass."""
+    from tensorfold.engine.drafting import Drafting
+
+    refusals, defer = [], Drafting.defer
+
+    def counted(planted):
+        def refuse(self, refused, lanes):
+            refusals.append(len(refused))
+            return None if planted else defer(self, refused, lanes)
+
+        return refuse
+
+    monkeypatch.setattr(Drafting, "defer", counted(False))
+    _, shapes, want, got = _mixed_lanes(hf_tiny_b, monkeypatch, price=2.5)
+    assert got == want and 0 < len(refusals) <= 8, refusals
+    monkeypatch.setattr(Drafting, "defer", counted(True))
+    refusals.clear()
+    _, _, _, same = _mixed_lanes(hf_tiny_b, monkeypatch, price=2.5)
+    assert same == want and len(refusals) >= 20, refusals
+
+
+def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_tiny_b):
+    """An overlapped step lasts a pass's period only when it waits for the pass before; the
+    first after a plain (sequential) step launches and returns, the host's time alone, which
+    as the least of the window would make every verify look dear."""
+    prompts = [sample_prompt(200 + i, n, 300) for i, n in enumerate((9, 40, 17))]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+    eng.drafting.default = Script(replies, lambda p: True)
+    steps, overlapped, record = [], eng._overlapped_step, eng.drafting.prices.record
+
+    def step():
+        steps.append([eng._chosen is not None, 0])
+        return overlapped()
+
+    def priced(lanes, rows, seconds):
+        if steps and rows == 1:
+            steps[-1][1] += 1
+        return record(lanes, rows, seconds)
+
+    eng._overlapped_step, eng.drafting.prices.record = step, priced
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert any(not waited for waited, _ in steps)  # steps after a plain one happened
+    assert all(n == 0 for waited, n in steps if not waited)
+    assert sum(n for waited, n in steps if waited) >= 10

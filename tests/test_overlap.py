@@ -238,9 +238,11 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
     eng.drafting.default = Script(replies, wrong.get(pattern, lambda p: False))
     overlapped, step = [], eng._overlapped_step
     monkeypatch.setattr(eng, "_overlapped_step", lambda: overlapped.append(1) or step())
-    got = [eng.add_request(ids, params) for ids in prompts]
-    eng.run_until_done()
+    got, steps = [eng.add_request(ids, params) for ids in prompts], 0
+    while eng.has_work():
+        eng.step()
+        steps += 1
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
     assert eng.drafting.stats.verifies > 0
-    if pattern == "all_wrong":  # the gates closed long enough to rest: overlapped passes
-        assert len(overlapped) > 5
+    if pattern == "all_wrong":  # closed gates: only a retry's pass waits for the host
+        assert len(overlapped) >= steps * 3 // 4, (len(overlapped), steps)

@@ -76,6 +76,12 @@ class Gate:
         if self.worth(accepted, drafted, price):
             self.backoff = self.skip = 0
             return
+        self.defer(price)
+
+    def defer(self, price: float | None) -> None:
+        """Closes for 4, 8, 16 ... chances (1, 2, 4 ... unpriced), its record unchanged: after
+        drafts that did not pay, or a proposal the pass refused (the other lanes' rows would
+        cost more than its drafts win), so that an open gate never asks every pass."""
         first, most = (1, MOST_SKIPPED) if price is None else (FIRST_SKIP, most_skipped(price))
         self.backoff = self.skip = min(most, max(first, 2 * self.backoff))
 

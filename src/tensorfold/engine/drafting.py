@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import WAKE, LaneHistory, PassPrices, verify_pays
+from ..drafters.gate import LaneHistory, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -99,8 +99,9 @@ class Drafting:
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
-            if not self.pays(running, expected):
-                return  # the drafts would not pay for the others' rows: a plain pass
+            if not self.pays(running, expected):  # they would not pay for the others' rows
+                self.defer([req for req, _ in ready], len(running))
+                return
         asks = []  # lanes the engine's drafter proposes for, all in one call
         for req, room in ready:
             d = req.lane.draft
@@ -143,6 +144,14 @@ class Drafting:
         else:
             for r in drafting:
                 r.lane.draft.proposal, r.lane.draft.real, r.lane.draft.source = [], 0, None
+            self.defer(drafting, len(running))
+
+    def defer(self, refused: list[Request], lanes: int) -> None:
+        """Lanes whose proposals a pass of `lanes` refused wait before they ask again (else an
+        open gate asks, and keeps the engine from overlapping, every pass)."""
+        price = self.prices.ratio(lanes, self.config.tokens + 1)
+        for req in refused:
+            req.lane.draft.gate.defer(price)
 
     def pays(self, running: list[Request], expected: list[float]) -> bool:
         """Whether drafting lanes (`expected`: the tokens each expects to commit) with the
@@ -167,12 +176,13 @@ class Drafting:
 
     def quiet(self, lanes: list[Request]) -> bool:
         """Whether a pass of `lanes` needs nothing of drafting that waits for the host to know
-        the last tokens: no lane has drafts in flight or rows behind, and every drafting lane's
-        gate rests for this pass and the next chance too (its drafter reads no target states;
-        `propose` only counts the chance): then the engine may overlap the pass."""
+        the last tokens: no lane has drafts in flight or rows behind, and no drafting lane's
+        gate opens at this chance (`propose` only counts a closed gate's chance): then the
+        engine may overlap the pass. A closed gate's drafter may still read the target's states
+        of an overlapped pass: `observe` after the pass's tokens are chosen on the device."""
         for req in lanes:
             d = req.lane.draft
-            if d is not None and (d.proposal or d.gate.skip <= WAKE + 1 or self.behind(req)):
+            if d is not None and (d.proposal or d.gate.skip == 0 or self.behind(req)):
                 return False
         return True
 

@@ -171,15 +171,17 @@ class Engine:
 
     def _overlapped_step(self) -> list[TokenEvent]:
         start = time.perf_counter()
+        waits = self._chosen is not None  # on the pass before: the step lasts a pass's period
         self.scheduler.admit()
-        self.drafting.propose(self.scheduler.running)  # a resting gate counts its chance
+        self.drafting.propose(self.scheduler.running)  # a closed gate counts its chance
         if any(req.drafting for req in self.scheduler.running):  # not quiet after all
             return self._settle() + self._step(proposed=True)
         work = self.scheduler.schedule()
-        ready = []
+        ready, hidden = [], None
         if work:
             plan = plan_pass(work, fed=fed(work, self._chosen))
             logits = self.runner.execute(plan)
+            hidden = self.drafting.features(self.model)
             self._passes += 1
             for i, w in enumerate(work):
                 if self._advance(w.request, w.rows, logits.get(i)):
@@ -188,8 +190,11 @@ class Engine:
         ready = [(req, row) for req, row in ready if req.status == Status.RUNNING]
         if ready:
             self._chosen = Chosen.pick(self.sampler, ready)
+        if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
+            self.drafting.observe(work, plan, hidden)
         shape = self.drafting.shape(work) if work else None
-        if shape is not None and self.drafting.default is not None:  # a plain pass's price
+        if waits and shape is not None and self.drafting.default is not None:
+            # a plain pass's price; a step with no pass to wait on times the host's launch alone
             self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 
