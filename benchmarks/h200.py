@@ -69,7 +69,7 @@ class Run:
     gdn_form: str = "recurrence"
     untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
     overlap: bool | None = None  # the engine's overlapped passes (None: its default)
-    joint_shared: bool = False  # MoE: the shared expert run in the grouped launches
+    own_shared: bool = False  # MoE: the shared expert in launches of its own (not the grouped)
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -110,8 +110,8 @@ class Run:
             make_inexact(model)
         if self.untried:
             tile_book(model).untried = True
-        if self.joint_shared:
-            print(f"shared experts joined in {model.join_shared_experts()} layers", flush=True)
+        if self.own_shared:
+            model.separate_shared_experts()
         return model
 
 
@@ -366,10 +366,10 @@ def main() -> None:
         "that reads them (the same bits; prices the fusion)",
     )
     p.add_argument(
-        "--joint-shared",
+        "--own-shared",
         action="store_true",
-        help="MoE: each layer's shared expert as one more expert of the grouped launches (its "
-        "bits against its own launches' checked by tests/test_gpu_moe.py; not offered to serving)",
+        help="MoE: each layer's shared expert in launches of its own, not as one more expert of "
+        "the grouped launches (the same bits; prices the joint form)",
     )
     p.add_argument(
         "--untried",
@@ -410,7 +410,7 @@ def main() -> None:
         gdn_form=args.gdn_form,
         untried=args.untried,
         overlap=args.overlap,
-        joint_shared=args.joint_shared,
+        own_shared=args.own_shared,
     )
     out = Path(args.out)
     limits = ceilings()

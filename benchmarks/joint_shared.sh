@@ -2,13 +2,13 @@
 # The MoE shared expert as a ninth choice of the grouped launches, on a GPU machine in one call:
 # the MoE registry entries (the tile table at 9 choices among them), the card test comparing the
 # joint form with the shared expert's own launches bitwise (and the file's other MoE tests), then
-# the 35B-A3B decode sweep with its own launches and joined (h200.py --joint-shared), one process
+# the 35B-A3B decode sweep with its own launches (h200.py --own-shared) and joined, one process
 # each on the same card, the two tables last.
 #
 #   bash benchmarks/joint_shared.sh OUT [phases]
 #
 # phases: registry, tests, lanes (default: all). Settings: LANES (default 1,16,64), SHAPE
-# (default 35b-a3b).
+# (default 35b-a3b), SIZES (prompt lengths timed beside, default none).
 set -u
 OUT=${1:?usage: joint_shared.sh OUT [phases]}
 PHASES=${2:-registry tests lanes}
@@ -20,10 +20,10 @@ for p in $PHASES; do
     case $p in
         registry) phase registry 120 $py -m tensorfold.checks.registry --only moe. ;;
         tests)    phase tests 330 $py -m pytest -q -x tests/test_gpu_moe.py -k "joint or decode_equals" ;;
-        lanes)    for how in "" --joint-shared; do
+        lanes)    for how in --own-shared ""; do
                       TAIL=9 phase "lanes${how}" 200 $py benchmarks/h200.py --out /tmp/bench $how \
                           --shape "${SHAPE:-35b-a3b}" --models 4bit --lanes "${LANES:-1,16,64}" \
-                          --sizes "" --in-memory
+                          --sizes "${SIZES:-}" --in-memory
                   done ;;
     esac
 done

@@ -31,11 +31,11 @@ def recorded(route=None):
     log, real = RouteLog(), dispatch.moe_route
     choose = route or real
 
-    def spy(logits, top_k):
+    def spy(logits, top_k, last=None):
         r = choose(logits, top_k)
         log.logits.append(logits.detach().clone())
         log.ids.append(r.ids.clone())
-        return r
+        return with_last(r, last)
 
     dispatch.moe_route = spy
     try:
@@ -49,20 +49,28 @@ def forced(taken: list[torch.Tensor]):
     """The k-th router call takes taken[k]'s experts, weighted by this run's probabilities."""
     log, real, calls = RouteLog(), dispatch.moe_route, iter(taken)
 
-    def steer(logits, top_k):
+    def steer(logits, top_k, last=None):
         ids = next(calls).to(logits.device)
         own = ref_moe.route(logits, top_k)
         probs = torch.softmax(logits.to(ref_moe.accumulator(logits.dtype)), dim=-1).gather(1, ids)
         log.logits.append(logits.detach().clone())
         log.ids.append(ids)
         log.preferred.append(own.ids)
-        return ref_moe.Route(ids, probs / probs.sum(-1, keepdim=True))
+        return with_last(ref_moe.Route(ids, probs / probs.sum(-1, keepdim=True)), last)
 
     dispatch.moe_route = steer
     try:
         yield log
     finally:
         dispatch.moe_route = real
+
+
+def with_last(r: ref_moe.Route, last: int | None) -> ref_moe.Route:
+    """The route with a joint shared expert's id after each row's k, as moe_route(last=) gives."""
+    if last is None:
+        return r
+    ids = torch.cat([r.ids, r.ids.new_full((r.ids.shape[0], 1), last)], 1)
+    return ref_moe.Route(ids, r.weights)
 
 
 @dataclass(frozen=True)

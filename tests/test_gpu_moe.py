@@ -72,23 +72,23 @@ def test_moe_cuda_graph_decode_equals_eager(moe):
 
 
 def test_moe_joint_shared_expert_gives_the_separate_bits(moe):
-    """The shared expert run as expert E of the grouped launches (`h200.py --joint-shared`): a
-    prompt's logits and its decoded rows (CUDA graphs) equal those of its own launches, bitwise;
-    until this passes on a card the joint form is not offered to serving. Put back after."""
+    """The shared expert run as expert E of the grouped launches (the load's default for a whole
+    model): a prompt's logits and its decoded rows (CUDA graphs) equal those of its own launches
+    (`h200.py --own-shared`), bitwise. Joined again after."""
     from tensorfold.layers.moe import SparseMoE
 
     ids = sample_prompt(990, 70, VOCAB)
-    prompt = position_logits(_engine(moe), ids)
-    req, decoded = decoded_logits(_engine(moe), ids, GREEDY)
     moes = [layer.mlp for layer in moe.layers if isinstance(layer.mlp, SparseMoE)]
+    assert all(layer.joint is not None for layer in moes)
     try:
-        assert moe.join_shared_experts() == len(moes)
-        assert torch.equal(position_logits(_engine(moe), ids), prompt)
-        again, joint = decoded_logits(_engine(moe), ids, GREEDY)
-        assert again.output_ids == req.output_ids and torch.equal(joint, decoded)
+        moe.separate_shared_experts()
+        prompt = position_logits(_engine(moe), ids)
+        req, decoded = decoded_logits(_engine(moe), ids, GREEDY)
     finally:
-        for layer in moes:
-            layer.joint = None  # the routed stacks stay views of the joint ones: the same values
+        assert moe.join_shared_experts() == len(moes)
+    assert torch.equal(position_logits(_engine(moe), ids), prompt)
+    again, joint = decoded_logits(_engine(moe), ids, GREEDY)
+    assert again.output_ids == req.output_ids and torch.equal(joint, decoded)
 
 
 def test_moe_registry_entries_and_controls():

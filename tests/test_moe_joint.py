@@ -1,8 +1,9 @@
-"""The shared expert run as one more expert of the grouped launches (`join_shared_experts`): the
-routed stacks with the shared expert's SwiGLU appended as expert E, every row choosing it last.
-On the CPU the logits are the separate launches' bits, concurrent = solo holds, the routed
-experts are views of the joint stacks (no second copy), and a file whose shared expert is in
-another format than the stacks keeps its own launches."""
+"""The shared expert run as one more expert of the grouped launches (`join_shared_experts`, done
+at load for a whole model): the routed stacks with the shared expert's SwiGLU appended as expert
+E, every row choosing it last. On the CPU the logits are the separate launches' bits,
+concurrent = solo holds, the routed experts are views of the joint stacks (the shared expert's
+bytes counted once more), and a file whose shared expert is in another format than the stacks
+keeps its own launches."""
 
 import pytest
 import torch
@@ -22,9 +23,21 @@ def _moes(engine) -> list[SparseMoE]:
 def test_joint_shared_expert_gives_the_separate_bits(name, request):
     path = request.getfixturevalue(name)
     plain, joint = make_engine(path, parallel=3), make_engine(path, parallel=3)
-    held = joint.model.weight_bytes
-    assert joint.model.join_shared_experts() == len(_moes(joint)) > 0
-    assert joint.model.weight_bytes == held  # the routed stacks are views of the joint ones
+    plain.model.separate_shared_experts()
+    assert all(moe.joint is None for moe in _moes(plain))
+    assert joint.model.join_shared_experts() == len(_moes(joint)) > 0  # joined at load already
+    shared = sum(
+        w.nbytes if hasattr(w, "rows") else w.numel() * w.element_size()
+        for moe in _moes(joint)
+        for w in (
+            moe.shared.gate_proj.weight,
+            moe.shared.up_proj.weight,
+            moe.shared.down_proj.weight,
+        )
+    )
+    moes = _moes(joint)  # the joint stacks hold the shared expert once more, and are counted
+    assert sum(m.appended.nbytes for m in moes) == sum(m.experts.nbytes for m in moes) + shared
+    assert joint.model.weight_bytes == plain.model.weight_bytes  # separated, it holds them still
     for moe in _moes(joint):
         e = moe.experts.num_experts
         assert moe.joint.num_experts == e + 1
@@ -49,7 +62,7 @@ def _rows(w) -> torch.Tensor:
 def test_a_shared_expert_in_another_format_keeps_its_launches(mlx_moe_mixed):
     """Experts' up at 3 bits, the shared expert's at 4: not one stack, so no layer joins."""
     eng = make_engine(mlx_moe_mixed, parallel=1)
-    assert eng.model.join_shared_experts() == 0
+    assert eng.model.join_shared_experts() == 0  # at load, and when asked again
     assert all(moe.joint is None for moe in _moes(eng))
 
 

@@ -34,18 +34,25 @@ class SparseMoE:
         self.gates = join([router, shared_gate])  # one product for the router and the shared gate
         self.group, self.first = group, first  # a split: this rank's experts from `first`
         self.joint: Experts | None = None  # the shared expert as expert E too (`join_shared`)
+        self.appended: Experts | None = None  # the joint stacks, kept while separated
 
     def join_shared(self) -> bool:
         """Runs the shared expert as one more expert of the grouped launches (its own launches
         gone) when its projections share the stacks' format; a whole model only. True if so."""
-        if self.group is None and self.joint is None:
+        if self.group is None and self.appended is None:
             s = self.shared
-            self.joint = with_shared(
+            self.appended = with_shared(
                 self.experts, s.gate_proj.weight, s.up_proj.weight, s.down_proj.weight
             )
-            if self.joint is not None:  # the routed stacks become views of the joint ones
-                self.experts = routed_part(self.joint)
+            if self.appended is not None:  # the routed stacks become views of the joint ones
+                self.experts = routed_part(self.appended)
+        self.joint = self.appended
         return self.joint is not None
+
+    def separate_shared(self) -> None:
+        """The shared expert through its own launches again (the same bits: a benchmark's
+        comparison); the routed stacks stay views of the joint ones."""
+        self.joint = None
 
     def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
         """`partial` is the dense MLP's; the weighted sum here is always a stored tensor."""

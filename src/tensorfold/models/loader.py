@@ -304,7 +304,9 @@ def load_model(
 ) -> Qwen35Model:
     """The model, or with `group` (a tensor split) this rank's part of it: only its rows of
     each weight are read from the mapped files (the embedding table whole). `checkpoint`: the
-    tensors from elsewhere than path's files (tools/random_checkpoint.py, benchmarks only)."""
+    tensors from elsewhere than path's files (tools/random_checkpoint.py, benchmarks only).
+    A whole MoE model runs each layer's shared expert in its grouped launches where the file's
+    formats allow (the same bits, fewer launches: docs/exactness.md, 'Experts')."""
     cfg = ModelConfig.from_dir(path)  # refuses a bad config before any file is opened
     device = torch.device(device)
     shard = plan_shard(cfg, group.rank, group.world, dtype) if group is not None else None
@@ -327,5 +329,7 @@ def load_model(
             cfg, embed, layers, b.norm("norm.weight"), head, dtype, device, layout=wm.layout.name
         )
         model.shard, model.group = shard, group
+    if group is None:
+        model.join_shared_experts()
     model.path = Path(path)
     return model

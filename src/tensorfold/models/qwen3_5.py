@@ -129,16 +129,19 @@ class Qwen35Model:
     def join_shared_experts(self) -> int:
         """Each MoE layer's shared expert as one more expert of its grouped launches, where its
         format allows (layers.moe.SparseMoE.join_shared); returns how many layers took it."""
-        return sum(
-            layer.mlp.join_shared() for layer in self.layers if isinstance(layer.mlp, SparseMoE)
-        )
+        return sum(layer.mlp.join_shared() for layer in self.layers if _moe(layer))
+
+    def separate_shared_experts(self) -> None:
+        """Each MoE layer's shared expert through its own launches (the same bits)."""
+        for layer in filter(_moe, self.layers):
+            layer.mlp.separate_shared()
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of the projection and embedding weights as held (packed ones stay packed)."""
         weights = {id(w): w for w in [self.embed.weight] + [lin.weight for lin in self.linears()]}
-        experts = sum(
-            layer.mlp.experts.nbytes for layer in self.layers if isinstance(layer.mlp, SparseMoE)
+        experts = sum(  # joined, the stacks hold the shared expert a second time
+            (layer.mlp.appended or layer.mlp.experts).nbytes for layer in filter(_moe, self.layers)
         )
         return experts + sum(
             w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
@@ -154,3 +157,7 @@ class Qwen35Model:
                 yield from layer.mlp.linears()
             else:
                 yield from (v for v in vars(layer.mlp).values() if isinstance(v, Linear))
+
+
+def _moe(layer: DecoderLayer) -> bool:
+    return isinstance(layer.mlp, SparseMoE)
