@@ -88,3 +88,32 @@ def test_with_shared_takes_only_the_stacks_format():
     half = QuantizedWeight(words, s.half(), b.half(), 4, 32)
     assert with_shared(Experts(packed, packed, packed), q, q, half) is None  # fp16 scales
     assert with_shared(dense, q, *own[1:]) is None  # packed beside dense
+
+
+def test_passes_of_many_rows_run_the_shared_expert_in_its_own_launches(hf_moe_fused, monkeypatch):
+    """Past JOINT_ROWS rows (prompt-sized passes) the joined layer runs the shared expert through
+    its own launches, the same bits; passes of fewer rows run it in the grouped launches."""
+    from tensorfold.layers import moe as moe_layer
+    from tensorfold.layers.mlp import MLP
+
+    monkeypatch.setattr(moe_layer, "JOINT_ROWS", 40)
+    own, call = [], MLP.__call__
+    monkeypatch.setattr(
+        MLP, "__call__", lambda self, x, *a, **k: own.append(x.shape[0]) or call(self, x, *a, **k)
+    )
+    plain, joint = make_engine(hf_moe_fused, parallel=3), make_engine(hf_moe_fused, parallel=3)
+    plain.model.separate_shared_experts()
+    ids = sample_prompt(12, 100, 200)
+    want = position_logits(plain, ids)
+    own.clear()
+    assert torch.equal(position_logits(joint, ids), want)
+    assert own and min(own) > 40  # the 100-row pass: its own launches, every MoE layer
+    own.clear()
+    prompts = [sample_prompt(30 + i, 5 + i, 200) for i in range(3)]
+    reqs = [joint.add_request(p, GREEDY) for p in prompts]
+    joint.run_until_done()
+    assert not own  # passes of at most 40 rows: the grouped launches
+    for p, r in zip(prompts, reqs):
+        alone = plain.add_request(p, GREEDY)
+        plain.run_until_done()
+        assert r.output_ids == alone.output_ids
