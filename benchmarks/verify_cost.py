@@ -5,7 +5,7 @@ pass of K+1 rows per lane committing K+1 tokens, replayed from a CUDA graph and 
 are checked equal to the plain run's; the graph run must have replayed its verify passes.
 
     PYTHONPATH=src:tests python3 benchmarks/verify_cost.py --out /tmp/verify [--models 4bit,bf16]
-        [--lanes 1,4,16] [--draft-tokens 7]
+        [--lanes 1,4,16] [--draft-tokens 7] [--untried]
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     p.add_argument("--checkpoint", default=None, help="a checkpoint instead of a random one")
+    p.add_argument(
+        "--untried",
+        action="store_true",
+        help="the tile book times the shapes not yet offered too (tiles.untried: the Gluon ring "
+        "on 64-row pieces for the 65-512 rows of a many-lane verify pass)",
+    )
     args = p.parse_args()
     k = args.draft_tokens
     print(
@@ -92,6 +98,9 @@ def main() -> None:
             Path(args.out) / name, args.shape, quantize, device=args.device
         )
         model = load_model(path, dtype=torch.bfloat16, device=args.device)
+        book = next((lin.book for lin in model.linears() if lin.book is not None), None)
+        if book is not None:
+            book.untried = args.untried
         for lanes in (int(x) for x in args.lanes.split(",") if x):
             graph, _, want = timed(engine(model, lanes, True), lanes)
             eager, _, same = timed(engine(model, lanes, False), lanes)

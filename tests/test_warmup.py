@@ -70,7 +70,9 @@ def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
         assert not set(shapes) & set(candidates(m, packed=True))
         for t in shapes[:2]:
             book.chosen[(rows_class(m), 64, 64 + t.hfma, 4, 64)] = t
-    assert untried(65) == [] and not any(t.gluon for t in candidates(65, packed=True))
+    assert not any(t.gluon for t in candidates(65, packed=True))
+    assert untried(65) and all(t.ring for t in untried(65))  # the ring on 64-row pieces
+    assert untried(513) == []
     assert all(t.ring and not t.deep for t in untried(1))
     middle = untried(64)
     assert all(t.deep == t.ring for t in middle) and any(t.deep for t in middle)

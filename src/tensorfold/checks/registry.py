@@ -84,12 +84,13 @@ def check_dense(impl, small: bool) -> list[str]:
 
 
 def _tiles_invariant(run, make, packed: bool) -> list[str]:
-    """Every launch shape the tile book may pick gives the default shape's bytes."""
+    """Every launch shape the tile book may pick (or a benchmark's book may time: the untried
+    ones) gives the default shape's bytes."""
     bad = []
     for m in (1, 40, 100, 300, 600):  # one row count of each rows class
         x = make(m)
         ref = run(x, None)
-        for t in linear.candidates(m, packed):
+        for t in linear.candidates(m, packed) + (linear.untried(m) if packed else []):
             try:
                 y = run(x, t)
             except (

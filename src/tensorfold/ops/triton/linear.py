@@ -34,6 +34,7 @@ from .segments import (
     _swapped_segment,
 )
 from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
+    PIECE_ROWS,
     SEGMENT,
     SPLIT_MAX_ROWS,
     LinearPlan,
@@ -354,13 +355,18 @@ def affine_matmul(
             keep,
         )
     if t.gluon and gluon_affine is not None:
-        if gluon_affine.applies(x, bits, x.shape[1], plan.segment, t.staged, t.warps, t.ring):
-            w = (words, scales, biases)
-            part = gluon_affine.partials(
-                x, *w, bits, group_size, plan.segment, staged=t.staged, warps=t.warps,
-                ring=t.ring, hfma=t.hfma and single_rounding, deep=t.deep,
+        pieces = [x[r : r + PIECE_ROWS] for r in range(0, x.shape[0], PIECE_ROWS)]
+        if all(
+            gluon_affine.applies(p, bits, p.shape[1], plan.segment, t.staged, t.warps, t.ring)
+            for p in pieces
+        ):
+            part = lambda p: gluon_affine.partials(  # noqa: E731
+                p, words, scales, biases, bits, group_size, plan.segment, staged=t.staged,
+                warps=t.warps, ring=t.ring, hfma=t.hfma and single_rounding, deep=t.deep,
             )  # fmt: skip
-            return _total(part, out, keep, x.dtype)
+            if len(pieces) == 1:
+                return _total(part(x), out, keep, x.dtype)
+            return _pieces_total(pieces, part, out, packed.shape[0])
     return _launch(
         _affine_swapped_kernel if t.swap else _affine_kernel,
         x,
@@ -375,6 +381,19 @@ def affine_matmul(
         GROUP=group_size,
         GROUPS=max(t.step_k(plan) // group_size, 1),
     )
+
+
+def _pieces_total(pieces: list[torch.Tensor], part, out, n: int) -> torch.Tensor:
+    """Consecutive row pieces' products, each piece's segment sums (`part`) added in order into
+    its own rows as soon as they are made: every row's sums are its own, so the pieces change no
+    bit, only how often the weight is read (a reader that takes a Partial takes the sums)."""
+    m, x = sum(p.shape[0] for p in pieces), pieces[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    r = 0
+    for p in pieces:
+        _sum(part(p), y[r : r + p.shape[0]])
+        r += p.shape[0]
+    return y
 
 
 def _single_rounding(w: QuantizedWeight) -> bool:

@@ -17,6 +17,10 @@ SPLIT_MAX_ROWS = 128  # at most this many rows use the split form (unless a shap
 SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4, 4, 2))
 # 17-64 packed rows (many decoding lanes), weights on the wide side: (rows, columns, warps, blocks)
 MIDDLE_SWAPPED = ((64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
+# 65-512 packed rows may run the Gluon few-row kernel on pieces of this many rows, one after
+# another (each row's sums its own, so the same bits; the weight read once a piece)
+PIECE_ROWS = 64
+PIECES_MAX_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Tiles:
         False  # packed weights, many rows: dequantized to bf16 once, then the dense kernel
     )
     swap: bool = False  # packed weights, few rows: weights on the MMA's wide side (same sums)
-    gluon: bool = False  # packed, <= 64 rows: the Gluon kernel where it applies, else swapped
+    gluon: bool = False  # packed: the Gluon kernel where it applies (past 64 rows on pieces)
     staged: bool = False  # the Gluon kernel: a segment's words copied to shared memory at once
     ring: bool = False  # the Gluon kernel: the inputs through a ring of a few steps, not a segment
     hfma: bool = False  # the Gluon kernel, 4-bit: bf16x2 dequantization (single_rounding weights)
@@ -122,18 +126,28 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
         more = _middle_packed() if packed else []
     else:
-        shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
-        # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
-        more = (
-            [
-                Tiles(128, 128, 8, 3, wide=2),
-                Tiles(128, 128, 8, 3, dequant=True),
-                Tiles(64, 128, 4, 3, dequant=True),
-            ]
-            if packed
-            else []
-        )
+        shapes, more = _many(packed), []
     return shapes + more
+
+
+def _many(packed: bool) -> list[Tiles]:
+    """Shapes past 128 rows; packed, the wider step, or each weight unpacked once to bf16 rather
+    than once per row tile."""
+    shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
+    if packed:
+        shapes += [
+            Tiles(128, 128, 8, 3, wide=2),
+            Tiles(128, 128, 8, 3, dequant=True),
+            Tiles(64, 128, 4, 3, dequant=True),
+        ]
+    return shapes
+
+
+def _pieces() -> list[Tiles]:
+    """The Gluon ring shapes (the 17-64 rows class's best on the 9B) for 65-512 packed rows,
+    run on PIECE_ROWS-row pieces: a 16-lane verify pass of 80 rows and a 256-lane step leave
+    the Gluon kernel for the Triton forms, several times slower a row on the card."""
+    return [t for t in _middle_gluon() if t.ring]
 
 
 def _middle_packed() -> list[Tiles]:
@@ -167,9 +181,12 @@ def untried(m: int) -> list[Tiles]:
     Gluon kernel with its inputs through a ring (no gain at one row on the card, where a
     segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
     Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
-    (each MMA queued behind the one running: right on an H100, never the book's pick there)."""
-    if m > 64:
+    (each MMA queued behind the one running: right on an H100, never the book's pick there);
+    at 65-512 rows the ring shapes on 64-row pieces (not yet checked on a card)."""
+    if m > PIECES_MAX_ROWS:
         return []
+    if m > 64:
+        return _pieces()
     if m > 16:
         deep = [replace(t, deep=True) for t in _middle_gluon() if t.ring and t.warps == 4]
         return _hfma([t for t in _middle_gluon() if not t.ring and not t.hfma]) + deep
