@@ -147,3 +147,66 @@ def stepped_run(eng, prompts, params: SamplingParams) -> list:
         eng.step()
     eng.run_until_done()
     return [(r.output_ids, prints[r.request_id]) for r in reqs]
+
+
+THREE = [list(range(5 + i, 17 + 3 * i)) for i in range(3)]
+THREE_PARAMS = [
+    SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=120, temperature=0.8, seed=3, ignore_eos=True),
+    SamplingParams(max_tokens=90, temperature=0.0, ignore_eos=True),
+]
+
+
+def _overlapped(path, draft: str, lane_cls, overlap: bool, monkeypatch):
+    """Three lanes of a random (mostly wrong) drafter that reads the target's states, at a fixed
+    verify price, so that the gates' decisions depend on the drafts alone: (replies, every
+    proposal, the lanes' reads made inside overlapped steps, overlapped steps, all steps)."""
+    from engine_util import make_engine
+
+    from tensorfold.drafters.gate import PassPrices
+
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
+    eng = make_engine(path, parallel=3, draft=draft, draft_tokens=4, overlap=overlap)
+    proposals, seen = [], {"inside": 0, "reads": 0, "overlapped": 0}
+    propose_many = eng.drafting.default.propose_many
+    eng.drafting.default.propose_many = lambda asks: (
+        proposals.append(propose_many(asks)) or (proposals[-1])
+    )
+    observe, overlapped = lane_cls.observe, eng._overlapped_step
+
+    def read(lane, *args):
+        seen["reads"] += seen["inside"]
+        return observe(lane, *args)
+
+    def step():
+        seen["inside"], seen["overlapped"] = 1, seen["overlapped"] + 1
+        try:
+            return overlapped()
+        finally:
+            seen["inside"] = 0
+
+    monkeypatch.setattr(lane_cls, "observe", read)
+    eng._overlapped_step = step
+    reqs, steps = [eng.add_request(p, s) for p, s in zip(THREE, THREE_PARAMS)], 0
+    while eng.has_work():
+        eng.step()
+        steps += 1
+    return [r.output_ids for r in reqs], proposals, seen["reads"], seen["overlapped"], steps
+
+
+def assert_overlapped_reads_as_sequential(path, draft: str, lane_cls, monkeypatch) -> None:
+    """With overlap, a closed gate's drafter reads the target's states of the overlapped passes
+    before its retry (after their tokens are chosen on the device), so it drafts exactly what
+    the sequential drafting engine's drafter drafts, the replies are plain's, and the passes in
+    which a gate counts down to its retry still overlap."""
+    from engine_util import make_engine
+
+    plain = make_engine(path, parallel=3)
+    seq, seq_drafts, _, _, _ = _overlapped(path, draft, lane_cls, False, monkeypatch)
+    got, drafts, reads, overlapped, steps = _overlapped(path, draft, lane_cls, True, monkeypatch)
+    want = [plain.add_request(p, s) for p, s in zip(THREE, THREE_PARAMS)]
+    plain.run_until_done()
+    assert got == seq == [r.output_ids for r in want]
+    assert drafts == seq_drafts and len(drafts) >= 6
+    assert reads > 0  # the drafter read overlapped passes' states
+    assert overlapped >= steps * 3 // 4, (overlapped, steps)

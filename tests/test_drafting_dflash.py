@@ -5,7 +5,12 @@ reference implementation (the `dflash` package) when that is installed."""
 
 import pytest
 import torch
-from drafting_util import DRAFT_MODES, drafted_run, write_drafter
+from drafting_util import (
+    DRAFT_MODES,
+    assert_overlapped_reads_as_sequential,
+    drafted_run,
+    write_drafter,
+)
 from engine_util import make_engine
 
 from tensorfold.config import ModelConfig
@@ -28,6 +33,15 @@ def test_dflash_drafted_equals_plain(hf_tiny_b, drafter, mode, parallel):
     assert got == want
     assert eng.drafting.stats.proposed > 0
     assert eng.memory().draft_state_bytes >= eng.drafting.default.kv.nbytes > 0
+
+
+def test_an_overlapped_dflash_reads_the_passes_before_a_retry_as_a_sequential_one(
+    hf_tiny_b, drafter, monkeypatch
+):
+    """The drafter's context rows of overlapped passes are the sequential engine's."""
+    from tensorfold.drafters.dflash import DFlashLane
+
+    assert_overlapped_reads_as_sequential(hf_tiny_b, str(drafter), DFlashLane, monkeypatch)
 
 
 MISBOUND = {  # each names one way a drafter can belong to another target

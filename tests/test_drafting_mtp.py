@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from drafting_util import drafted_run
+from drafting_util import assert_overlapped_reads_as_sequential, drafted_run
 from engine_util import make_engine
 from fixtures.checkpoints import _add_tensors
 
@@ -291,50 +291,6 @@ def test_a_resting_lane_reads_no_states_and_stays_exact(hf_mtp, monkeypatch):
     assert calls["pass"] > 100 and calls["read"] < calls["pass"] // 2  # rests skipped most
 
 
-THREE = [list(range(5 + i, 17 + 3 * i)) for i in range(3)]
-THREE_PARAMS = [
-    SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True),
-    SamplingParams(max_tokens=120, temperature=0.8, seed=3, ignore_eos=True),
-    SamplingParams(max_tokens=90, temperature=0.0, ignore_eos=True),
-]
-
-
-def _overlapped_mtp(path, overlap: bool, monkeypatch):
-    """Three lanes of a random (mostly wrong) head at a fixed verify price, so that the gates'
-    decisions depend on the drafts alone: (replies, every proposal, head reads made inside
-    overlapped steps, overlapped steps, all steps)."""
-    from tensorfold.drafters.gate import PassPrices
-    from tensorfold.drafters.mtp import MTPLane
-
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
-    eng = make_engine(path, parallel=3, draft="mtp", draft_tokens=4, overlap=overlap)
-    proposals, seen = [], {"inside": 0, "reads": 0, "overlapped": 0}
-    propose_many = eng.drafting.default.propose_many
-    eng.drafting.default.propose_many = lambda asks: (
-        proposals.append(propose_many(asks)) or (proposals[-1])
-    )
-    observe, overlapped = MTPLane.observe, eng._overlapped_step
-
-    def read(lane, *args):
-        seen["reads"] += seen["inside"]
-        return observe(lane, *args)
-
-    def step():
-        seen["inside"], seen["overlapped"] = 1, seen["overlapped"] + 1
-        try:
-            return overlapped()
-        finally:
-            seen["inside"] = 0
-
-    monkeypatch.setattr(MTPLane, "observe", read)
-    eng._overlapped_step = step
-    reqs, steps = [eng.add_request(p, s) for p, s in zip(THREE, THREE_PARAMS)], 0
-    while eng.has_work():
-        eng.step()
-        steps += 1
-    return [r.output_ids for r in reqs], proposals, seen["reads"], seen["overlapped"], steps
-
-
 def test_an_overlapped_head_reads_the_passes_before_a_retry_as_a_sequential_one(
     hf_mtp, monkeypatch
 ):
@@ -342,12 +298,6 @@ def test_an_overlapped_head_reads_the_passes_before_a_retry_as_a_sequential_one(
     before its retry (after their tokens are chosen on the device), so it drafts exactly what
     the sequential drafting engine's head drafts, the replies are plain's, and the passes in
     which a gate counts down to its retry still overlap."""
-    plain = make_engine(hf_mtp, parallel=3)
-    seq, seq_drafts, _, _, _ = _overlapped_mtp(hf_mtp, False, monkeypatch)
-    got, drafts, reads, overlapped, steps = _overlapped_mtp(hf_mtp, True, monkeypatch)
-    want = [plain.add_request(p, s) for p, s in zip(THREE, THREE_PARAMS)]
-    plain.run_until_done()
-    assert got == seq == [r.output_ids for r in want]
-    assert drafts == seq_drafts and len(drafts) >= 6
-    assert reads > 0  # the head read overlapped passes' states
-    assert overlapped >= steps * 3 // 4, (overlapped, steps)
+    from tensorfold.drafters.mtp import MTPLane
+
+    assert_overlapped_reads_as_sequential(hf_mtp, "mtp", MTPLane, monkeypatch)
