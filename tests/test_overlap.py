@@ -234,6 +234,10 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
     plain.run_until_done()
     wrong = {"all_wrong": lambda p: True, "every_third_wrong": lambda p: p % 3 == 2}
     replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    from tensorfold.drafters.gate import PassPrices
+
+    # a fixed verify price: the gates' decisions follow the drafts alone, not the clock
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     eng.drafting.default = Script(replies, wrong.get(pattern, lambda p: False))
     overlapped, step = [], eng._overlapped_step
