@@ -18,7 +18,7 @@ card_start || exit 1
 
 for p in $PHASES; do
     case $p in
-        registry) phase registry 120 $py -m tensorfold.checks.registry --only moe. ;;
+        registry) phase registry 300 $py -m tensorfold.checks.registry --only moe. ;;
         tests)    phase tests 330 $py -m pytest -q -x tests/test_gpu_moe.py -k "joint or decode_equals" ;;
         lanes)    for how in --own-shared ""; do
                       TAIL=9 phase "lanes${how}" 200 $py benchmarks/h200.py --out /tmp/bench $how \
