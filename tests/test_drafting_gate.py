@@ -365,3 +365,54 @@ def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_ti
     assert any(not waited for waited, _ in steps)  # steps after a plain one happened
     assert all(n == 0 for waited, n in steps if not waited)
     assert sum(n for waited, n in steps if waited) >= 10
+
+
+def test_a_lookup_that_finds_nothing_skips_a_few_chances():
+    """Nothing to propose (no n-gram, a prediction used up): 1, 2, 4, 8, 8 ... chances skipped,
+    and asked at every chance again once it proposes."""
+    from tensorfold.drafters.gate import MOST_IDLE
+
+    gate, skipped = Gate(), []
+    for _ in range(6):
+        gate.found(False)
+        skipped.append(_closed_for(gate))
+    assert skipped == [1, 2, 4, MOST_IDLE, MOST_IDLE, MOST_IDLE]
+    gate.found(True)
+    gate.found(False)
+    assert _closed_for(gate) == 1 and gate.rate == 1.0  # its record untouched
+
+
+def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypatch):
+    """A drafter that finds nothing for most positions (an n-gram lookup on a chat reply): its
+    lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a gate
+    that asks at every chance leaves no pass overlapped."""
+    prompts = [sample_prompt(400 + i, n, 300) for i, n in enumerate((9, 30, 14))]
+    params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)  # not the clock's
+
+    class Sparse(Script):  # right drafts at one position in 20, nothing elsewhere
+        def propose(self, tokens, output, k):
+            return super().propose(tokens, output, k) if len(output) % 20 == 5 else []
+
+    def run():
+        eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+        eng.drafting.default = Sparse(replies)
+        overlapped, step = [], eng._overlapped_step
+        eng._overlapped_step = lambda: overlapped.append(1) or step()
+        got, steps = [eng.add_request(ids, params) for ids in prompts], 0
+        while eng.has_work():
+            eng.step()
+            steps += 1
+        assert [r.output_ids for r in got] == [r.output_ids for r in want]
+        return len(overlapped), steps
+
+    overlapped, steps = run()
+    assert overlapped >= steps // 2, (overlapped, steps)
+    monkeypatch.setattr(Gate, "found", lambda self, proposed: None)
+    overlapped, steps = run()
+    assert overlapped <= steps // 10, (overlapped, steps)

@@ -19,6 +19,7 @@ DECAY = 0.75  # the weight of the past in each moving sum: about four verify pas
 WINDOW = 8  # passes of one shape a price is the least of
 EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
 WAKE = 8  # chances before a closed gate's retry from which its drafter reads the target again
+MOST_IDLE = 8  # a lookup that found nothing skips 1, 2, 4 ... at most this many chances
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Gate:
 
     skip: int = 0
     backoff: int = 0
+    idle: int = 0  # chances skipped after the last proposal that found nothing
     rate: float = 1.0  # drafts kept per verify pass (starts hopeful)
     kept: float = 1.0
     tried: float = 1.0
@@ -77,6 +79,15 @@ class Gate:
             self.backoff = self.skip = 0
             return
         self.defer(price)
+
+    def found(self, proposed: bool) -> None:
+        """After the drafter was asked: a lookup that found nothing (no n-gram, a prediction used
+        up) skips 1, 2, 4 ... MOST_IDLE chances, so that a lane with nothing to draft lets the
+        engine overlap its passes; one that proposed asks at every chance again."""
+        if proposed:
+            self.idle = 0
+            return
+        self.idle = self.skip = min(MOST_IDLE, max(1, 2 * self.idle))
 
     def defer(self, price: float | None) -> None:
         """Closes for 4, 8, 16 ... chances (1, 2, 4 ... unpriced), its record unchanged: after

@@ -122,6 +122,7 @@ class Drafting:
         for req, room in ready:
             d = req.lane.draft
             d.real = len(d.proposal)
+            d.gate.found(d.real > 0)
             if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
                 d.proposal += d.proposal[-1:] * (room - d.real)
         if ride:
