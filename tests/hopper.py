@@ -14,3 +14,28 @@ def compile_for_hopper(src, num_warps: int = 4):
         )
     except FileNotFoundError as e:  # a Triton wheel without its bundled ptxas
         pytest.skip(f"no ptxas: {e}")
+
+
+def spill_bytes(ck) -> int | None:
+    """Bytes ptxas spills for the compiled kernel's PTX at sm_90a (Triton's bundled ptxas for
+    the newest PTX); None when no such ptxas is bundled."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    tool = os.path.join(bin_dir, "ptxas-blackwell")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src, out = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ck.asm["ptx"])
+        done = subprocess.run(
+            [tool, "-arch=sm_90a", "-v", src, "-o", out], capture_output=True, text=True
+        )
+    if done.returncode != 0:
+        return None
+    found = re.findall(r"(\d+) bytes spill stores", done.stderr)
+    return int(found[0]) if found else None

@@ -12,7 +12,7 @@ gluon_affine = pytest.importorskip(
     "tensorfold.ops.triton.gluon_affine", reason="needs a Triton with Gluon"
 )
 triton = pytest.importorskip("triton")
-from hopper import compile_for_hopper  # noqa: E402
+from hopper import compile_for_hopper, spill_bytes  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 SIGNATURE = dict(
@@ -61,6 +61,17 @@ def test_many_lanes_take_the_same_path_in_each_warpgroup(bits, mt):
     """17-64 rows (many decoding lanes), 8 warps: each warpgroup issues the one-warpgroup chain
     over its own 64 weight rows, so neither the rows' tile nor the warps change a step's MMAs."""
     _assert_register_path(_compile(64, mt, bits=bits, warps=8), bits, mt)
+
+
+@pytest.mark.parametrize("bits,warps", [(4, 4), (4, 8), (8, 4), (8, 8)])
+def test_many_rows_pieces_take_the_same_path_with_a_wider_narrow_side(bits, warps):
+    """65-512 rows on pieces of 128 (an untried shape): the ring form's weight tile and chain of
+    MMAs at m64n128, the rows' ring within a block's shared memory, nothing spilled by ptxas
+    (at 256 rows a tile it spills, so no shape takes that tile)."""
+    ck = _compile(64, 128, bits=bits, warps=warps, ring=True)
+    _assert_register_path(ck, bits, 128)
+    assert ck.metadata.shared <= gluon_affine.SHARED_BYTES
+    assert spill_bytes(ck) in (0, None)  # None: no ptxas for this PTX bundled
 
 
 def _assert_register_path(ck, bits: int, mt: int) -> None:

@@ -1,8 +1,10 @@
-"""CPU: a packed product of 65-512 rows may run the Gluon few-row kernel on 64-row pieces (a
+"""CPU: a packed product of 65-512 rows may run the Gluon swapped kernel on pieces of 64 or 128
+rows (a
 benchmark's tile book times those shapes beside the many-row forms; serving's once the registry
 passes them on a card). The kernel itself needs a card; here
 its segment sums are the plain-torch reference, so what is checked is the plumbing: pieces of
-at most 64 rows in order, each piece's sums added into its own rows, `out` honoured, and which
+at most the shape's tile rows in order, each piece's sums added into its own rows, `out`
+honoured, and which
 rows classes time the shapes. Their bits against the default shape are the registry's
 (`_tiles_invariant` at 100 and 300 rows, untried shapes included) on a card."""
 
@@ -49,12 +51,16 @@ def test_many_packed_rows_run_in_pieces_each_row_its_own(monkeypatch):
     plan = lin.LinearPlan.for_weight(N, K, GROUP)
     assert plan.segments(K) == 2
     x = torch.randn(150, K).to(torch.bfloat16)
-    t = next(t for t in lin.untried(150) if t.gluon)
-    run = lambda rows, out=None: lin.affine_matmul(  # noqa: E731
+    shapes = {t.block_m: t for t in lin.untried(150) if t.gluon and not t.hfma and t.warps == 4}
+    assert sorted(shapes) == [64, 128]
+    t = shapes[64]
+    run = lambda rows, out=None, t=t: lin.affine_matmul(  # noqa: E731
         rows, packed, scales, biases, BITS, GROUP, plan, out=out, tiles=t
     )
     y = run(x)
     assert pieces == [64, 64, 22]
+    pieces.clear()
+    assert torch.equal(run(x, t=shapes[128]), y) and pieces == [128, 22]
     alone = torch.cat([run(x[i : i + 1]) for i in (0, 63, 64, 127, 128, 149)])
     assert torch.equal(y[[0, 63, 64, 127, 128, 149]], alone)
     out = torch.full((150, N), float("nan"), dtype=torch.bfloat16)

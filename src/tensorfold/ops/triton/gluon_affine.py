@@ -14,7 +14,7 @@ the segment's fp32 accumulator from zero, in K order; one program per (weight ti
 stores its segment sum, and the segments are added in order afterwards.
 
 Only 4-bit weights at K a multiple of 128 and 5-, 6- and 8-bit ones at K a multiple of 64, at most
-64 rows (padded to 8, 16, 32 or 64: the MMA's narrow side), on Hopper, where a segment's inputs
+128 rows (padded to 8, 16, 32, 64 or 128: the MMA's narrow side), on Hopper, where a segment's inputs
 (and its staged words) fit in shared memory; `linear.affine_matmul` runs the Triton swapped form
 (the same sums) everywhere else. Four warps take 64 weight rows a program, eight take 128: each
 warpgroup's MMA is the same m64nMTk16 chain over its own rows, so the warps change no bit.
@@ -322,7 +322,9 @@ def _swapped_body(
 
 
 BN = 64  # weight rows of one warpgroup's MMA tile (a program of 4 warps)
-ROW_TILES = (8, 16, 32, 64)  # the rows pad to the MMA's narrow side
+# the rows pad to the MMA's narrow side; 128 (a many-lane verify or step) for a benchmark's
+# untried shapes only until a card checks it (tiles.untried); at 256 ptxas spills
+ROW_TILES = (8, 16, 32, 64, 128)
 SHARED_BYTES = 227 * 1024  # a Hopper block's shared memory
 # K columns a step: 16 words of a row at 4 and 8 bits (eight or four 16-column MMAs), 10 or 12
 # at 5 and 6 (four MMAs)
@@ -341,7 +343,7 @@ def applies(
     warps: int = 4,
     ring: bool = False,
 ) -> bool:
-    """Whether this kernel can run the product: at most 64 rows, a segment's inputs (or the
+    """Whether this kernel can run the product: at most 128 rows, a segment's inputs (or the
     ring's), and its staged words, in shared memory, and `fits` (no ring with staged words)."""
     m = x.shape[0]
     if m > ROW_TILES[-1] or (ring and staged) or not fits(x, bits, k, segment, staged):

@@ -34,7 +34,6 @@ from .segments import (
     _swapped_segment,
 )
 from .tiles import (  # noqa: F401 - the plan and launch shapes are part of this module's API
-    PIECE_ROWS,
     SEGMENT,
     SPLIT_MAX_ROWS,
     LinearPlan,
@@ -355,7 +354,8 @@ def affine_matmul(
             keep,
         )
     if t.gluon and gluon_affine is not None:
-        pieces = [x[r : r + PIECE_ROWS] for r in range(0, x.shape[0], PIECE_ROWS)]
+        rows = t.block_m  # more rows than the shape's tile: consecutive pieces of it
+        pieces = [x[r : r + rows] for r in range(0, x.shape[0], rows)]
         if all(
             gluon_affine.applies(p, bits, p.shape[1], plan.segment, t.staged, t.warps, t.ring)
             for p in pieces

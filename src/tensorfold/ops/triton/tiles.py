@@ -17,9 +17,10 @@ SPLIT_MAX_ROWS = 128  # at most this many rows use the split form (unless a shap
 SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4, 4, 2))
 # 17-64 packed rows (many decoding lanes), weights on the wide side: (rows, columns, warps, blocks)
 MIDDLE_SWAPPED = ((64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
-# 65-512 packed rows may run the Gluon few-row kernel on pieces of this many rows, one after
-# another (each row's sums its own, so the same bits; the weight read once a piece)
-PIECE_ROWS = 64
+# 65-512 packed rows may run the Gluon swapped kernel on pieces of 64 or 128 rows (its tile's
+# rows), one after another (each row's sums its own, so the same bits; the weight read once a
+# piece; at 256 rows a tile ptxas spills)
+PIECE_ROWS = (64, 128)
 PIECES_MAX_ROWS = 512
 
 
@@ -145,9 +146,11 @@ def _many(packed: bool) -> list[Tiles]:
 
 def _pieces() -> list[Tiles]:
     """The Gluon ring shapes (the 17-64 rows class's best on the 9B) for 65-512 packed rows,
-    run on PIECE_ROWS-row pieces: a 16-lane verify pass of 80 rows and a 256-lane step leave
-    the Gluon kernel for the Triton forms, several times slower a row on the card."""
-    return [t for t in _middle_gluon() if t.ring]
+    on pieces of each of PIECE_ROWS rows (the shape's block_m, the MMA's narrow side): a
+    16-lane verify pass of 80 rows and a 256-lane step leave the Gluon kernel for the Triton
+    forms, several times slower a row on the card."""
+    ring = [t for t in _middle_gluon() if t.ring]
+    return [replace(t, block_m=rows) for rows in PIECE_ROWS for t in ring]
 
 
 def _middle_packed() -> list[Tiles]:
@@ -182,7 +185,7 @@ def untried(m: int) -> list[Tiles]:
     segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
     Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
     (each MMA queued behind the one running: right on an H100, never the book's pick there);
-    at 65-512 rows the ring shapes on 64-row pieces (not yet checked on a card)."""
+    at 65-512 rows the ring shapes on pieces of 64 or 128 rows (not yet checked on a card)."""
     if m > PIECES_MAX_ROWS:
         return []
     if m > 64:
