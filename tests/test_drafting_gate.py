@@ -335,16 +335,22 @@ def test_a_lane_whose_proposals_the_pass_refuses_waits_before_asking_again(hf_ti
     assert same == want and len(refusals) >= 20, refusals
 
 
+def _plain_replies(path, seed: int, lengths: tuple[int, ...], tokens: int):
+    """Greedy prompts of these lengths and their plain replies (the scripted drafter's):
+    (prompts, params, plain requests, {prompt: reply})."""
+    prompts = [sample_prompt(seed + i, n, 300) for i, n in enumerate(lengths)]
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    plain = make_engine(path, parallel=len(lengths), overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    return prompts, params, want, {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+
+
 def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_tiny_b):
     """An overlapped step lasts a pass's period only when it waits for the pass before; the
     first after a plain (sequential) step launches and returns, the host's time alone, which
     as the least of the window would make every verify look dear."""
-    prompts = [sample_prompt(200 + i, n, 300) for i, n in enumerate((9, 40, 17))]
-    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
-    want = [plain.add_request(ids, params) for ids in prompts]
-    plain.run_until_done()
-    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    prompts, params, want, replies = _plain_replies(hf_tiny_b, 200, (9, 40, 17), 64)
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     eng.drafting.default = Script(replies, lambda p: True)
     steps, overlapped, record = [], eng._overlapped_step, eng.drafting.prices.record
@@ -386,13 +392,7 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
     """A drafter that finds nothing for most positions (an n-gram lookup on a chat reply): its
     lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a gate
     that asks at every chance leaves no pass overlapped."""
-    prompts = [sample_prompt(400 + i, n, 300) for i, n in enumerate((9, 30, 14))]
-    params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
-    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
-    want = [plain.add_request(ids, params) for ids in prompts]
-    plain.run_until_done()
-    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
-
+    prompts, params, want, replies = _plain_replies(hf_tiny_b, 400, (9, 30, 14), 80)
     monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)  # not the clock's
 
     class Sparse(Script):  # right drafts at one position in 20, nothing elsewhere
