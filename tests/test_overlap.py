@@ -250,3 +250,29 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
     assert eng.drafting.stats.verifies > 0
     if pattern == "all_wrong":  # closed gates: only a retry's pass waits for the host
         assert len(overlapped) >= steps * 3 // 4, (len(overlapped), steps)
+
+
+def test_a_drafting_engine_overlaps_the_passes_that_read_prompts(hf_tiny_b, monkeypatch):
+    """A lane reading its prompt proposes nothing, so its open gate does not keep the engine's
+    prompt passes sequential: they overlap, and the replies are plain's (drafts all right)."""
+    from drafting_util import Script
+
+    from tensorfold.drafters.gate import PassPrices
+
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
+    prompts = [sample_prompt(600 + i, n, 300) for i, n in enumerate((300, 170, 260))]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=3, overlap=False, chunk=64)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True, chunk=64)
+    eng.drafting.default = Script(replies)
+    reading, step = [], eng._overlapped_step
+    eng._overlapped_step = lambda: (
+        reading.append(any(r.in_prompt for r in eng.scheduler.running)) or step()
+    )
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert eng.drafting.stats.accepted > 0 and sum(reading) >= 3, reading

@@ -177,15 +177,20 @@ class Drafting:
 
     def quiet(self, lanes: list[Request]) -> bool:
         """Whether a pass of `lanes` needs nothing of drafting that waits for the host to know
-        the last tokens: no lane has drafts in flight or rows behind, and no drafting lane's
-        gate opens at this chance (`propose` only counts a closed gate's chance): then the
+        the last tokens: no lane has drafts in flight or rows behind, and no drafting lane
+        proposes at this chance (`propose` only counts a closed gate's chance): then the
         engine may overlap the pass. A closed gate's drafter may still read the target's states
         of an overlapped pass: `observe` after the pass's tokens are chosen on the device."""
         for req in lanes:
             d = req.lane.draft
-            if d is not None and (d.proposal or d.gate.skip == 0 or self.behind(req)):
+            if d is not None and (d.proposal or self.behind(req) or self.asks(req)):
                 return False
         return True
+
+    def asks(self, req: Request) -> bool:
+        """Whether the lane proposes at this chance (as `propose` decides): its gate open, its
+        prompt read, room for a draft. A lane reading its prompt or at its end asks nothing."""
+        return req.lane.draft.gate.skip == 0 and not req.in_prompt and self.room(req) > 0
 
     def room(self, req: Request) -> int:
         """Drafts a drafting lane may carry in its next pass. Aligned: fewer by the rows it
