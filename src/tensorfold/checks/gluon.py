@@ -36,6 +36,7 @@ def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:
 # weight rows a program), at group 64 (the warps touch no group arithmetic)
 FEW = [(m, 4) for m in (1, 2, 7, 16)]
 MANY = [(m, w) for m in (33, 64) for w in (4, 8)]
+TALL = [(100, w) for w in (4, 8)]  # the ring's 128-row tile (an untried shape: tiles.untried)
 
 
 def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
@@ -54,7 +55,8 @@ def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:
         if rel(prompt.float(), ref) > 1e-2:
             bad.append(f"{where}: the prompt form off the reference")
         alone = impl(x[:1].contiguous(), *w, group, plan.segment)
-        for m, warps in FEW + (MANY if group == 64 else []):
+        tall = TALL if group == 64 and "ring" in form else []
+        for m, warps in FEW + (MANY if group == 64 else []) + tall:
             rows = x[:m].contiguous()
             fits = linear.gluon_affine.applies(
                 rows, bits, k, plan.segment, form.startswith("staged"), warps, "ring" in form
