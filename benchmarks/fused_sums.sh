@@ -11,7 +11,7 @@ set -u
 OUT=${1:?usage: fused_sums.sh OUT [phases]}
 PHASES=${2:-registry tests lanes}
 TAIL=${TAIL:-14}
-source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+source "$(dirname "$0")/serve_lib.sh"  # phase, ways, card_start
 card_start || exit 1
 
 for p in $PHASES; do
@@ -19,9 +19,7 @@ for p in $PHASES; do
         registry) phase registry 90 $py -m tensorfold.checks.registry --only fused. ;;
         tests)    phase tests 150 $py -m pytest -q -x tests/test_gpu.py --gpu-format 4bit \
                       -k "decode_equals or cuda_graph" ;;
-        lanes)    for how in "" --unfused-sums; do
-                      phase "lanes${how}" 150 $py benchmarks/h200.py --out /tmp/bench $how \
-                          --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory
-                  done ;;
+        lanes)    ways lanes 150 "- --unfused-sums" $py benchmarks/h200.py --out /tmp/bench \
+                      --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory ;;
     esac
 done

@@ -13,17 +13,15 @@ set -u
 OUT=${1:?usage: joint_shared.sh OUT [phases]}
 PHASES=${2:-registry tests lanes}
 TAIL=${TAIL:-14}
-source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+source "$(dirname "$0")/serve_lib.sh"  # phase, ways, card_start
 card_start || exit 1
 
 for p in $PHASES; do
     case $p in
         registry) phase registry 300 $py -m tensorfold.checks.registry --only moe. ;;
         tests)    phase tests 330 $py -m pytest -q -x tests/test_gpu_moe.py -k "joint or decode_equals" ;;
-        lanes)    for how in --own-shared ""; do
-                      TAIL=9 phase "lanes${how}" 200 $py benchmarks/h200.py --out /tmp/bench $how \
-                          --shape "${SHAPE:-35b-a3b}" --models 4bit --lanes "${LANES:-1,16,64}" \
-                          --sizes "${SIZES:-}" --in-memory
-                  done ;;
+        lanes)    TAIL=9 ways lanes 200 "--own-shared -" $py benchmarks/h200.py --out /tmp/bench \
+                      --shape "${SHAPE:-35b-a3b}" --models 4bit --lanes "${LANES:-1,16,64}" \
+                      --sizes "${SIZES:-}" --in-memory ;;
     esac
 done

@@ -14,17 +14,15 @@ set -u
 OUT=${1:?usage: overlap.sh OUT [phases]}
 PHASES=${2:-tests lanes profile}
 TAIL=${TAIL:-16}
-source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+source "$(dirname "$0")/serve_lib.sh"  # phase, ways, card_start
 card_start || exit 1
 
 for p in $PHASES; do
     case $p in
         tests)   phase tests 300 $py -m pytest -q -x tests/test_gpu_lanes.py \
                      -k "overlapped or padded_graph or many_lanes and 64" ;;
-        lanes)   for how in --overlap --no-overlap; do
-                     phase "lanes$how" 200 $py benchmarks/h200.py --out /tmp/bench $how \
-                         --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory
-                 done ;;
+        lanes)   ways lanes 200 "--overlap --no-overlap" $py benchmarks/h200.py --out /tmp/bench \
+                     --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory ;;
         registry) phase registry 90 $py -m tensorfold.checks.registry --only fused. ;;
         drafting) phase drafting 240 $py benchmarks/gate_cost.py --models "${MODELS:-4bit}" \
                       --lanes 1,16 --draft-tokens 4 --tokens 256 ;;

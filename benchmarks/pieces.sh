@@ -14,7 +14,7 @@ set -u
 OUT=${1:?usage: pieces.sh OUT [phases]}
 PHASES=${2:-registry kernels lanes verify}
 TAIL=${TAIL:-16}
-source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+source "$(dirname "$0")/serve_lib.sh"  # phase, ways, card_start
 card_start || exit 1
 
 for p in $PHASES; do
@@ -25,13 +25,9 @@ for p in $PHASES; do
                           --rows "$rows" --formats 4:64 --untried \
                           --only "lm head,mlp gate+up,mlp down,gdn in,gdn out"
                   done ;;
-        lanes)    for how in "" --untried; do
-                      phase "lanes${how}" 240 $py benchmarks/h200.py --out /tmp/bench $how \
-                          --models "${MODELS:-4bit}" --lanes "${LANES:-16,64,256}" --sizes "" --in-memory
-                  done ;;
-        verify)   for how in "" --untried; do
-                      phase "verify${how}" 150 $py benchmarks/verify_cost.py --out /tmp/verify $how \
-                          --models "${MODELS:-4bit}" --lanes 16 --draft-tokens 4
-                  done ;;
+        lanes)    ways lanes 240 "- --untried" $py benchmarks/h200.py --out /tmp/bench \
+                      --models "${MODELS:-4bit}" --lanes "${LANES:-16,64,256}" --sizes "" --in-memory ;;
+        verify)   ways verify 150 "- --untried" $py benchmarks/verify_cost.py --out /tmp/verify \
+                      --models "${MODELS:-4bit}" --lanes 16 --draft-tokens 4 ;;
     esac
 done

@@ -14,7 +14,7 @@ set -u
 OUT=${1:?usage: ring.sh OUT [phases]}
 PHASES=${2:-registry kernels lanes}
 TAIL=${TAIL:-16}
-source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
+source "$(dirname "$0")/serve_lib.sh"  # phase, ways, card_start
 card_start || exit 1
 
 for p in $PHASES; do
@@ -28,9 +28,7 @@ for p in $PHASES; do
                           --rows "$rows" --formats 4:64,8:64 --untried \
                           --only "lm head,mlp gate+up,mlp down,gdn in,gdn out"
                   done ;;
-        lanes)    for how in "" --untried; do
-                      phase "lanes${how}" 240 $py benchmarks/h200.py --out /tmp/bench $how \
-                          --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory
-                  done ;;
+        lanes)    ways lanes 240 "- --untried" $py benchmarks/h200.py --out /tmp/bench \
+                      --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}" --sizes "" --in-memory ;;
     esac
 done

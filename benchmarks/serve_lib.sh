@@ -48,3 +48,14 @@ card_start() {
     git log -1 --format=%h 2>/dev/null | tee "$OUT/commit.txt"
     site_wheels
 }
+
+# ways NAME LIMIT "WAY..." CMD...: CMD once for each way, one process each, as phase NAME<way>;
+# a way is a flag added at CMD's end, or - for CMD as it is (a sweep with and without a flag).
+ways() {
+    local name=$1 limit=$2 list=$3 way
+    shift 3
+    for way in $list; do
+        [ "$way" = - ] && way=
+        phase "$name$way" "$limit" "$@" $way
+    done
+}
