@@ -1,6 +1,11 @@
 """Compiling a Triton or Gluon kernel for Hopper on a machine without a card (the CPU tests that
 read a kernel's PTX)."""
 
+import os
+import re
+import subprocess
+import tempfile
+
 import pytest
 import triton
 from triton.backends.compiler import GPUTarget
@@ -19,11 +24,6 @@ def compile_for_hopper(src, num_warps: int = 4):
 def spill_bytes(ck) -> int | None:
     """Bytes ptxas spills for the compiled kernel's PTX at sm_90a (Triton's bundled ptxas for
     the newest PTX); None when no such ptxas is bundled."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     tool = os.path.join(bin_dir, "ptxas-blackwell")
     if not os.path.exists(tool):

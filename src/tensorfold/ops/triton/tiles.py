@@ -127,21 +127,18 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
         more = _middle_packed() if packed else []
     else:
-        shapes, more = _many(packed), []
+        shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
+        # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
+        more = (
+            [
+                Tiles(128, 128, 8, 3, wide=2),
+                Tiles(128, 128, 8, 3, dequant=True),
+                Tiles(64, 128, 4, 3, dequant=True),
+            ]
+            if packed
+            else []
+        )
     return shapes + more
-
-
-def _many(packed: bool) -> list[Tiles]:
-    """Shapes past 128 rows; packed, the wider step, or each weight unpacked once to bf16 rather
-    than once per row tile."""
-    shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
-    if packed:
-        shapes += [
-            Tiles(128, 128, 8, 3, wide=2),
-            Tiles(128, 128, 8, 3, dequant=True),
-            Tiles(64, 128, 4, 3, dequant=True),
-        ]
-    return shapes
 
 
 def _pieces() -> list[Tiles]:
