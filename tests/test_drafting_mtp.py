@@ -301,3 +301,21 @@ def test_an_overlapped_head_reads_the_passes_before_a_retry_as_a_sequential_one(
     from tensorfold.drafters.mtp import MTPLane
 
     assert_overlapped_reads_as_sequential(hf_mtp, "mtp", MTPLane, monkeypatch)
+
+
+def test_an_overlapped_prompt_longer_than_a_lanes_hold_stays_exact(hf_mtp):
+    """A prompt of more rows than a lane holds before its head runs them, read in an overlapped
+    pass whose first token is still on the device: the head runs the rows whose next token is
+    read back and holds the last one, and the reply is plain's."""
+    from tensorfold.drafters.mtp import MTPLane
+
+    prompt = [5 + (7 * i) % 90 for i in range(MTPLane.MOST_PENDING + 6)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_mtp, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4, overlap=True)
+    req = eng.add_request(prompt, params)
+    eng.run_until_done()
+    assert req.output_ids == want.output_ids
+    assert eng.drafting.stats.proposed > 0  # the head drafted after the held prompt

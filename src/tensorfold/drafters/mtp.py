@@ -128,14 +128,28 @@ class MTPLane(LaneDrafter):
         if self.upto - self.done >= self.MOST_PENDING:
             self._catch_up()
 
-    def _catch_up(self) -> None:
-        """The head over the held rows, in one call: its KV rows written up to `upto`. From a
-        catch-up graph when the drafter has them (its first draft and output then wait in the
-        graphs' buffers, `logits` None), else eager."""
-        if not self.pending:
-            return
-        ids = self.req.all_ids[self.done + 1 : self.upto + 1]
-        rows = torch.cat(self.pending)
+    def held(self, tokens: list[int]) -> tuple[list[int], torch.Tensor] | None:
+        """(t[p+1], h[p]) of the held rows whose next token is read back (an overlapped pass's
+        last row waits for its token, still on the device), or None when there are none."""
+        ids = tokens[self.done + 1 : self.upto + 1]
+        if not ids:
+            return None
+        return ids, torch.cat(self.pending)[: len(ids)]
+
+    def ran(self, n: int) -> None:
+        """The head ran the first n held rows: the rest stay held."""
+        rest = torch.cat(self.pending)[n:] if self.done + n < self.upto else None
+        self.done += n
+        self.pending = [rest] if rest is not None else []
+
+    def _catch_up(self) -> bool:
+        """The head over the held rows in one call (False when none can run). From a catch-up
+        graph when the drafter has them (its first draft and output then wait in the graphs'
+        buffers, `logits` None), else eager."""
+        held = self.held(self.req.all_ids)
+        if held is None:
+            return False
+        ids, rows = held
         graphs = self.drafter.graphs
         if graphs is not None and len(ids) <= graphs.rows:
             graphs.catch_up(self.req.rows(), self.done, ids, rows)
@@ -143,12 +157,11 @@ class MTPLane(LaneDrafter):
         else:
             self.logits, out = self.drafter.run(self.req.lane.kv_rows, self.done, ids, rows)
             self.out = out[-1:]
-        self.done = self.upto
-        self.pending.clear()
+        self.ran(len(ids))
+        return True
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        fresh = bool(self.pending)
-        self._catch_up()
+        fresh = self._catch_up()
         if self.done != len(tokens) - 1:
             return []
         graphs = self.drafter.graphs

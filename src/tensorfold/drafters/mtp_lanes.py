@@ -39,11 +39,8 @@ def propose_lanes(drafter, asks: list[tuple]) -> list[list[int]]:
 
 
 def _catch_up_rows(lane, tokens):
-    """(token ids, held rows) the lane's head has not run, or None when it has nothing to run."""
-    if not lane.pending:
-        return None
-    ids = tokens[lane.done + 1 : lane.upto + 1]
-    return ids, torch.cat(lane.pending)
+    """(token ids, held rows) the lane's head can run, or None when it has none."""
+    return lane.held(tokens) if lane.pending else None
 
 
 def _catch_up(drafter, lanes, rows) -> None:
@@ -65,9 +62,9 @@ def _catch_up(drafter, lanes, rows) -> None:
         logits, x = drafter.head.forward_pass(
             drafter.target, token_ids, hidden, batch, kv, last=batch.logit_rows
         )
-    for i, lane in enumerate(lanes):
-        lane.done, lane.logits, lane.out = lane.upto, logits[i], x[last[i] : last[i] + 1]
-        lane.pending.clear()
+    for i, (lane, (tokens, _)) in enumerate(zip(lanes, rows)):
+        lane.logits, lane.out = logits[i], x[last[i] : last[i] + 1]
+        lane.ran(len(tokens))
 
 
 def _chain(drafter, asks) -> list[list[int]]:
