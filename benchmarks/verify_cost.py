@@ -51,8 +51,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(eng: Engine, lanes: int) -> tuple[float, float, list[list[int]]]:
-    """(seconds per step, tokens per step) over STEPS steady steps, then every reply."""
+def timed(eng: Engine, lanes: int, tables: list | None = None):
+    """(seconds per step, tokens per step) over STEPS steady steps, then every reply; with
+    `tables`, the kernels of 4 more steady steps appended to it (profile_decode's table)."""
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
     reqs = [eng.add_request(p, params) for p in prompts(lanes)]
     while any(r.in_prompt or len(r.output_ids) < 24 for r in reqs):  # warm: compile, graphs
@@ -65,6 +66,10 @@ def timed(eng: Engine, lanes: int) -> tuple[float, float, list[list[int]]]:
     sync()
     seconds = (time.perf_counter() - t) / STEPS
     made = (sum(len(r.output_ids) for r in reqs) - before) / STEPS
+    if tables is not None:
+        from profile_decode import kernel_table  # this folder's: the CUDA profiler's sums
+
+        tables.append(kernel_table(eng, steps=4))
     eng.run_until_done()
     return seconds, made, [r.output_ids for r in reqs]
 
@@ -84,6 +89,11 @@ def main() -> None:
         help="the tile book times the shapes not yet offered too (tiles.untried: the Gluon ring "
         "on 64-row pieces for the 65-512 rows of a many-lane verify pass)",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the table, the kernels of a decode step and a verify step (graphs), by name",
+    )
     args = p.parse_args()
     k = args.draft_tokens
     print(
@@ -102,11 +112,12 @@ def main() -> None:
         if book is not None:
             book.untried = args.untried
         for lanes in (int(x) for x in args.lanes.split(",") if x):
-            graph, _, want = timed(engine(model, lanes, True), lanes)
+            tables = [] if args.profile else None
+            graph, _, want = timed(engine(model, lanes, True), lanes, tables)
             eager, _, same = timed(engine(model, lanes, False), lanes)
             replies = {tuple(pr): out for pr, out in zip(prompts(lanes), want)}
             drafted = engine(model, lanes, True, k, replies)
-            verify, made, got = timed(drafted, lanes)
+            verify, made, got = timed(drafted, lanes, tables)
             verify_eager, _, got_eager = timed(engine(model, lanes, False, k, replies), lanes)
             assert same == want and got == want and got_eager == want, "tokens differ from plain"
             runner = drafted.runner
@@ -118,6 +129,8 @@ def main() -> None:
                 f"{verify_eager / eager:.2f} | {lanes / graph:,.0f} | {made / verify:,.0f} |",
                 flush=True,
             )
+            for what, table in zip(("decode", "verify"), tables or []):
+                print(f"\n{name}, {lanes} lanes, a {what} step (graphs):\n{table}\n", flush=True)
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
