@@ -1,12 +1,11 @@
 """CPU: a packed product of 65-512 rows may run the Gluon swapped kernel on pieces of 64 or 128
-rows (a
-benchmark's tile book times those shapes beside the many-row forms; serving's once the registry
-passes them on a card). The kernel itself needs a card; here
-its segment sums are the plain-torch reference, so what is checked is the plumbing: pieces of
-at most the shape's tile rows in order, each piece's sums added into its own rows, `out`
-honoured, and which
-rows classes time the shapes. Their bits against the default shape are the registry's
-(`_tiles_invariant` at 100 and 300 rows, untried shapes included) on a card."""
+rows (serving's tile book times those shapes beside the many-row forms to 128 rows, where the
+registry passed them on a card and they won; a benchmark's book times them to 512). The kernel
+itself needs a card; here its segment sums are the plain-torch reference, so what is checked is
+the plumbing: pieces of at most the shape's tile rows in order, each piece's sums added into its
+own rows, `out` honoured, and which rows classes time the shapes. Their bits against the default
+shape are the registry's (`_tiles_invariant` at 100 and 300 rows, untried shapes included) on a
+card."""
 
 import pytest
 import torch
@@ -69,10 +68,15 @@ def test_many_packed_rows_run_in_pieces_each_row_its_own(monkeypatch):
     torch.testing.assert_close(y.float(), x.float() @ w.t(), rtol=2e-2, atol=2e-1)
 
 
-def test_the_pieces_are_timed_from_65_to_512_rows_and_not_offered_yet():
-    """Until the registry checks them on a card, the pieces are `untried` shapes (a benchmark's
-    `--untried` book times them), never the book's candidates."""
-    for m in (65, 128, 200, 300, 512):
+def test_the_pieces_are_offered_to_128_rows_and_timed_by_benchmarks_to_512():
+    """65-128 rows (a 16-lane verify pass): the pieces are the book's candidates; 129-512 (a
+    256-lane step): `untried` shapes, which only a benchmark's `--untried` book times."""
+    for m in (65, 80, 128):
+        offered = [t for t in lin.candidates(m, packed=True) if t.gluon]
+        assert offered and all(t.ring and t.block_m in (64, 128) for t in offered), m
+        assert {t.block_m for t in offered} == {64, 128} and lin.untried(m) == [], m
+    for m in (129, 200, 300, 512):
         assert lin.untried(m) and all(t.gluon and t.ring for t in lin.untried(m)), m
         assert not [t for t in lin.candidates(m, packed=True) if t.gluon], m
     assert lin.untried(513) == [] and lin.untried(4096) == []
+    assert not [t for t in lin.candidates(128, packed=False) if t.gluon]  # bf16 weights

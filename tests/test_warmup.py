@@ -70,8 +70,9 @@ def test_untried_shapes_are_not_offered_nor_taken_from_a_tile_file(tmp_path):
         assert not set(shapes) & set(candidates(m, packed=True))
         for t in shapes[:2]:
             book.chosen[(rows_class(m), 64, 64 + t.hfma, 4, 64)] = t
-    assert not any(t.gluon for t in candidates(65, packed=True))
-    assert untried(65) and all(t.ring for t in untried(65))  # the ring on 64-row pieces
+    assert untried(65) == [] and any(t.ring for t in candidates(65, packed=True))  # offered
+    assert untried(129) and all(t.ring for t in untried(129))  # the ring on pieces
+    assert not any(t.gluon for t in candidates(129, packed=True))
     assert untried(513) == []
     assert all(t.ring and not t.deep for t in untried(1))
     middle = untried(64)

@@ -23,7 +23,7 @@ from pathlib import Path
 from .engine import Engine
 from .request import SamplingParams
 
-TILE_FILE_VERSION = 7  # bump when the tile book's keys or candidates change meaning
+TILE_FILE_VERSION = 8  # bump when the tile book's keys or candidates change meaning
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ SWAPPED = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 8, 3, 4), (64, 4, 4, 2), (128, 4
 MIDDLE_SWAPPED = ((64, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2))
 # 65-512 packed rows may run the Gluon swapped kernel on pieces of 64 or 128 rows (its tile's
 # rows), one after another (each row's sums its own, so the same bits; the weight read once a
-# piece; at 256 rows a tile ptxas spills)
+# piece; at 256 rows a tile ptxas spills). Offered to 128 rows (25-35% faster than the Triton
+# forms at 80 and 128 rows on the card); past that, timed only by benchmarks
 PIECE_ROWS = (64, 128)
 PIECES_MAX_ROWS = 512
 
@@ -125,7 +126,7 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
     elif m <= SPLIT_MAX_ROWS:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
-        more = _middle_packed() if packed else []
+        more = _middle_packed() + _pieces() if packed else []
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
         # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
@@ -143,9 +144,9 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
 
 def _pieces() -> list[Tiles]:
     """The Gluon ring shapes (the 17-64 rows class's best on the 9B) for 65-512 packed rows,
-    on pieces of each of PIECE_ROWS rows (the shape's block_m, the MMA's narrow side): a
-    16-lane verify pass of 80 rows and a 256-lane step leave the Gluon kernel for the Triton
-    forms, several times slower a row on the card."""
+    on pieces of each of PIECE_ROWS rows (the shape's block_m, the MMA's narrow side): without
+    them a 16-lane verify pass of 80 rows and a 256-lane step leave the Gluon kernel for the
+    Triton forms, several times slower a row on the card."""
     ring = [t for t in _middle_gluon() if t.ring]
     return [replace(t, block_m=rows) for rows in PIECE_ROWS for t in ring]
 
@@ -182,8 +183,9 @@ def untried(m: int) -> list[Tiles]:
     segment's inputs are 16 KiB), and at 17-64 rows the bf16x2 twins of the plain and staged
     Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
     (each MMA queued behind the one running: right on an H100, never the book's pick there);
-    at 65-512 rows the ring shapes on pieces of 64 or 128 rows (not yet checked on a card)."""
-    if m > PIECES_MAX_ROWS:
+    at 129-512 rows the ring shapes on pieces of 64 or 128 rows (on the card each product ran
+    5-15% faster alone at 256 rows, a 256-lane step with them 3% slower: not offered yet)."""
+    if m > PIECES_MAX_ROWS or 64 < m <= SPLIT_MAX_ROWS:
         return []
     if m > 64:
         return _pieces()
