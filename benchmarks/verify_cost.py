@@ -11,6 +11,9 @@ are checked equal to the plain run's; the graph run must have replayed its verif
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import time
 from pathlib import Path
 
@@ -69,9 +72,23 @@ def timed(eng: Engine, lanes: int, tables: list | None = None):
     if tables is not None:
         from profile_decode import kernel_table  # this folder's: the CUDA profiler's sums
 
-        tables.append(kernel_table(eng, steps=4))
+        tables.append(kernel_table(eng, steps=4) + "\n\n" + host_table(eng, steps=4))
     eng.run_until_done()
     return seconds, made, [r.output_ids for r in reqs]
+
+
+def host_table(eng: Engine, steps: int, top: int = 18) -> str:
+    """The host's functions over `steps` engine steps by their own time (cProfile): where a
+    step's time goes when it is not the device's."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        eng.step()
+    sync()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return f"host, {steps} steps under cProfile:\n" + text.getvalue().split("\n", 4)[-1]
 
 
 def main() -> None:

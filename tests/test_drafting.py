@@ -5,6 +5,7 @@ requests, alone or with company, with the prompt cache on."""
 from dataclasses import replace
 
 import pytest
+import torch
 from drafting_util import Script
 from engine_util import finish_prints, make_engine, sample_prompt
 
@@ -282,7 +283,7 @@ def test_spare_state_memory_reported(hf_tiny_b, plain):
 def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
     """Planted: after a missed draft the lane keeps the state of the rejected rows."""
 
-    def settle(self, req):
+    def settle(self, req, restores=None):
         d = req.lane.draft
         if d is not None and d.start >= 0 and req.lane.computed != req.num_tokens - 1:
             req.lane.computed = req.num_tokens - 1  # the state copy is not put back
@@ -292,6 +293,23 @@ def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
     monkeypatch.setattr(drafting.Drafting, "settle", settle)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
     got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
+
+
+def test_a_put_back_that_misses_a_lane_of_the_pass_is_caught(hf_tiny_b, plain, monkeypatch):
+    """Planted: of the lanes that missed a draft in one pass, only the first gets its saved
+    state put back (the one copy after the pass for all of them drops the rest)."""
+    settle = drafting.Drafting.settle
+
+    def first_only(self, req, restores=None):
+        kept = list(restores or [])
+        settle(self, req, restores)
+        if kept and restores is not None:
+            restores[:] = kept
+
+    monkeypatch.setattr(drafting.Drafting, "settle", first_only)
+    drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
+    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 4, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
 
 
@@ -340,3 +358,34 @@ def test_a_fork_one_row_short_is_caught(hf_tiny_b, plain, monkeypatch):
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
     got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
+
+
+def test_greedy_picks_read_every_plain_greedy_lane_at_once():
+    """A verify pass's greedy lanes get each row's argmax (read back in one copy); a sampled
+    lane or one with a rule of its own gets none (it chooses row by row)."""
+    from tensorfold.engine.request import Request
+    from tensorfold.engine.sampler import Sampler
+
+    reads = []
+
+    def greedy(rows):
+        reads.append(rows.shape[0])
+        return rows.argmax(-1)
+
+    sampler = Sampler(greedy, {0}, None)
+    g = torch.Generator().manual_seed(1)
+    kinds = [
+        SamplingParams(max_tokens=8, temperature=0.0),
+        SamplingParams(max_tokens=8, temperature=0.7, seed=1),
+        SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.3),
+        SamplingParams(max_tokens=8, temperature=0.0),
+    ]
+    lanes = [
+        (Request(f"r{i}", [1, 2], p), torch.randn(i + 2, 50, generator=g))
+        for i, p in enumerate(kinds)
+    ]
+    picks = sampler.greedy_picks(lanes)
+    assert picks[0] == lanes[0][1].argmax(-1).tolist() and len(picks[0]) == 2
+    assert picks[1] == [] and picks[2] == []
+    assert picks[3] == lanes[3][1].argmax(-1).tolist() and len(picks[3]) == 5
+    assert reads == [2, 5]

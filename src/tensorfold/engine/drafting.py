@@ -237,13 +237,19 @@ class Drafting:
     def after_pass(self, work, logits, sampler, output) -> dict[int, list[TokenEvent]]:
         """Verifies each drafting lane of the pass: {index in work: the events of the tokens it
         committed}. The engine finishes a lane whose last event says it ended."""
-        return {
-            i: self.verify(
-                w.request, logits[i], sampler, output, self.prices.ratio(len(work), w.rows)
-            )
-            for i, w in enumerate(work)
-            if w.request.drafting
-        }
+        lanes = [i for i, w in enumerate(work) if w.request.drafting]
+        rows = [
+            (work[i].request, logits[i][: len(work[i].request.lane.draft.proposal) + 1])
+            for i in lanes
+        ]
+        picks, restores = sampler.greedy_picks(rows), []
+        done = {}
+        for i, p in zip(lanes, picks):
+            price = self.prices.ratio(len(work), work[i].rows)
+            done[i] = self.verify(work[i].request, logits[i], sampler, output, price, p, restores)
+        if restores:  # the rejecting lanes' saved states put back, in one copy for all
+            self.spares.copy_slots(*map(list, zip(*restores)), into=self.states)
+        return done
 
     @staticmethod
     def shape(work) -> tuple[int, int] | None:
@@ -254,16 +260,19 @@ class Drafting:
             return None
         return len(work), rows.pop()
 
-    def verify(self, req: Request, logits, sampler, output, price=None) -> list[TokenEvent]:
+    def verify(
+        self, req: Request, logits, sampler, output, price, picks, restores
+    ) -> list[TokenEvent]:
         """Commits the accepted drafts and the bonus token, one at a time through the plain
         path (each choice sees the tokens before it), then settles the lane's state; the gate
         hears how many were kept at what price (a pass of this shape over a plain one). The
-        engine finishes the request when the last event says it ended."""
+        engine finishes the request when the last event says it ended. `picks`: the rows'
+        greedy choices read already (Sampler.greedy_picks), [] to choose row by row;
+        `restores`: where the lane's (spare, slot) goes when its saved state is to be put back."""
         d, events = req.lane.draft, []
         proposal, k = d.proposal, len(d.proposal)
         req.lane.computed = req.num_tokens + k  # the state covers every fed row for now
         accepted = 0
-        picks = sampler.greedy_picks(req, logits[: k + 1])
         for j in range(k + 1):
             token = picks[j] if picks else sampler.choose_token(req, logits[j])
             event = output.commit(req, logits[j], token)
@@ -281,19 +290,23 @@ class Drafting:
             d.prediction_accepted += min(accepted, real)
             d.prediction_rejected += real - min(accepted, real)
         if not events[-1].finished:
-            self.settle(req)
+            self.settle(req, restores)
         return events
 
-    def settle(self, req: Request) -> None:
+    def settle(self, req: Request, restores: list | None = None) -> None:
         """After a verify: keep the state if every fed row's input was committed, else put the
         copy back (with a fork: the state after the rows committed before the pass) so the
-        lane's next pass computes the committed rows after it again."""
+        lane's next pass computes the committed rows after it again; with `restores`, the
+        (spare, slot) pair is left there for one copy of every lane's after the pass."""
         lane = req.lane
         d = lane.draft
         if d is None:
             return
         if d.start >= 0 and lane.computed != req.num_tokens - 1:
-            self.spares.copy_slot(d.spare, lane.slot, into=self.states)
+            if restores is None:
+                self.spares.copy_slot(d.spare, lane.slot, into=self.states)
+            else:
+                restores.append((d.spare, lane.slot))
             lane.computed = d.start + d.forked
         d.start, d.proposal = -1, []
 

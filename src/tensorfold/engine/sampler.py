@@ -117,10 +117,19 @@ class Sampler:
             return int(torch.argmax(row))
         return int(self.sample([(req, row)])[0])  # the batched passes' rule, one row
 
-    def greedy_picks(self, req: Request, rows: torch.Tensor) -> list[int]:
-        """choose_token of every row at once for a plain greedy request, whose choice does not
-        depend on the tokens before it; else [] (choose row by row)."""
-        return self.greedy(rows).tolist() if plain_greedy(req) else []
+    def greedy_picks(self, lanes: list[tuple[Request, torch.Tensor]]) -> list[list[int]]:
+        """choose_token of every row of each (request, rows) at once where the request is plain
+        greedy (its choice does not depend on the tokens before it), else [] for it (choose row
+        by row): the argmaxes launched lane by lane, read back in one copy (a verify pass of 16
+        lanes read each lane's apart, a wait on the device each)."""
+        plain = [self.greedy(rows) for req, rows in lanes if plain_greedy(req)]
+        flat = torch.cat(plain).tolist() if plain else []
+        picks, at = [], 0
+        for req, rows in lanes:
+            n = rows.shape[0] if plain_greedy(req) else 0
+            picks.append(flat[at : at + n])
+            at += n
+        return picks
 
 
 def custom(req: Request) -> bool:
