@@ -136,6 +136,20 @@ def test_state_slots_copy_bit_for_bit_within_and_across_pools():
         assert torch.equal(a[[0, 1, 3]], b[[0, 1, 3]])
 
 
+def test_a_slot_of_every_layer_is_one_strided_view_and_each_layer_contiguous(monkeypatch):
+    """Each kind of state is one tensor [layer, slot, ...]: the kernels get a layer's slots as a
+    contiguous tensor, and copy_slots copies a kind's slot across every layer at once (two
+    kinds with state at the recurrence form: 2 copies a slot, whatever the layer count)."""
+    pool = StatePool(5, 4, 4, 24, 2, 8, 8, torch.bfloat16, torch.device("cpu"))
+    assert all(t.is_contiguous() for t in pool.tensors) and len(pool.recurrent) == 5
+    assert pool.recurrent[3].data_ptr() == pool.stacks[1][3].data_ptr()
+    sizes = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda a, b: sizes.append(len(a)) or real(a, b))
+    pool.copy_slots([0, 1, 2], [3, 2, 1], into=pool.like(4))
+    assert sizes == [6]  # 3 slots x (conv, recurrent); the empty tails take none
+
+
 def test_pools_take_host_memory_as_they_are_used():
     """A KV pool and a state pool of 1 GiB each on the CPU cost almost nothing until written (the
     demo's 64k-token pools took 2.8 GB at start); their values are zeros as before."""

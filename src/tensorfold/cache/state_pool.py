@@ -43,19 +43,28 @@ class StatePool:
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.num_slots = num_slots
 
-        def per_layer(*shape, dt=dtype):
-            return [zeros(num_slots, *shape, dtype=dt, device=device) for _ in range(num_layers)]
+        def stack(*shape, dt=dtype):
+            return zeros(num_layers, num_slots, *shape, dtype=dt, device=device)
 
-        self.conv = per_layer(conv_kernel - 1, conv_dim)
-        self.recurrent = per_layer(num_v_heads, k_head_dim, v_head_dim, dt=state_dtype)
-        # the conv outputs, g and beta of each lane's rows since its last 64-row grid boundary
-        self.tail = per_layer(tail_rows, conv_dim)
-        self.tail_gates = per_layer(tail_rows, 2, num_v_heads, dt=state_dtype)
+        self._stack(
+            stack(conv_kernel - 1, conv_dim),
+            stack(num_v_heads, k_head_dim, v_head_dim, dt=state_dtype),
+            # the conv outputs, g and beta of each lane's rows since its last 64-row grid boundary
+            stack(tail_rows, conv_dim),
+            stack(tail_rows, 2, num_v_heads, dt=state_dtype),
+        )
         self._free = list(range(num_slots - 1, -1, -1))
         # a pass's lanes: each slot at most once, padding lanes too (one per bucket place)
         self.arrivals = (
             zeros(2 * num_slots, dtype=torch.int32, device=device) if tail_rows else None
         )
+
+    def _stack(self, *stacks: torch.Tensor) -> None:
+        """Each kind of state is one tensor [layer, slot, ...], a layer's slots a contiguous view
+        of it (what the kernels take): a slot of every layer is then one strided copy or fill
+        (a draft's saved state and its put-back, a new lane's zeros), not one a layer."""
+        self.stacks = list(stacks)
+        self.conv, self.recurrent, self.tail, self.tail_gates = (list(s.unbind(0)) for s in stacks)
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -81,8 +90,8 @@ class StatePool:
         self._free.append(slot)
 
     def reset(self, slot: int) -> None:
-        for t in self.tensors:
-            t[slot].zero_()
+        for s in self.stacks:
+            s[:, slot].zero_()
 
     def snapshot(self, slot: int) -> StateSnapshot:
         return StateSnapshot(tuple(t[slot].clone() for t in self.tensors))
@@ -96,33 +105,20 @@ class StatePool:
         self.copy_slots([src], [dst], into)
 
     def copy_slots(self, src: list[int], dst: list[int], into: StatePool | None = None) -> None:
-        """copy_slot for several slots at once, bit for bit: one gather and one scatter a state
-        tensor for all the slots (a copy per tensor and slot was ~770 launches from the host
-        for a 16-lane verify pass at the 9B); one slot's tensors in one multi-tensor copy."""
+        """copy_slot for several slots at once, bit for bit: one strided copy a kind of state
+        and slot, every layer in it (a copy per layer, tensor and slot was ~770 launches from
+        the host for a 16-lane verify pass at the 9B), all from one multi-tensor call."""
         into = into or self
-        pairs = [(a, b) for a, b in zip(self.tensors, into.tensors) if a[0].numel()]
-        if not pairs or not src:
-            return
-        if len(src) > 1:
-            dev = pairs[0][0].device
-            rows = torch.tensor(src, device=dev), torch.tensor(dst, device=dev)
-            for a, b in pairs:
-                b.index_copy_(0, rows[1], a.index_select(0, rows[0]))
-            return
+        pairs = [(a, b) for a, b in zip(self.stacks, into.stacks) if a.numel()]
         torch._foreach_copy_(
-            [b[j] for j in dst for _, b in pairs], [a[i] for i in src for a, _ in pairs]
+            [b[:, j] for j in dst for _, b in pairs], [a[:, i] for i in src for a, _ in pairs]
         )
 
     def like(self, num_slots: int) -> StatePool:
         """An empty pool of `num_slots` slots shaped like this one (the draft spares)."""
         pool = object.__new__(StatePool)
         pool.num_slots, pool._free = num_slots, list(range(num_slots - 1, -1, -1))
-
-        def empty(ts):
-            return [t.new_zeros(num_slots, *t.shape[1:]) for t in ts]
-
-        pool.conv, pool.recurrent = empty(self.conv), empty(self.recurrent)
-        pool.tail, pool.tail_gates = empty(self.tail), empty(self.tail_gates)
+        pool._stack(*(s.new_zeros(s.shape[0], num_slots, *s.shape[2:]) for s in self.stacks))
         pool.arrivals = None if self.arrivals is None else self.arrivals.new_zeros(2 * num_slots)
         return pool
 
