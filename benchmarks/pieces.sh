@@ -19,7 +19,7 @@ card_start || exit 1
 
 for p in $PHASES; do
     case $p in
-        registry) phase registry 300 $py -m tensorfold.checks.registry --only linear.affine ;;
+        registry) phase registry 480 $py -m tensorfold.checks.registry --only linear.affine ;;
         kernels)  for rows in 80 128 256; do
                       TAIL=40 phase "kernels-$rows" 240 $py benchmarks/kernels.py --no-recurrence \
                           --rows "$rows" --formats 4:64 --untried \
