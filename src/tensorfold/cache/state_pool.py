@@ -17,7 +17,7 @@ from .lazy import zeros
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    tensors: tuple[torch.Tensor, ...]  # one slot of every pool tensor, in StatePool.tensors order
+    tensors: tuple[torch.Tensor, ...]  # one slot of every kind of state, every layer (stacks order)
 
     @property
     def nbytes(self) -> int:
@@ -94,11 +94,12 @@ class StatePool:
             s[:, slot].zero_()
 
     def snapshot(self, slot: int) -> StateSnapshot:
-        return StateSnapshot(tuple(t[slot].clone() for t in self.tensors))
+        """The slot's state, every layer: one copy a kind (the prompt cache's cut)."""
+        return StateSnapshot(tuple(s[:, slot].clone() for s in self.stacks))
 
     def restore(self, slot: int, snap: StateSnapshot) -> None:
-        for dst, src in zip(self.tensors, snap.tensors):
-            dst[slot].copy_(src)
+        for dst, src in zip(self.stacks, snap.tensors):
+            dst[:, slot].copy_(src)
 
     def copy_slot(self, src: int, dst: int, into: StatePool | None = None) -> None:
         """Copies slot `src` to slot `dst` of `into` (this pool by default), bit for bit."""
