@@ -184,7 +184,7 @@ def untried(m: int) -> list[Tiles]:
     Gluon shapes (the ring's beat them at every 9B product) and the 4-warp ring's deep twins
     (each MMA queued behind the one running: right on an H100, never the book's pick there);
     at 129-512 rows the ring shapes on pieces of 64 or 128 rows (on the card each product ran
-    5-15% faster alone at 256 rows, a 256-lane step with them 3% slower: not offered yet)."""
+    4-22% faster alone at 256 rows, a 256-lane step with them 3% slower: not offered yet)."""
     if m > PIECES_MAX_ROWS or 64 < m <= SPLIT_MAX_ROWS:
         return []
     if m > 64:
