@@ -1,8 +1,9 @@
-"""Where a decode pass spends the card's time: the kernels of a few eager decode steps on a random
-checkpoint (9B shape unless --shape), summed by name, and the same steps' wall time eager and as
-CUDA graphs. With --prompt N, also the kernels of one N-token prompt (in chunks of --chunk rows).
-Each table opens with the kernel time by kind: products, experts, recurrence, attention, conv,
-the rest (where an 8k prompt's time goes, in any --gdn-form).
+"""Where a decode pass spends the card's time: the kernels of a few eager decode steps (with
+--graphed, of CUDA graph replays) on a random checkpoint (9B shape unless --shape), summed by name,
+and the same steps' wall time eager and as CUDA graphs. With --prompt N, also the kernels of one
+N-token prompt (in chunks of --chunk rows). Each table opens with the kernel time by kind:
+products, experts, recurrence, attention, conv, the rest (where an 8k prompt's time goes, in any
+--gdn-form).
 
     PYTHONPATH=src python3 benchmarks/profile_decode.py --out /tmp/prof [--models 4bit,bf16] [--lanes 1]
     PYTHONPATH=src python3 benchmarks/profile_decode.py --shape 35b-a3b --models 4bit --lanes 1,16
@@ -117,6 +118,12 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
     p.add_argument("--gdn-form", choices=FORMS, default="recurrence")
+    p.add_argument(
+        "--graphed",
+        action="store_true",
+        help="the kernels of the CUDA graph steps, not the eager ones (whose batch building "
+        "launches copies a replay does not)",
+    )
     args = p.parse_args()
     report = []
     run = Run(in_memory=args.in_memory, gdn_form=args.gdn_form)
@@ -126,10 +133,13 @@ def main() -> None:
         for lanes in (int(x) for x in args.lanes.split(",") if x):
             eng = decoding_engine(model, lanes, graphs=False)
             eager = step_time(eng)
-            report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
+            if not args.graphed:
+                report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
             del eng
             eng = decoding_engine(model, lanes, graphs=True)
             graphed = step_time(eng)
+            if args.graphed:
+                report.append(f"## {name}, {lanes} lanes, graph steps\n{kernel_table(eng)}")
             report.append(
                 f"step wall time: eager {eager * 1e3:.2f} ms, CUDA graph {graphed * 1e3:.2f} ms "
                 f"({lanes / graphed:,.0f} tok/s)"
