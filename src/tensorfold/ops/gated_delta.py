@@ -48,7 +48,7 @@ def grid_kernel_refuses(shape: "GDNShape") -> str | None:
 
 def grid_card_refuses(shape: "GDNShape") -> str | None:
     """Why an engine on a GPU refuses the grid form for a layer of this shape, or None. Beyond
-    the kernel's own limits: its configuration (value blocks of 64 columns, 8 warps) has passed
+    the kernel's own limits: its configuration (value blocks of 64 columns, 4 warps) has passed
     its checks on a card at head dims of 128 (every Qwen3.5 size) and no other; at 32-column
     value blocks Triton 3.6 compiled it into code that faults (docs/exactness.md)."""
     refused = grid_kernel_refuses(shape)
