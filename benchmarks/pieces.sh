@@ -1,10 +1,11 @@
 #!/bin/bash
 # The Gluon ring on pieces of 64 or 128 rows for 65-512 packed rows (offered to 128 rows since
-# this passed on a card; tiles.untried past that), on a GPU machine in one call: the registry's product entries (every launch shape, the untried ones
-# included, against the default at 100 and 300 rows, with the planted controls), the 9B's
-# products at 80, 128 and 256 rows with the untried shapes timed beside the offered ones, the
-# lane sweep with the book free to pick them (h200.py --untried) beside the same sweep without,
-# and a 16-lane verify pass of 5 rows a lane both ways (verify_cost.py), one process each.
+# this passed on a card; tiles.untried past that), on a GPU machine in one call: the registry's
+# product entries (every launch shape, the untried ones included, against the default at 100
+# and 300 rows, with the planted controls), the 9B's products at 80, 128 and 256 rows with the
+# untried shapes timed beside the offered ones, the lane sweep with the book free to pick them
+# (h200.py --untried) beside the same sweep without, and a 16-lane verify pass of 5 rows a lane
+# both ways (verify_cost.py), one process each.
 #
 #   bash benchmarks/pieces.sh OUT [phases]
 #

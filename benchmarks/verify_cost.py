@@ -104,7 +104,7 @@ def main() -> None:
         "--untried",
         action="store_true",
         help="the tile book times the shapes not yet offered too (tiles.untried: the Gluon ring "
-        "on 64-row pieces for the 65-512 rows of a many-lane verify pass)",
+        "on pieces past 128 rows, a verify pass of more than 16 lanes of 5 rows)",
     )
     p.add_argument(
         "--profile",

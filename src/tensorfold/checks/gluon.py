@@ -36,7 +36,7 @@ def _triton_partials(x, w, bits: int, group: int, plan) -> torch.Tensor:
 # weight rows a program), at group 64 (the warps touch no group arithmetic)
 FEW = [(m, 4) for m in (1, 2, 7, 16)]
 MANY = [(m, w) for m in (33, 64) for w in (4, 8)]
-TALL = [(100, w) for w in (4, 8)]  # the ring's 128-row tile (an untried shape: tiles.untried)
+TALL = [(100, w) for w in (4, 8)]  # the ring's 128-row tile (its pieces of 65-512 rows)
 
 
 def check_gluon(bits: int, form: str, impl, small: bool) -> list[str]:

@@ -322,8 +322,8 @@ def _swapped_body(
 
 
 BN = 64  # weight rows of one warpgroup's MMA tile (a program of 4 warps)
-# the rows pad to the MMA's narrow side; 128 (a many-lane verify or step) for a benchmark's
-# untried shapes only until a card checks it (tiles.untried); at 256 ptxas spills
+# the rows pad to the MMA's narrow side; 128: a many-lane verify pass or step, in pieces of 128
+# rows past that (tiles.PIECE_ROWS); at 256 ptxas spills
 ROW_TILES = (8, 16, 32, 64, 128)
 SHARED_BYTES = 227 * 1024  # a Hopper block's shared memory
 # K columns a step: 16 words of a row at 4 and 8 bits (eight or four 16-column MMAs), 10 or 12

@@ -386,7 +386,7 @@ def affine_matmul(
 def _pieces_total(pieces: list[torch.Tensor], part, out, n: int) -> torch.Tensor:
     """Consecutive row pieces' products, each piece's segment sums (`part`) added in order into
     its own rows as soon as they are made: every row's sums are its own, so the pieces change no
-    bit, only how often the weight is read (a reader that takes a Partial takes the sums)."""
+    bit, only how often the weight is read (no Partial is kept: a reader gets the rows summed)."""
     m, x = sum(p.shape[0] for p in pieces), pieces[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     r = 0
