@@ -283,7 +283,7 @@ def test_spare_state_memory_reported(hf_tiny_b, plain):
 def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
     """Planted: after a missed draft the lane keeps the state of the rejected rows."""
 
-    def settle(self, req, restores=None):
+    def settle(self, req, restores):
         d = req.lane.draft
         if d is not None and d.start >= 0 and req.lane.computed != req.num_tokens - 1:
             req.lane.computed = req.num_tokens - 1  # the state copy is not put back
@@ -301,10 +301,10 @@ def test_a_put_back_that_misses_a_lane_of_the_pass_is_caught(hf_tiny_b, plain, m
     state put back (the one copy after the pass for all of them drops the rest)."""
     settle = drafting.Drafting.settle
 
-    def first_only(self, req, restores=None):
-        kept = list(restores or [])
+    def first_only(self, req, restores):
+        kept = list(restores)
         settle(self, req, restores)
-        if kept and restores is not None:
+        if kept:
             restores[:] = kept
 
     monkeypatch.setattr(drafting.Drafting, "settle", first_only)

@@ -21,7 +21,7 @@ from ..runner.model_runner import eager_batch
 def propose_lanes(drafter, asks: list[tuple]) -> list[list[int]]:
     """asks: (MTPLane, the request's tokens, k) per lane; each lane's drafts, none for a lane
     whose head cannot start (its last catch-up left its first draft in a graph's buffers)."""
-    caught = [_catch_up_rows(lane, tokens) for lane, tokens, _ in asks]
+    caught = [lane.held(tokens) for lane, tokens, _ in asks]
     held = [i for i, rows in enumerate(caught) if rows is not None]
     if held:
         _catch_up(drafter, [asks[i][0] for i in held], [caught[i] for i in held])
@@ -36,11 +36,6 @@ def propose_lanes(drafter, asks: list[tuple]) -> list[list[int]]:
         for i, drafts in zip(ready, chains):
             out[i] = drafts
     return out
-
-
-def _catch_up_rows(lane, tokens):
-    """(token ids, held rows) the lane's head can run, or None when it has none."""
-    return lane.held(tokens) if lane.pending else None
 
 
 def _catch_up(drafter, lanes, rows) -> None:

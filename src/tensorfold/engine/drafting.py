@@ -247,8 +247,7 @@ class Drafting:
         for i, p in zip(lanes, picks):
             price = self.prices.ratio(len(work), work[i].rows)
             done[i] = self.verify(work[i].request, logits[i], sampler, output, price, p, restores)
-        if restores:  # the rejecting lanes' saved states put back, in one copy for all
-            self.spares.copy_slots(*map(list, zip(*restores)), into=self.states)
+        self.put_back(restores)
         return done
 
     @staticmethod
@@ -293,20 +292,17 @@ class Drafting:
             self.settle(req, restores)
         return events
 
-    def settle(self, req: Request, restores: list | None = None) -> None:
-        """After a verify: keep the state if every fed row's input was committed, else put the
-        copy back (with a fork: the state after the rows committed before the pass) so the
-        lane's next pass computes the committed rows after it again; with `restores`, the
-        (spare, slot) pair is left there for one copy of every lane's after the pass."""
+    def settle(self, req: Request, restores: list) -> None:
+        """After a verify: keep the state if every fed row's input was committed, else the copy
+        is to be put back (with a fork: the state after the rows committed before the pass; its
+        (spare, slot) left in `restores` for `put_back`) so the lane's next pass computes the
+        committed rows after it again."""
         lane = req.lane
         d = lane.draft
         if d is None:
             return
         if d.start >= 0 and lane.computed != req.num_tokens - 1:
-            if restores is None:
-                self.spares.copy_slot(d.spare, lane.slot, into=self.states)
-            else:
-                restores.append((d.spare, lane.slot))
+            restores.append((d.spare, lane.slot))
             lane.computed = d.start + d.forked
         d.start, d.proposal = -1, []
 
@@ -352,10 +348,17 @@ class Drafting:
             for drafter in d.drafters:
                 drafter.observe(rows.start, part)
 
+    def put_back(self, restores: list[tuple[int, int]]) -> None:
+        """The saved states of the lanes `settle` named copied back, in one call for all."""
+        if restores:
+            self.spares.copy_slots(*map(list, zip(*restores)), into=self.states)
+
     def catch_up(self, req: Request, runner) -> None:
         """A drafting lane that ends computes the committed rows it has not (one pass of its
         own), so its state, its prompt-cache cut and its fingerprint are a plain lane's."""
-        self.settle(req)
+        restores = []
+        self.settle(req, restores)
+        self.put_back(restores)
         n = self.behind(req)
         if n:
             runner.execute(PassPlan((req.rows(n),)))

@@ -122,11 +122,12 @@ class Sampler:
         greedy (its choice does not depend on the tokens before it), else [] for it (choose row
         by row): the argmaxes launched lane by lane, read back in one copy (a verify pass of 16
         lanes read each lane's apart, a wait on the device each)."""
-        plain = [self.greedy(rows) for req, rows in lanes if plain_greedy(req)]
-        flat = torch.cat(plain).tolist() if plain else []
+        plain = [plain_greedy(req) for req, _ in lanes]
+        rows = [x for (_, x), p in zip(lanes, plain) if p]
+        flat = torch.cat([self.greedy(x) for x in rows]).tolist() if rows else []
         picks, at = [], 0
-        for req, rows in lanes:
-            n = rows.shape[0] if plain_greedy(req) else 0
+        for (_, x), p in zip(lanes, plain):
+            n = x.shape[0] if p else 0
             picks.append(flat[at : at + n])
             at += n
         return picks
