@@ -149,6 +149,14 @@ def stepped_run(eng, prompts, params: SamplingParams) -> list:
     return [(r.output_ids, prints[r.request_id]) for r in reqs]
 
 
+def fixed_price(monkeypatch, ratio: float = 1.4) -> None:
+    """Every verify pass priced at `ratio` plain passes: the gates' decisions follow the drafts
+    alone, not the clock."""
+    from tensorfold.drafters.gate import PassPrices
+
+    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: ratio)
+
+
 THREE = [list(range(5 + i, 17 + 3 * i)) for i in range(3)]
 THREE_PARAMS = [
     SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True),
@@ -163,9 +171,7 @@ def _overlapped(path, draft: str, lane_cls, overlap: bool, monkeypatch):
     proposal, the lanes' reads made inside overlapped steps, overlapped steps, all steps)."""
     from engine_util import make_engine
 
-    from tensorfold.drafters.gate import PassPrices
-
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
+    fixed_price(monkeypatch)
     eng = make_engine(path, parallel=3, draft=draft, draft_tokens=4, overlap=overlap)
     proposals, seen = [], {"inside": 0, "reads": 0, "overlapped": 0}
     propose_many = eng.drafting.default.propose_many

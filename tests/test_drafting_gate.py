@@ -3,7 +3,7 @@ measured price of a verify pass (scripted histories give scripted decisions), an
 is always wrong stops costing passes within a few of them, in an engine that prices its passes."""
 
 import pytest
-from drafting_util import Script
+from drafting_util import Script, fixed_price
 from engine_util import make_engine, sample_prompt
 
 from tensorfold.drafters.gate import (
@@ -135,7 +135,6 @@ def _mixed_lanes(hf_tiny_b, monkeypatch, price: float, share: bool = True):
     """Four lanes under aligned (graph-shaped) passes: lane 0's drafts always right, the other
     three's always wrong, verify passes priced at `price` plain ones. Returns (the engine,
     the rows a lane of each pass without a prompt fed, plain replies, drafted replies)."""
-    from tensorfold.drafters.gate import PassPrices
     from tensorfold.engine.drafting import Drafting
 
     prompts = [sample_prompt(20 + i, 12, 300) for i in range(4)]
@@ -149,7 +148,7 @@ def _mixed_lanes(hf_tiny_b, monkeypatch, price: float, share: bool = True):
     replies.update(
         {tuple(p): [(t + 1) % 300 for t in w.output_ids] for p, w in zip(prompts[1:], want[1:])}
     )
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: price)
+    fixed_price(monkeypatch, price)
     if not share:
         monkeypatch.setattr(Drafting, "share_pass", lambda self, running: None)
     eng = make_engine(hf_tiny_b, parallel=4, draft="ngram", draft_tokens=4)
@@ -393,7 +392,7 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
     lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a gate
     that asks at every chance leaves no pass overlapped."""
     prompts, params, want, replies = _plain_replies(hf_tiny_b, 400, (9, 30, 14), 80)
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)  # not the clock's
+    fixed_price(monkeypatch)
 
     class Sparse(Script):  # right drafts at one position in 20, nothing elsewhere
         def propose(self, tokens, output, k):

@@ -65,9 +65,9 @@ def test_many_lanes_take_the_same_path_in_each_warpgroup(bits, mt):
 
 @pytest.mark.parametrize("bits,warps", [(4, 4), (4, 8), (8, 4), (8, 8), (5, 4), (6, 8)])
 def test_many_rows_pieces_take_the_same_path_with_a_wider_narrow_side(bits, warps):
-    """65-512 rows on pieces of 128 (offered to 128 rows, untried past): the ring form's weight tile and chain of
-    MMAs at m64n128, the rows' ring within a block's shared memory, nothing spilled by ptxas
-    (at 256 rows a tile it spills, so no shape takes that tile)."""
+    """65-512 rows on pieces of 128 (offered to 128 rows, untried past): the ring form's weight
+    tile and chain of MMAs at m64n128, the rows' ring within a block's shared memory, nothing
+    spilled by ptxas (at 256 rows a tile it spills, so no shape takes that tile)."""
     ck = _compile(64, 128, bits=bits, warps=warps, ring=True)
     _assert_register_path(ck, bits, 128)
     assert ck.metadata.shared <= gluon_affine.SHARED_BYTES

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drafting_util import fixed_price
 from engine_util import make_engine, sample_prompt
 from llguidance import LLMatcher
 
@@ -234,10 +235,7 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
     plain.run_until_done()
     wrong = {"all_wrong": lambda p: True, "every_third_wrong": lambda p: p % 3 == 2}
     replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
-    from tensorfold.drafters.gate import PassPrices
-
-    # a fixed verify price: the gates' decisions follow the drafts alone, not the clock
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
+    fixed_price(monkeypatch)
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     eng.drafting.default = Script(replies, wrong.get(pattern, lambda p: False))
     overlapped, step = [], eng._overlapped_step
@@ -257,9 +255,7 @@ def test_a_drafting_engine_overlaps_the_passes_that_read_prompts(hf_tiny_b, monk
     prompt passes sequential: they overlap, and the replies are plain's (drafts all right)."""
     from drafting_util import Script
 
-    from tensorfold.drafters.gate import PassPrices
-
-    monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: 1.4)
+    fixed_price(monkeypatch)
     prompts = [sample_prompt(600 + i, n, 300) for i, n in enumerate((300, 170, 260))]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     plain = make_engine(hf_tiny_b, parallel=3, overlap=False, chunk=64)
