@@ -19,6 +19,7 @@ from tensorfold.engine.fingerprint import system_fingerprint
 from tensorfold.engine.request import SamplingParams
 from tensorfold.ops import gated_delta as ref
 from tensorfold.ops.norm import l2_norm
+from tensorfold.runner.plan import PassPlan
 from tensorfold.tools.run import generate_once
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -163,3 +164,14 @@ def test_grid_form_on_a_gpu_only_at_the_head_dims_its_kernel_passed_at(hf_tiny_b
     with pytest.raises(ValueError, match="head dims of 128"):
         model.set_gdn_form("grid")
     model.set_gdn_form("chunk")  # the other forms are unaffected
+
+
+def test_the_chunk_forms_refuse_to_leave_a_state_in_another_slot(hf_tiny_b):
+    """A pass whose lane reads one slot and writes another (a verify pass in the per-token form)
+    is refused by name in the chunk forms, whose kernels keep each lane's state in its slot."""
+    eng = _chunk_engine(hf_tiny_b)
+    req = eng.add_request(sample_prompt(3, 9, 300), GREEDY)
+    eng.step()  # the prompt's pass
+    req.lane.writes = eng.caches.states.allocate()
+    with pytest.raises(ValueError, match="chunk form keeps each lane's state in its own slot"):
+        eng.runner.execute(PassPlan((req.rows(1, range(1)),)))

@@ -178,13 +178,18 @@ def fused_kernels() -> None:
     weight, x = torch.randn(64, 4).half() * 0.3, torch.randn(9, 64).half()
     segs = (Segment(2, 5, 0, 4, torch.arange(9)), Segment(0, 0, 4, 5, torch.arange(5)))
     meta = lane_index(segs, "cpu", 4)
-    states = torch.randn(3, 3, 64).half()
-    ref_states = states.clone()
+    states = torch.randn(4, 3, 64).half()
+    ref_states, before = states.clone(), states.clone()
     y = tconv.conv_lanes(x, states, weight, meta.slots, meta.conv_taps, meta.conv_keep)
     ref = ref_conv.causal_conv_lanes(
         x, ref_states, weight, meta.slots, meta.conv_taps, meta.conv_keep
     )
     assert rel(y, ref) < 2e-3 and torch.equal(states, ref_states)
+    # each lane's state left in another slot (a verify pass's spare): the read slots untouched
+    moved, writes = before.clone(), torch.tensor([1, 3])
+    y2 = tconv.conv_lanes(x, moved, weight, meta.slots, meta.conv_taps, meta.conv_keep, writes)
+    assert torch.equal(y2, y) and torch.equal(moved[[1, 3]], states[[2, 0]])
+    assert torch.equal(moved[[0, 2]], before[[0, 2]])
     a, b = torch.randn(5, 8).half(), torch.randn(5, 8).half()
     a_log, dt = torch.randn(8), torch.randn(8).half()
     g, beta = tgates.gdn_gates(a, b, a_log, dt)
@@ -284,6 +289,17 @@ def recurrence() -> None:
     rows = [torch.cat([torch.randn(10, *x.shape[1:]).to(x.dtype), x]) for x in (q, k, v, g, beta)]
     by_lane = gated_delta_lanes(*rows, lanes, torch.tensor([0, 2]), cu, blocks_first=False)
     assert torch.equal(by_lane[10:], whole) and torch.equal(lanes[2], states[2])
+    # The state left in another slot (a verify pass's spare): the same bytes, the read slot kept.
+    spare = torch.zeros(3, hv, dk, dk)
+    spare[1] = 7.0
+    out = gated_delta_lanes(
+        q, k, v, g, beta, spare, torch.tensor([1]), torch.tensor([0, t]), writes=torch.tensor([2])
+    )
+    fresh = torch.zeros(3, hv, dk, dk)
+    fresh[1] = 7.0
+    want = gated_delta_lanes(q, k, v, g, beta, fresh, torch.tensor([1]), torch.tensor([0, t]))
+    assert torch.equal(out, want) and torch.equal(spare[2], fresh[1])
+    assert torch.equal(spare[1], torch.full_like(spare[1], 7.0))
 
 
 def sampling() -> None:

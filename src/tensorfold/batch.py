@@ -17,10 +17,16 @@ class Segment:
     row0: int  # index of the first row in the pass
     length: int
     kv_rows: torch.Tensor  # [start+length] KV cache row of every position of the lane so far
+    writes: int = -1  # the slot its state is written to when not `slot` (a verify pass's spare)
 
     @property
     def rows(self) -> slice:
         return slice(self.row0, self.row0 + self.length)
+
+    @property
+    def out(self) -> int:
+        """The slot the pass leaves the lane's state in."""
+        return self.slot if self.writes < 0 else self.writes
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,10 @@ class LaneIndex:
     # attention writes them, so their outputs start as zeros and the rows stay finite (the
     # experts' routing reads every row)
     padded: bool = False
+    # [lanes] the slot each lane's conv and recurrent state are written to, where a lane reads
+    # one slot and leaves its state in another (a verify pass keeps the state it started from);
+    # None: every lane's own. The per-token recurrence's kernels take it, the chunk forms refuse it
+    writes: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

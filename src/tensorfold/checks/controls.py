@@ -8,15 +8,15 @@ from ..ops.triton import conv as tconv
 from ..ops.triton import linear
 
 
-def _conv_no_state(x, states, weight, slots, taps, keep):
+def _conv_no_state(x, states, weight, slots, taps, keep, writes=None):
     """Planted: the conv forgets to carry its window to the next call."""
     saved = states.clone()
-    out = tconv.conv_lanes(x, states, weight, slots, taps, keep)
+    out = tconv.conv_lanes(x, states, weight, slots, taps, keep, writes)
     states.copy_(saved)
     return out
 
 
-def _fla_chunked(q, k, v, g, beta, states, slots, cu):
+def _fla_chunked(q, k, v, g, beta, states, slots, cu, writes=None):
     """Planted: fla's chunked (WY) kernel in place of the recurrence."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -32,7 +32,7 @@ def _fla_chunked(q, k, v, g, beta, states, slots, cu):
         use_qk_l2norm_in_kernel=True,
         cu_seqlens=cu,
     )
-    states[slots] = final
+    states[slots if writes is None else writes] = final
     return o[0]
 
 

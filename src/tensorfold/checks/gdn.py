@@ -82,7 +82,27 @@ def check_recurrence(impl, small: bool) -> list[str]:
     )
     if not (torch.equal(both[100:], whole) and torch.equal(states[1], state_whole)):
         bad.append("a lane beside another lane differs from the lane alone")
-    return bad
+    return bad + _recurrence_writes(impl, (q, k, v, g, beta), whole, state_whole)
+
+
+def _recurrence_writes(impl, rows, whole, state_whole) -> list[str]:
+    """The second half of the rows read from slot 1 and left in slot 2 (a verify pass's spare):
+    the same outputs and end state as one call in place, slot 1 as the first half left it."""
+    states = torch.zeros(3, *state_whole.shape, device="cuda")
+    t, cut = rows[0].shape[0], rows[0].shape[0] // 2
+    one = lambda *s: torch.tensor(s, device="cuda")  # noqa: E731
+    first = impl(*(x[:cut] for x in rows), states, one(1), one(0, cut))
+    half = states[1].clone()
+    second = impl(*(x[cut:] for x in rows), states, one(1), one(0, t - cut), writes=one(2))
+    same = torch.equal(torch.cat([first, second]), whole) and torch.equal(states[2], state_whole)
+    if not (same and torch.equal(states[1], half)):
+        return ["the state left in another slot differs from the state in place"]
+    return []
+
+
+def _in_place(impl):
+    """Planted: the state written back where it was read, whatever slot it was to be left in."""
+    return lambda *args, writes=None, **kw: impl(*args, **kw)
 
 
 def _gdn_case(t: int, small: bool):
@@ -173,6 +193,9 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shap
     ("gdn.chunk", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv ≤ 256 power of two", "ref 1e-2, chunks, decode, lanes", check_gdn),
     ("gdn.grid", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv ≥ 16", "ref 1e-2, chunks, decode, lanes", check_gdn),
 ]  # fmt: skip
+CONTROLS = [  # (kernel, what is planted, faulty implementation)
+    ("gdn.recurrence", "state left where it was read", _in_place(gated_delta.gated_delta_lanes)),
+]
 IMPLS = {
     "gdn.recurrence": gated_delta.gated_delta_lanes,
     "gdn.chunk": gated_delta_chunk.gated_delta_lanes,

@@ -11,7 +11,7 @@ however a sequence is cut into calls; "decode" = a decode row equals the same ro
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -242,7 +242,23 @@ def check_conv(impl, small: bool) -> list[str]:
         parts.append(out[3:])
     if not (torch.equal(torch.cat(parts), whole) and torch.equal(states[1], end)):
         bad.append("chunks of 7 beside another lane differ from one call")
-    return bad
+    return bad + _conv_writes(impl, x, weight, whole, end)
+
+
+def _conv_writes(impl, x, weight, whole, end) -> list[str]:
+    """The last 12 rows read from slot 1 and the state left in slot 2 (a verify pass's spare):
+    the same outputs and state as in place, slot 1 as the rows before left it."""
+    states = torch.zeros(3, 3, x.shape[1], device="cuda", dtype=x.dtype)
+    seg = lambda start, n: Segment(1, start, 0, n, torch.arange(start + n))  # noqa: E731
+    first = _conv_call(impl, x[:28], states, weight, (seg(0, 28),))
+    kept = states[1].clone()
+    lanes = lane_index((replace(seg(28, 12), writes=2),), "cuda", weight.shape[1])
+    index = (lanes.slots, lanes.conv_taps, lanes.conv_keep)
+    second = impl(x[28:], states, weight, *index, lanes.writes)
+    same = torch.equal(torch.cat([first, second]), whole) and torch.equal(states[2], end)
+    if not (same and torch.equal(states[1], kept)):
+        return ["the conv state left in another slot differs from the state in place"]
+    return []
 
 
 def check_small_fused(impl_pair, small: bool) -> list[str]:
@@ -305,8 +321,17 @@ KERNELS += [
     + registry_gluon.ENTRIES
     + registry_fused.ENTRIES
 ]
+
+
+def _conv_in_place(x, states, weight, slots, taps, keep, writes=None):
+    """Planted: the conv state written back where it was read, whatever slot it was to go to."""
+    return tconv.conv_lanes(x, states, weight, slots, taps, keep)
+
+
 CONTROLS = (
-    DENSE_CONTROLS
+    [("conv", "state left where it was read", _conv_in_place)]
+    + registry_gdn.CONTROLS
+    + DENSE_CONTROLS
     + registry_attention.CONTROLS
     + registry_moe.CONTROLS
     + registry_gluon.CONTROLS

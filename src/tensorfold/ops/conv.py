@@ -30,12 +30,14 @@ def causal_conv_lanes(
     slots: torch.Tensor,
     taps: torch.Tensor,
     keep: torch.Tensor,
+    writes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every lane of a pass at once: x [rows, C] (lanes' rows in order), states [slots, K-1, C].
 
     taps/keep index the rows of [each lane's state ; x] that each output reads and that become the
-    lanes' next states (`conv_gather`). Each output row is the same fixed K-term sum in fp32, then
-    silu. x may carry padding rows past the taps': their outputs are unspecified.
+    lanes' next states (`conv_gather`), written to `writes` [lanes] (their own slots if None).
+    Each output row is the same fixed K-term sum in fp32, then silu. x may carry padding rows past
+    the taps': their outputs are unspecified.
     """
     hist, n = states.shape[1], x.shape[0]
     # Over a row count padded to the tile, so silu never meets a scalar tail.
@@ -47,5 +49,5 @@ def causal_conv_lanes(
     out = w[:, 0] * source[taps[:, 0]].to(acc)
     for j in range(1, weight.shape[1]):
         out = out + w[:, j] * source[taps[:, j]].to(acc)
-    states[slots] = source[keep].view(-1, hist, states.shape[2])
+    states[slots if writes is None else writes] = source[keep].view(-1, hist, states.shape[2])
     return untailed(F.silu, out)[:n].to(x.dtype)

@@ -51,6 +51,7 @@ def lane_index(
         from .triton.gated_delta_chunk import LanePlan
 
         plan = LanePlan.build([(s.slot, s.start, s.length) for s in segments], device)
+    moved = any(s.writes >= 0 for s in segments)
     return LaneIndex(
         as_t([s.slot for s in segments]),
         as_t(bounds),
@@ -59,6 +60,7 @@ def lane_index(
         ref_attention.AttentionTiles.build(segments, device),
         as_t([s.start % ref_gdn.CHUNK for s in segments]),
         plan,
+        writes=as_t([s.out for s in segments]) if moved else None,
     )
 
 
@@ -167,14 +169,14 @@ def gdn_gates(
 def causal_conv(
     x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, lanes: LaneIndex
 ) -> torch.Tensor:
-    """silu(causal conv) of every lane's rows, each lane's conv state read and updated in place."""
+    """silu(causal conv) of every lane's rows, each lane's conv state read from its slot and
+    written back there (or to its `lanes.writes` slot)."""
+    index = (lanes.slots, lanes.conv_taps, lanes.conv_keep, lanes.writes)
     if x.is_cuda:
         from .triton import conv as tconv
 
-        return tconv.conv_lanes(x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep)
-    return ref_conv.causal_conv_lanes(
-        x, states, weight, lanes.slots, lanes.conv_taps, lanes.conv_keep
-    )
+        return tconv.conv_lanes(x, states, weight, *index)
+    return ref_conv.causal_conv_lanes(x, states, weight, *index)
 
 
 def gated_delta(
@@ -191,6 +193,8 @@ def gated_delta(
     one token at a time from the state after the lane's last row, or grid chunks of 64 rows from
     the state at its last boundary and the rows since (its tail): "chunk" (fla's kernels on the
     GPU) or "grid" (one launch on the GPU); the CPU runs one reference for both."""
+    if ref_gdn.grid_chunked(form) and batch.lanes.writes is not None:
+        raise ValueError(f"the {form} form keeps each lane's state in its own slot; got writes")
     if form == "grid" and x.is_cuda:
         from .triton.gated_delta_grid import grid_lanes
 
@@ -216,6 +220,7 @@ def gated_delta(
             batch.lanes.slots,
             batch.lanes.cu_seqlens,
             batch.lanes.padded,
+            writes=batch.lanes.writes,
         )
     return ref_gdn.recurrence_lanes(x, g, beta, states, shape, batch.segments)
 

@@ -133,14 +133,17 @@ def recurrence_lanes(
     segments: tuple[Segment, ...],
 ) -> torch.Tensor:
     """The per-token form: every lane's rows one at a time from the state after its last row
-    (the slot holds that state; the tail is unused). Inputs and result as gated_delta_lanes."""
+    (the slot holds that state; the tail is unused), left in the segment's `out` slot. Inputs and
+    result as gated_delta_lanes."""
     acc = states.recurrent.dtype
     decay = untailed(torch.exp, g)  # over every row at once
     out = x.new_zeros(x.shape[0], heads.num_v_heads, heads.v_head_dim)
     for seg in segments:
         r = seg.rows
         q, k, v = _heads(x[r], heads, acc)
-        o = gated_delta_rule(states.recurrent[seg.slot], q, k, v, decay[r], beta[r].to(acc))
+        if seg.out != seg.slot:  # the rows run on a copy there, the read slot stays as it was
+            states.recurrent[seg.out].copy_(states.recurrent[seg.slot])
+        o = gated_delta_rule(states.recurrent[seg.out], q, k, v, decay[r], beta[r].to(acc))
         out[r] = o.to(x.dtype)
     return out
 

@@ -6,8 +6,9 @@ pass's kernels and configurations, so a token's bits do not change (tests/test_g
 tests/test_gpu_drafting.py compare the two bitwise). A graph's pass is `lanes` lanes of `rows`
 rows each (decode: 1; verify: 1 + K) and returns every row's logits; each lane gets the suffix
 its LaneRows.logits names. Static per graph: the lanes' KV slot tables (reloaded only when the
-set of lanes changes), state slots, conv gathers and attention tiles; per pass only the tokens
-and positions are copied in, the KV write rows and tile starts computed inside the graph. A
+set of lanes changes), conv gathers and attention tiles; per pass the tokens and positions are
+copied in (and the state slots read and written, when they change: a verify pass's lanes write
+their spares), the KV write rows and tile starts computed inside the graph. A
 runner's graphs share one memory pool: its largest pass's working memory is held once.
 
 Lane counts come in buckets (1, 2, 4, 8, then every 8 up to --parallel, as vLLM's capture sizes):
@@ -30,7 +31,7 @@ import torch
 from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
-from .plan import PassPlan
+from .plan import PassPlan, same_lanes
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class StaticLanes:
     batch: ForwardBatch
     inputs: torch.Tensor  # [2, rows (+ 1)]: fed tokens, positions (a piece's real rows)
     table: torch.Tensor  # [lanes, context] every lane's KV slot table
-    slots: torch.Tensor  # [lanes] GDN state slots
+    slots: torch.Tensor  # [2, lanes] GDN state slots: each lane's read, and written (LaneIndex)
     kv_write: torch.Tensor
     pos0: torch.Tensor
     tile_row0: torch.Tensor  # [tiles] the pass row of each attention tile's first row
@@ -100,7 +101,7 @@ class StaticLanes:
         inputs = torch.zeros(2, n + (1 if prompt else 0), dtype=torch.long, device=dev)
         if table is None:
             table = torch.zeros(len(counts), context, dtype=torch.int32, device=dev)
-        slots = torch.zeros(len(counts), dtype=torch.long, device=dev)
+        slots = torch.zeros(2, len(counts), dtype=torch.long, device=dev)
         kv_write = torch.zeros(n, dtype=torch.long, device=dev)
         size = tile_rows(max(counts))  # the tiles an eager pass would cut
         cuts = [(i, s) for i, c in enumerate(counts) for s in range(0, c, size)]
@@ -121,8 +122,9 @@ class StaticLanes:
         )
         tails = torch.zeros(len(counts), dtype=torch.long, device=dev)
         index = LaneIndex(
-            slots, as_t(row0), as_t(taps), as_t(keep), tiles, tails, padded=bool(prompt)
-        )
+            slots[0], as_t(row0), as_t(taps), as_t(keep), tiles, tails, padded=bool(prompt),
+            writes=slots[1],
+        )  # fmt: skip
         wanted = list(range(lanes * rows)) + ([n - 1] if prompt else [])
         batch = ForwardBatch(inputs[0, :n], inputs[1, :n], kv_write, (), as_t(wanted), index)
         lane_of = [i for i, c in enumerate(counts) for _ in range(c)]
@@ -175,18 +177,21 @@ class PassGraph:
         )
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
         self.batch = self.lane.batch
-        self.members: tuple = ()
+        self.members: tuple = ()  # (key, KV rows tensor) of each lane whose table is loaded
+        self.slots_loaded: list[int] = []
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.kept: tuple = (None, None)  # the model's kept states of the recorded pass
 
     def _load(self, plan: PassPlan) -> None:
-        members = tuple((lane.key, lane.slot) for lane in plan)
-        if members != self.members:  # lanes joined or left: reload their tables
+        if not same_lanes(plan, self.members):  # lanes joined or left: reload their tables
             for i, lane in enumerate(plan):
                 self.table[i, : lane.capacity] = lane.kv_rows.to(torch.int32)
-            self.slots.copy_(torch.tensor([lane.slot for lane in plan]), non_blocking=True)
-            self.members = members
+            self.members = tuple((lane.key, lane.kv_rows) for lane in plan)
+        slots = [lane.slot for lane in plan] + [lane.out for lane in plan]
+        if slots != self.slots_loaded:  # a verify pass's lanes write their spares
+            self.slots.copy_(torch.tensor(slots).view(2, -1), non_blocking=True)
+            self.slots_loaded = slots
         ids, positions = [], []
         for lane in plan:
             ids += lane.token_ids

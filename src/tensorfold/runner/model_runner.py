@@ -109,7 +109,8 @@ class ModelRunner:
         for i, lane in enumerate(plan):
             start, n = lane.start, lane.rows
             ids += lane.token_ids
-            segments.append(Segment(lane.slot, start, row, n, lane.kv_rows[: start + n]))
+            kv_rows = lane.kv_rows[: start + n]
+            segments.append(Segment(lane.slot, start, row, n, kv_rows, lane.writes))
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .cuda_graph import StaticLanes, record
-from .plan import LaneRows
+from .plan import LaneRows, same_lanes
 
 
 class _Recorded:
@@ -60,7 +60,7 @@ class MTPGraphs:
         self.out = torch.zeros(1, width, dtype=head.fc.weight.dtype, device=dev)  # chain's input
         self.drafts = torch.zeros(most, dtype=torch.long, device=dev)  # [0]: the first draft
         self.pool = torch.cuda.graph_pool_handle()
-        self.member: tuple | None = None
+        self.member: tuple = ()  # (key, KV rows) of the lane whose table is loaded
         self.catch_ups: dict[int, tuple[StaticLanes, _Recorded]] = {}
         self.chains: dict[int, tuple[list[StaticLanes], _Recorded]] = {}
 
@@ -71,10 +71,9 @@ class MTPGraphs:
         )
 
     def _load(self, place: LaneRows) -> None:
-        member = (place.key, place.slot)
-        if member != self.member:
+        if not same_lanes((place,), self.member):
             self.table[0, : place.capacity] = place.kv_rows.to(torch.int32)
-            self.member = member
+            self.member = ((place.key, place.kv_rows),)
 
     def catch_up(self, place: LaneRows, start: int, ids: list[int], rows: torch.Tensor) -> None:
         """The head over positions start.. (ids: t[p+1]; rows: h[p]); leaves the first draft in

@@ -20,6 +20,7 @@ class LaneRows:
     kv_rows: torch.Tensor  # [capacity] KV cache row of every position the lane may fill
     pages: tuple[int, ...]  # its KV pages (a split sends them to the other ranks)
     logits: range = range(0)  # offsets of the rows whose logits the pass returns
+    writes: int = -1  # the slot the pass leaves its state in when not `slot` (a verify's spare)
 
     @property
     def rows(self) -> int:
@@ -28,6 +29,20 @@ class LaneRows:
     @property
     def capacity(self) -> int:
         return int(self.kv_rows.shape[0])
+
+    @property
+    def out(self) -> int:
+        """The slot the pass leaves the lane's state in."""
+        return self.slot if self.writes < 0 else self.writes
+
+
+def same_lanes(plan, members: tuple) -> bool:
+    """Whether a graph's loaded (key, KV rows) members are `plan`'s lanes, in order: the KV rows
+    are compared as objects (a lane's are made once at admission and never changed), which the
+    members hold, so no new lane's can take a gone one's identity."""
+    return len(members) == len(plan) and all(
+        key == lane.key and rows is lane.kv_rows for (key, rows), lane in zip(members, plan)
+    )
 
 
 @dataclass(frozen=True)

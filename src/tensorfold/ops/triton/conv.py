@@ -59,6 +59,7 @@ def _conv_keep(
     x_ptr,
     st_ptr,
     slots_ptr,
+    writes_ptr,
     keep_ptr,
     C,
     LANES_HIST,
@@ -83,7 +84,7 @@ def _conv_keep(
         other=0.0,
     )
     rows = tl.where(in_state[:, None], old, new)  # every source is read before any row is written
-    mine = tl.load(slots_ptr + lane)
+    mine = tl.load(writes_ptr + lane)
     tl.store(st_ptr + mine * stride_slot + o_h[:, None] * C + o_c[None, :], rows, mask=ok)
 
 
@@ -94,8 +95,10 @@ def conv_lanes(
     slots: torch.Tensor,
     taps: torch.Tensor,
     keep: torch.Tensor,
+    writes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """As ops.conv.causal_conv_lanes: silu(causal conv) of every lane's rows; states updated in place."""
+    """As ops.conv.causal_conv_lanes: silu(causal conv) of every lane's rows; each lane's state
+    written to its `writes` slot (its own if None)."""
     rows, c = x.shape
     lanes, hist = keep.shape
     if x.stride(1) != 1:
@@ -122,6 +125,7 @@ def conv_lanes(
         x,
         states,
         slots,
+        slots if writes is None else writes,
         keep,
         c,
         lanes * hist,

@@ -1,7 +1,7 @@
 """The gated delta rule on the GPU for every lane of a pass: one per-token recurrence kernel.
 
-One launch runs each lane's rows in order, reading and writing its state in place at its slot
-(no gather or scatter of states). A program owns one (lane, value head, 16-wide V block): the state
+One launch runs each lane's rows in order, reading its state at its slot and writing it back there
+or to another slot (a verify pass keeps the state it started from; no gather or scatter). A program owns one (lane, value head, 16-wide V block): the state
 block [dk, 16] stays in registers for the lane's whole run, and the next row's q, k, v, gate and beta
 are loaded while the current row is computed, so a step waits on arithmetic, not on memory. The same
 kernel and configuration serve prompt and decode rows, and a step's arithmetic never depends on
@@ -62,6 +62,7 @@ def _recurrence(
     o_ptr,
     h_ptr,
     slot_ptr,
+    out_ptr,
     cu_ptr,
     stride_q,
     stride_k,
@@ -135,7 +136,8 @@ def _recurrence(
         tl.store(o_ptr + t.to(tl.int64) * stride_o + h * V + o_v, b_o.to(o_ptr.dtype.element_ty))
         b_q, b_k, b_v, b_g, b_b = n_q, n_k, n_v, n_g, n_b
         t += 1
-    tl.store(p_h, b_h)
+    out = tl.load(out_ptr + i).to(tl.int64)  # the slot the state is left in (mostly `slot`)
+    tl.store(h_ptr + (out * HV + h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_h)
 
 
 def gated_delta_lanes(
@@ -149,11 +151,13 @@ def gated_delta_lanes(
     cu_seqlens: torch.Tensor,
     zeroed: bool = False,
     blocks_first: bool = BLOCKS_FIRST,
+    writes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
-    Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is states[slots[i]], updated in
-    place. Returns o [T, Hv, dv] in v's dtype (`zeroed`: rows outside every lane are zeros).
+    Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is read at states[slots[i]] and
+    written to states[writes[i]] (in place if None). Returns o [T, Hv, dv] in v's dtype
+    (`zeroed`: rows outside every lane are zeros).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -180,6 +184,7 @@ def gated_delta_lanes(
         o,
         states,
         slots,
+        slots if writes is None else writes,
         cu_seqlens,
         q.stride(0),
         k.stride(0),
