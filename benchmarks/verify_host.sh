@@ -9,8 +9,10 @@
 #
 #   bash benchmarks/verify_host.sh OUT [phases]
 #
-# phases, in the order given: profile, k7, gate, tests (default: all; "profile k7" and then
-# "gate tests" each fit a call of 10 minutes). Settings: MODELS (default 4bit).
+# phases, in the order given: profile, k7, gate, tests, registry (the conv and recurrence
+# kernels' checks, a state left in another slot among them, with their planted controls), demo
+# (the bundled demo plain against drafted, demo_drafting.py) (default: the first four; "profile
+# k7" and then "gate tests" each fit a call of 10 minutes). Settings: MODELS (default 4bit).
 set -u
 OUT=${1:?usage: verify_host.sh OUT [phases]}
 PHASES=${2:-profile k7 gate tests}
@@ -27,5 +29,10 @@ for p in $PHASES; do
         gate)    TAIL=8 phase gate 240 $py benchmarks/gate_cost.py --models "${MODELS:-4bit}" \
                      --lanes 1,16 --draft-tokens 4 --tokens 256 ;;
         tests)   TAIL=8 phase tests 360 $py -m pytest -q -x tests/test_gpu_drafting.py ;;
+        registry) for k in conv gdn.recurrence; do
+                     TAIL=8 phase "registry-$k" 240 $py -m tensorfold.checks.registry --only "$k"
+                 done ;;
+        demo)    TAIL=16 phase demo 300 $py benchmarks/demo_drafting.py --device cuda --tasks 12 \
+                     --rounds 2 ;;
     esac
 done

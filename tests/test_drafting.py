@@ -389,3 +389,25 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
     assert picks[1] == [] and picks[2] == []
     assert picks[3] == lanes[3][1].argmax(-1).tolist() and len(picks[3]) == 5
     assert reads == [2, 5]
+
+
+@pytest.mark.parametrize("form", ["recurrence", "chunk"])
+def test_a_verify_pass_leaves_the_state_in_the_spare_and_copies_none(hf_tiny_b, form):
+    """Aligned (every lane's verify reads its slot and writes its spare), the per-token form's
+    passes copy no state, before or after a miss, and the replies are plain's; the chunk forms
+    (whose kernels write in place) copy each verifying lane's state to its spare instead."""
+    runs = {}
+    for draft in (None, "ngram"):
+        eng = make_engine(hf_tiny_b, parallel=4, draft=draft, gdn_form=form)
+        if draft:
+            want = {tuple(p): ids for p, ids in zip(_prompts(), runs[None])}
+            eng.drafting.default = Script(want, PATTERNS["every_third_wrong"])
+            eng.drafting.align = True
+        copies, copy = [], eng.caches.states.copy_slots
+        eng.caches.states.copy_slots = lambda *a, **k: copies.append(a) or copy(*a, **k)  # noqa: B023
+        reqs = [eng.add_request(p, GREEDY) for p in _prompts()]
+        eng.run_until_done()
+        runs[draft] = [r.output_ids for r in reqs]
+    assert runs["ngram"] == runs[None]
+    assert 0 < eng.drafting.stats.accepted < eng.drafting.stats.proposed
+    assert eng.drafting.flip == (form == "recurrence") and bool(copies) == (form == "chunk")

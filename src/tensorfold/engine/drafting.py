@@ -5,10 +5,15 @@ docs/exactness.md ('Drafting') has the argument; in short:
 - a verify segment is the lane's uncomputed committed rows, then its drafts, computed with any
   row's arithmetic; row j's logits choose its token by the request's own rule, and the drafts
   stand while they equal those choices (the first miss is the bonus token);
-- the lane's GDN state is copied to a spare slot before the pass and put back after a miss, and
-  the committed rows after the copy are recomputed at the head of the next pass; a fork feeds
-  those rows to the spare in the same pass, so a missing lane stays one verify behind (never a
-  pile-up of rows); passes aligned to CUDA graphs make no fork, which would make them eager.
+- the lane's GDN state before the pass is kept: the pass reads it from the lane's slot and
+  leaves the state after its rows in the lane's spare slot, which becomes the lane's slot when
+  every fed row is committed; after a miss the lane keeps its slot and the committed rows after
+  it are recomputed at the head of the next pass (where the pass's kernels cannot write another
+  slot, the chunk forms', the state is copied to the spare before and put back after a miss);
+- a lane with several committed rows to recompute may fork instead: its state is copied to the
+  spare and the pass feeds those rows to it too, so a missing lane stays one verify behind
+  (never a pile-up of rows); passes aligned to CUDA graphs make no fork, which would make them
+  eager.
 """
 
 from __future__ import annotations
@@ -50,10 +55,18 @@ class Drafting:
     """The engine's drafting: proposes before a pass, verifies after it, settles state."""
 
     def __init__(
-        self, config: DraftConfig, caches, lanes: int, target=None, allowed: bool = True
+        self,
+        config: DraftConfig,
+        caches,
+        lanes: int,
+        target=None,
+        allowed: bool = True,
+        writes: bool = False,
     ) -> None:
         """`allowed` False (a tensor split, whose other ranks do not keep spare state slots):
-        nothing drafts, a request's `prediction` included; its tokens are the same either way."""
+        nothing drafts, a request's `prediction` included; its tokens are the same either way.
+        `writes`: the pass's kernels can leave a lane's state in another slot than the one they
+        read (the per-token recurrence's: LaneIndex.writes)."""
         if config.method and not allowed:
             raise SplitRefused(refuse_split_draft())
         self.config, self.states, self.lanes = config, caches.states, lanes
@@ -61,6 +74,7 @@ class Drafting:
         # the engine's pool has a spare slot per lane when a drafter is configured: forks
         self.fork = self.states.num_slots >= 2 * lanes
         self.spares: StatePool | None = self.states if self.fork else None  # else made on use
+        self.writes = writes
         self.default = make_drafter(config.method, target, caches) if config.method else None
         self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
@@ -192,6 +206,12 @@ class Drafting:
         prompt read, room for a draft. A lane reading its prompt or at its end asks nothing."""
         return req.lane.draft.gate.skip == 0 and not req.in_prompt and self.room(req) > 0
 
+    @property
+    def flip(self) -> bool:
+        """A verify pass writes each lane's spare (no copy before it, none after a miss): the
+        kernels must write another slot, and the spare be one of the pool they index."""
+        return self.writes and self.fork and self.spares is self.states
+
     def room(self, req: Request) -> int:
         """Drafts a drafting lane may carry in its next pass. Aligned: fewer by the rows it
         recomputes, and near its end as many as its KV rows reach (the scheduler's lookahead):
@@ -210,6 +230,7 @@ class Drafting:
         for w in work:
             req, lane = w.request, w.request.lane
             d = lane.draft
+            lane.writes = -1
             if not req.drafting:
                 continue
             pending = req.num_tokens - lane.computed
@@ -220,12 +241,15 @@ class Drafting:
                 self.spares = self.states.like(self.lanes)
             if d.spare < 0:
                 d.spare = self.spares.allocate()
-            src.append(lane.slot)
-            dst.append(d.spare)
             d.start = lane.computed
             # aligned passes (CUDA graphs) stay 1 + K rows a lane: a fork's segment would make
             # the pass eager, which costs far more on a GPU than the rows it saves
             d.forked = pending if self.fork and not self.align and pending > 1 else 0
+            if self.flip and not d.forked:
+                lane.writes = d.spare  # the pass leaves its state there, its own slot untouched
+                continue
+            src.append(lane.slot)
+            dst.append(d.spare)
             if d.forked:
                 ids = tuple(req.all_ids[d.start : d.start + pending])
                 key = f"{req.request_id} fork"
@@ -293,15 +317,23 @@ class Drafting:
         return events
 
     def settle(self, req: Request, restores: list) -> None:
-        """After a verify: keep the state if every fed row's input was committed, else the copy
-        is to be put back (with a fork: the state after the rows committed before the pass; its
-        (spare, slot) left in `restores` for `put_back`) so the lane's next pass computes the
-        committed rows after it again."""
+        """After a verify: keep the state if every fed row's input was committed (a pass that
+        wrote the spare makes it the lane's slot), else go back to the state before the pass: the
+        lane's own slot where the pass wrote the spare, or the copy to put back (with a fork: the
+        state after the rows committed before the pass; its (spare, slot) left in `restores` for
+        `put_back`), so the lane's next pass computes the committed rows after it again."""
         lane = req.lane
         d = lane.draft
         if d is None:
             return
-        if d.start >= 0 and lane.computed != req.num_tokens - 1:
+        kept = lane.computed == req.num_tokens - 1
+        if lane.writes >= 0:  # the pass left the state in the spare: the lane's if it stands
+            if kept:
+                lane.slot, d.spare = d.spare, lane.slot
+            else:
+                lane.computed = d.start
+            lane.writes = -1
+        elif d.start >= 0 and not kept:
             restores.append((d.spare, lane.slot))
             lane.computed = d.start + d.forked
         d.start, d.proposal = -1, []

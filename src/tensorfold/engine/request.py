@@ -150,6 +150,7 @@ class Lane:
     matcher: Matcher | None = None  # the grammar's, made on the engine thread at first use
     draft: LaneDraft | None = None  # its drafting, when it drafts
     pending: int = -1  # its next token, chosen on the device and not read back: its index there
+    writes: int = -1  # the slot its next pass leaves its state in, when not `slot` (drafting)
 
 
 @dataclass
@@ -231,6 +232,7 @@ class Request:
         """The lane's next `n` rows as a runner reads them (none: the lane as it stands)."""
         lane, start = self.lane, self.lane.computed
         ids = tuple(self.fed(start, start + n))
+        pages = tuple(lane.pages)
         return LaneRows(
-            self.request_id, lane.slot, start, ids, lane.kv_rows, tuple(lane.pages), logits
+            self.request_id, lane.slot, start, ids, lane.kv_rows, pages, logits, lane.writes
         )
