@@ -388,7 +388,13 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
     assert picks[0] == lanes[0][1].argmax(-1).tolist() and len(picks[0]) == 2
     assert picks[1] == [] and picks[2] == []
     assert picks[3] == lanes[3][1].argmax(-1).tolist() and len(picks[3]) == 5
-    assert reads == [2, 5]
+    assert reads == [7]  # one argmax for both lanes' rows
+    # a graph's lanes, each a block of one logits tensor: one argmax over a view of them all
+    logits = torch.randn(12, 50, generator=g)
+    blocks = [(Request(f"g{i}", [1], kinds[0]), logits[4 * i : 4 * i + 4]) for i in range(3)]
+    reads.clear()
+    picks = sampler.greedy_picks(blocks)
+    assert sum(picks, []) == logits.argmax(-1).tolist() and reads == [12]
 
 
 @pytest.mark.parametrize("form", ["recurrence", "chunk"])
