@@ -28,6 +28,7 @@ class _Capture:
 
     def __init__(self, model):
         self.device, self.config, self.batch = model.device, model.config, None
+        self.gdn_form = model.gdn_form
 
     def forward(self, batch, caches):
         self.batch = batch
@@ -40,6 +41,8 @@ def _same_batch(graph_batch, eager_batch) -> None:
     assert torch.equal(g.kv_write, e.kv_write)
     gl, el = g.lanes, e.lanes
     assert torch.equal(gl.slots, el.slots) and torch.equal(gl.cu_seqlens, el.cu_seqlens)
+    # the slots each lane's state is left in: a verify pass's spares, else the lanes' own
+    assert torch.equal(gl.writes, el.slots if el.writes is None else el.writes)
     assert torch.equal(gl.conv_taps, el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
     tiles, ref = gl.attention, el.attention
     assert tiles.row0.tolist() == ref.row0.tolist() and tiles.rows.tolist() == ref.rows.tolist()
@@ -199,3 +202,21 @@ def test_a_replay_hands_the_drafter_the_graphs_kept_states(hf_tiny_b, monkeypatc
     fake.hidden = fake.tapped = None  # an eager pass in between keeps its own
     graph.run(plan(*((r, 1) for r in reqs)))
     assert fake.calls == 2 and float(fake.hidden[0, 0]) == 2.0 and float(fake.tapped[0, 0]) == 2.5
+
+
+def test_a_chunk_form_graph_takes_no_write_slots_and_refuses_a_lane_that_asks(hf_tiny_b):
+    """The chunk forms' kernels keep each lane's state in its slot: their graphs hand the
+    kernels no write slots (LaneIndex.writes None, which they would refuse), and a lane that
+    asks to leave its state elsewhere is refused by name, not written in place."""
+    eng = make_engine(hf_tiny_b, parallel=2, context=256, gdn_form="chunk")
+    reqs = [eng.add_request(sample_prompt(5 + i, 7, 300), GREEDY) for i in range(2)]
+    while any(r.in_prompt for r in reqs):
+        eng.step()
+    graph = PassGraph(_Capture(eng.model), eng.caches, 2, 1, 256)
+    assert graph.batch.lanes.writes is None
+    graph._load(plan(*((r, 1) for r in reqs)))  # a plain pass loads
+    reqs[1].lane.writes = reqs[
+        0
+    ].lane.slot  # any other slot: the check is the plan's, not its value
+    with pytest.raises(ValueError, match="keeps each lane's state in its own slot"):
+        graph._load(plan(*((r, 1) for r in reqs)))

@@ -31,6 +31,7 @@ import torch
 from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
+from ..ops.gated_delta import grid_chunked
 from .plan import PassPlan, same_lanes
 
 
@@ -89,11 +90,12 @@ class StaticLanes:
 
     @classmethod
     def make(
-        cls, lanes, rows, context, conv_kernel, dev, table=None, prompt=0, scratch=0
+        cls, lanes, rows, context, conv_kernel, dev, table=None, prompt=0, scratch=0, writes=False
     ) -> "StaticLanes":
         """`table` [lanes, context] may be shared with other passes of the same lanes; `prompt`:
         the most rows of one prompt lane after the `lanes` lanes of `rows` rows (`scratch`: the
-        KV row its padding rows write)."""
+        KV row its padding rows write); `writes`: the kernels take each lane's written slot
+        (LaneIndex.writes: the per-token form's; the chunk forms refuse it)."""
         as_t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=dev)  # noqa: E731
         counts = GraphShape(lanes, rows, prompt).lane_rows
         row0 = [sum(counts[:i]) for i in range(len(counts) + 1)]
@@ -123,7 +125,7 @@ class StaticLanes:
         tails = torch.zeros(len(counts), dtype=torch.long, device=dev)
         index = LaneIndex(
             slots[0], as_t(row0), as_t(taps), as_t(keep), tiles, tails, padded=bool(prompt),
-            writes=slots[1],
+            writes=slots[1] if writes else None,
         )  # fmt: skip
         wanted = list(range(lanes * rows)) + ([n - 1] if prompt else [])
         batch = ForwardBatch(inputs[0, :n], inputs[1, :n], kv_write, (), as_t(wanted), index)
@@ -173,8 +175,9 @@ class PassGraph:
         self.model, self.caches, self.lanes, self.rows = model, caches, lanes, rows
         cfg = model.config
         self.lane = StaticLanes.make(
-            lanes, rows, context, cfg.conv_kernel, model.device, prompt=prompt, scratch=scratch
-        )
+            lanes, rows, context, cfg.conv_kernel, model.device, prompt=prompt, scratch=scratch,
+            writes=not grid_chunked(model.gdn_form),
+        )  # fmt: skip
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
         self.batch = self.lane.batch
         self.members: tuple = ()  # (key, KV rows tensor) of each lane whose table is loaded
@@ -188,6 +191,8 @@ class PassGraph:
             for i, lane in enumerate(plan):
                 self.table[i, : lane.capacity] = lane.kv_rows.to(torch.int32)
             self.members = tuple((lane.key, lane.kv_rows) for lane in plan)
+        if self.batch.lanes.writes is None and any(lane.writes >= 0 for lane in plan):
+            raise ValueError("a chunk form's graph keeps each lane's state in its own slot")
         slots = [lane.slot for lane in plan] + [lane.out for lane in plan]
         if slots != self.slots_loaded:  # a verify pass's lanes write their spares
             self.slots.copy_(torch.tensor(slots).view(2, -1), non_blocking=True)
