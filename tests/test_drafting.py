@@ -400,20 +400,24 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
 @pytest.mark.parametrize("form", ["recurrence", "chunk"])
 def test_a_verify_pass_leaves_the_state_in_the_spare_and_copies_none(hf_tiny_b, form):
     """Aligned (every lane's verify reads its slot and writes its spare), the per-token form's
-    passes copy no state, before or after a miss, and the replies are plain's; the chunk forms
+    passes copy no state, before or after a miss, and the replies and their end fingerprints are
+    plain's; the chunk forms
     (whose kernels write in place) copy each verifying lane's state to its spare instead."""
     runs = {}
     for draft in (None, "ngram"):
-        eng = make_engine(hf_tiny_b, parallel=4, draft=draft, gdn_form=form)
+        eng = make_engine(
+            hf_tiny_b, parallel=4, draft=draft, gdn_form=form, prompt_cache_bytes=CACHE
+        )
         if draft:
-            want = {tuple(p): ids for p, ids in zip(_prompts(), runs[None])}
+            want = {tuple(p): ids for p, (ids, _) in zip(_prompts(), runs[None])}
             eng.drafting.default = Script(want, PATTERNS["every_third_wrong"])
             eng.drafting.align = True
         copies, copy = [], eng.caches.states.copy_slots
         eng.caches.states.copy_slots = lambda *a, **k: copies.append(a) or copy(*a, **k)  # noqa: B023
-        reqs = [eng.add_request(p, GREEDY) for p in _prompts()]
+        prints = {}
+        reqs = [eng.add_request(p, GREEDY, watch=finish_prints(eng, prints)) for p in _prompts()]
         eng.run_until_done()
-        runs[draft] = [r.output_ids for r in reqs]
-    assert runs["ngram"] == runs[None]
+        runs[draft] = [(r.output_ids, prints[r.request_id]) for r in reqs]
+    assert runs["ngram"] == runs[None]  # token ids and end fingerprints (states, KV, logits)
     assert 0 < eng.drafting.stats.accepted < eng.drafting.stats.proposed
     assert eng.drafting.flip == (form == "recurrence") and bool(copies) == (form == "chunk")
