@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.triton import conv as tconv
-from ..ops.triton import linear
+from ..ops.triton import gated_delta, linear
 
 
 def _conv_no_state(x, states, weight, slots, taps, keep, writes=None):
@@ -14,6 +14,11 @@ def _conv_no_state(x, states, weight, slots, taps, keep, writes=None):
     out = tconv.conv_lanes(x, states, weight, slots, taps, keep, writes)
     states.copy_(saved)
     return out
+
+
+def _in_place(impl):
+    """Planted: the state written back where it was read, whatever slot it was to be left in."""
+    return lambda *args, writes=None, **kw: impl(*args, **kw)
 
 
 def _fla_chunked(q, k, v, g, beta, states, slots, cu, writes=None):
@@ -124,9 +129,11 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("linear.affine", "few rows chained across segments", _affine_chained),
     ("linear.affine", "K regrouped across MMAs (kWidth > 2)", _affine_regrouped),
     ("gdn.recurrence", "the chunked WY form", _fla_chunked),
+    ("gdn.recurrence", "state left where it was read", _in_place(gated_delta.gated_delta_lanes)),
     ("gdn.chunk", "chunks that follow the pass, not the grid", _chunks_follow_the_pass),
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
     ("gdn.grid", "a partial chunk's solve skips the tail's rows", _grid_tail_solved),
     ("gdn.grid", "the boundary advances over an unfinished chunk", _grid_early_state),
     ("conv", "a conv window not carried over", _conv_no_state),
+    ("conv", "state left where it was read", _in_place(tconv.conv_lanes)),
 ]

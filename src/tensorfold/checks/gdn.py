@@ -100,11 +100,6 @@ def _recurrence_writes(impl, rows, whole, state_whole) -> list[str]:
     return []
 
 
-def _in_place(impl):
-    """Planted: the state written back where it was read, whatever slot it was to be left in."""
-    return lambda *args, writes=None, **kw: impl(*args, **kw)
-
-
 def _gdn_case(t: int, small: bool):
     hk, hv, d = (2, 4, 64) if small else (16, 32, 128)
     shape = ref_gdn.GDNShape(hk, hv, d, d)
@@ -193,9 +188,6 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shap
     ("gdn.chunk", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv ≤ 256 power of two", "ref 1e-2, chunks, decode, lanes", check_gdn),
     ("gdn.grid", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv ≥ 16", "ref 1e-2, chunks, decode, lanes", check_gdn),
 ]  # fmt: skip
-CONTROLS = [  # (kernel, what is planted, faulty implementation)
-    ("gdn.recurrence", "state left where it was read", _in_place(gated_delta.gated_delta_lanes)),
-]
 IMPLS = {
     "gdn.recurrence": gated_delta.gated_delta_lanes,
     "gdn.chunk": gated_delta_chunk.gated_delta_lanes,

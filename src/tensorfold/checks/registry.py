@@ -254,7 +254,7 @@ def _conv_writes(impl, x, weight, whole, end) -> list[str]:
     kept = states[1].clone()
     lanes = lane_index((replace(seg(28, 12), writes=2),), "cuda", weight.shape[1])
     index = (lanes.slots, lanes.conv_taps, lanes.conv_keep)
-    second = impl(x[28:], states, weight, *index, lanes.writes)
+    second = impl(x[28:], states, weight, *index, writes=lanes.writes)
     same = torch.equal(torch.cat([first, second]), whole) and torch.equal(states[2], end)
     if not (same and torch.equal(states[1], kept)):
         return ["the conv state left in another slot differs from the state in place"]
@@ -323,15 +323,8 @@ KERNELS += [
 ]
 
 
-def _conv_in_place(x, states, weight, slots, taps, keep, writes=None):
-    """Planted: the conv state written back where it was read, whatever slot it was to go to."""
-    return tconv.conv_lanes(x, states, weight, slots, taps, keep)
-
-
 CONTROLS = (
-    [("conv", "state left where it was read", _conv_in_place)]
-    + registry_gdn.CONTROLS
-    + DENSE_CONTROLS
+    DENSE_CONTROLS
     + registry_attention.CONTROLS
     + registry_moe.CONTROLS
     + registry_gluon.CONTROLS

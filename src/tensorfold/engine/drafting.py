@@ -210,7 +210,7 @@ class Drafting:
     def flip(self) -> bool:
         """A verify pass writes each lane's spare (no copy before it, none after a miss): the
         kernels must write another slot, and the spare be one of the pool they index."""
-        return self.writes and self.fork and self.spares is self.states
+        return self.writes and self.spares is self.states
 
     def room(self, req: Request) -> int:
         """Drafts a drafting lane may carry in its next pass. Aligned: fewer by the rows it

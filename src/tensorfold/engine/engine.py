@@ -83,7 +83,7 @@ class Engine:
             config.parallel,
             model,
             allowed=model.group is None,
-            writes=config.gdn_form == "recurrence",
+            writes=not grid_chunked(config.gdn_form),  # the forms whose kernels take it
         )
         if model.group is None:  # verify passes (1 + K rows a lane) and recomputing ones too
             self.runner.graph_rows = frozenset(range(1, 2 + config.draft_tokens))

@@ -191,9 +191,10 @@ class PassGraph:
             for i, lane in enumerate(plan):
                 self.table[i, : lane.capacity] = lane.kv_rows.to(torch.int32)
             self.members = tuple((lane.key, lane.kv_rows) for lane in plan)
-        if self.batch.lanes.writes is None and any(lane.writes >= 0 for lane in plan):
+        reads, outs = [lane.slot for lane in plan], [lane.out for lane in plan]
+        if self.batch.lanes.writes is None and outs != reads:
             raise ValueError("a chunk form's graph keeps each lane's state in its own slot")
-        slots = [lane.slot for lane in plan] + [lane.out for lane in plan]
+        slots = reads + outs
         if slots != self.slots_loaded:  # a verify pass's lanes write their spares
             self.slots.copy_(torch.tensor(slots).view(2, -1), non_blocking=True)
             self.slots_loaded = slots
