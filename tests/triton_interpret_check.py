@@ -190,6 +190,16 @@ def fused_kernels() -> None:
     y2 = tconv.conv_lanes(x, moved, weight, meta.slots, meta.conv_taps, meta.conv_keep, writes)
     assert torch.equal(y2, y) and torch.equal(moved[[1, 3]], states[[2, 0]])
     assert torch.equal(moved[[0, 2]], before[[0, 2]])
+    # one launch (a program a lane running its rows, then its kept rows): the same bytes, in place
+    # and into other slots
+    bounds = (meta.cu_seqlens, meta.most_rows)
+    assert 0 < meta.most_rows <= tconv.FUSE_ROWS
+    one, index = before.clone(), (meta.slots, meta.conv_taps, meta.conv_keep)
+    assert torch.equal(tconv.conv_lanes(x, one, weight, *index, None, *bounds), y)
+    assert torch.equal(one, states)
+    one = before.clone()
+    assert torch.equal(tconv.conv_lanes(x, one, weight, *index, writes, *bounds), y)
+    assert torch.equal(one, moved)
     a, b = torch.randn(5, 8).half(), torch.randn(5, 8).half()
     a_log, dt = torch.randn(8), torch.randn(8).half()
     g, beta = tgates.gdn_gates(a, b, a_log, dt)

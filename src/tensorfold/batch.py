@@ -50,6 +50,7 @@ class LaneIndex:
     # one slot and leaves its state in another (a verify pass keeps the state it started from);
     # None: every lane's own. The per-token recurrence's kernels take it, the chunk forms refuse it
     writes: torch.Tensor | None = None
+    most_rows: int = 0  # the most rows of one lane, known to the host (0: not known)
 
 
 @dataclass(frozen=True)

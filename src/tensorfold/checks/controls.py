@@ -8,10 +8,10 @@ from ..ops.triton import conv as tconv
 from ..ops.triton import gated_delta, linear
 
 
-def _conv_no_state(x, states, weight, slots, taps, keep, writes=None):
+def _conv_no_state(x, states, weight, slots, taps, keep, writes=None, **bounds):
     """Planted: the conv forgets to carry its window to the next call."""
     saved = states.clone()
-    out = tconv.conv_lanes(x, states, weight, slots, taps, keep, writes)
+    out = tconv.conv_lanes(x, states, weight, slots, taps, keep, writes, **bounds)
     states.copy_(saved)
     return out
 

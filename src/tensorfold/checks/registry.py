@@ -242,7 +242,26 @@ def check_conv(impl, small: bool) -> list[str]:
         parts.append(out[3:])
     if not (torch.equal(torch.cat(parts), whole) and torch.equal(states[1], end)):
         bad.append("chunks of 7 beside another lane differ from one call")
-    return bad + _conv_writes(impl, x, weight, whole, end)
+    return bad + _conv_writes(impl, x, weight, whole, end) + _conv_one_launch(impl, x, weight)
+
+
+def _conv_one_launch(impl, x, weight) -> list[str]:
+    """Lanes of 1, 5 and 8 rows (decode and verify passes) in one launch against two: the same
+    outputs and states, in place and left in other slots."""
+    seg = lambda slot, row0, n: Segment(slot, 9, row0, n, torch.arange(9 + n))  # noqa: E731
+    segments = (seg(0, 0, 1), seg(2, 1, 5), seg(4, 6, 8))
+    lanes = lane_index(segments, "cuda", weight.shape[1])
+    index = (lanes.slots, lanes.conv_taps, lanes.conv_keep)
+    start = torch.randn(6, 3, x.shape[1], device="cuda").to(x.dtype)
+    bad = []
+    for writes in (None, torch.tensor([1, 3, 5], device="cuda")):
+        two, one = start.clone(), start.clone()
+        want = impl(x[:14], two, weight, *index, writes=writes)
+        bounds = {"cu_seqlens": lanes.cu_seqlens, "most_rows": lanes.most_rows}
+        got = impl(x[:14], one, weight, *index, writes=writes, **bounds)
+        if not (torch.equal(got, want) and torch.equal(one, two)):
+            bad.append(f"one launch differs from two (writes {writes is not None})")
+    return bad
 
 
 def _conv_writes(impl, x, weight, whole, end) -> list[str]:

@@ -61,6 +61,7 @@ def lane_index(
         as_t([s.start % ref_gdn.CHUNK for s in segments]),
         plan,
         writes=as_t([s.out for s in segments]) if moved else None,
+        most_rows=max((s.length for s in segments), default=0),
     )
 
 
@@ -175,7 +176,9 @@ def causal_conv(
     if x.is_cuda:
         from .triton import conv as tconv
 
-        return tconv.conv_lanes(x, states, weight, *index)
+        # padding rows (a mixed graph's prompt piece) take the form that writes every row
+        most = 0 if lanes.padded else lanes.most_rows
+        return tconv.conv_lanes(x, states, weight, *index, lanes.cu_seqlens, most)
     return ref_conv.causal_conv_lanes(x, states, weight, *index)
 
 

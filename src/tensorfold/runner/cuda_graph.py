@@ -125,7 +125,7 @@ class StaticLanes:
         tails = torch.zeros(len(counts), dtype=torch.long, device=dev)
         index = LaneIndex(
             slots[0], as_t(row0), as_t(taps), as_t(keep), tiles, tails, padded=bool(prompt),
-            writes=slots[1] if writes else None,
+            writes=slots[1] if writes else None, most_rows=max(counts),
         )  # fmt: skip
         wanted = list(range(lanes * rows)) + ([n - 1] if prompt else [])
         batch = ForwardBatch(inputs[0, :n], inputs[1, :n], kv_write, (), as_t(wanted), index)

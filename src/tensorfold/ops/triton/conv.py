@@ -1,6 +1,8 @@
-"""The GDN layer's causal conv on the GPU over every lane with its state: one program per row
-and channel block, so a row's arithmetic is the same code whatever else the pass holds.
-Reference: ops.conv.causal_conv_lanes."""
+"""The GDN layer's causal conv on the GPU over every lane with its state. Many rows: one program
+per row and channel block, then one per lane and block that writes the lane's kept rows; a few
+rows a lane (decode, verify): one launch, a program per lane and block running the lane's rows
+with the same row body, then its kept rows. A row's arithmetic is the same code whatever else the
+pass holds, so both launch forms give the same bits. Reference: ops.conv.causal_conv_lanes."""
 
 from __future__ import annotations
 
@@ -9,28 +11,17 @@ import triton
 import triton.language as tl
 
 CONV_BLOCK = 1024
+LANE_BLOCK = 256  # channels a program of the one-launch form (a lane's rows run one after another)
+FUSE_ROWS = 8  # the most rows a lane for the one-launch form: decode and verify passes
 
 
 @triton.jit
-def _conv_rows(
-    x_ptr,
-    st_ptr,
-    w_ptr,
-    y_ptr,
-    slots_ptr,
-    taps_ptr,
-    C,
-    LANES_HIST,
-    stride_slot,
-    stride_x,
-    KS: tl.constexpr,
-    HIST: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    r = tl.program_id(0).to(tl.int64)
-    o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = o_c < C
-    acc = tl.zeros((BLOCK,), tl.float32)
+def _conv_row(
+    x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, mask, C, LANES_HIST, stride_slot,
+    stride_x, KS: tl.constexpr, HIST: tl.constexpr,
+):  # fmt: skip
+    """Row r's output for channels o_c: the fixed KS-term sum in fp32, then silu."""
+    acc = tl.zeros(o_c.shape, tl.float32)
     for j in tl.static_range(KS):
         src = tl.load(taps_ptr + r * KS + j)  # a row of [lanes' states ; this pass's rows]
         in_state = src < LANES_HIST
@@ -55,6 +46,54 @@ def _conv_rows(
 
 
 @triton.jit
+def _keep_rows(
+    x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
+    stride_x, HIST: tl.constexpr, HIST_P2: tl.constexpr,
+):  # fmt: skip
+    """The lane's next conv state for channels o_c, written to its `writes` slot."""
+    o_h = tl.arange(0, HIST_P2)
+    src = tl.load(keep_ptr + lane * HIST + o_h, mask=o_h < HIST, other=0)
+    in_state = src < LANES_HIST
+    ok = (o_h < HIST)[:, None] & (o_c < C)[None, :]
+    slot = tl.load(slots_ptr + tl.where(in_state, src // HIST, 0))
+    p_old = slot * stride_slot + tl.where(in_state, src % HIST, 0) * C
+    old = tl.load(st_ptr + p_old[:, None] + o_c[None, :], mask=ok, other=0.0)
+    new = tl.load(
+        x_ptr + (tl.where(in_state, 0, src - LANES_HIST) * stride_x)[:, None] + o_c[None, :],
+        mask=ok,
+        other=0.0,
+    )
+    rows = tl.where(in_state[:, None], old, new)
+    tl.debug_barrier()  # every source is read, by every thread, before any row is written
+    mine = tl.load(writes_ptr + lane)
+    tl.store(st_ptr + mine * stride_slot + o_h[:, None] * C + o_c[None, :], rows, mask=ok)
+
+
+@triton.jit
+def _conv_rows(
+    x_ptr,
+    st_ptr,
+    w_ptr,
+    y_ptr,
+    slots_ptr,
+    taps_ptr,
+    C,
+    LANES_HIST,
+    stride_slot,
+    stride_x,
+    KS: tl.constexpr,
+    HIST: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    _conv_row(
+        x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, o_c < C, C, LANES_HIST,
+        stride_slot, stride_x, KS, HIST,
+    )  # fmt: skip
+
+
+@triton.jit
 def _conv_keep(
     x_ptr,
     st_ptr,
@@ -71,21 +110,34 @@ def _conv_keep(
 ):
     lane = tl.program_id(0)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    o_h = tl.arange(0, HIST_P2)
-    src = tl.load(keep_ptr + lane * HIST + o_h, mask=o_h < HIST, other=0)
-    in_state = src < LANES_HIST
-    ok = (o_h < HIST)[:, None] & (o_c < C)[None, :]
-    slot = tl.load(slots_ptr + tl.where(in_state, src // HIST, 0))
-    p_old = slot * stride_slot + tl.where(in_state, src % HIST, 0) * C
-    old = tl.load(st_ptr + p_old[:, None] + o_c[None, :], mask=ok, other=0.0)
-    new = tl.load(
-        x_ptr + (tl.where(in_state, 0, src - LANES_HIST) * stride_x)[:, None] + o_c[None, :],
-        mask=ok,
-        other=0.0,
-    )
-    rows = tl.where(in_state[:, None], old, new)  # every source is read before any row is written
-    mine = tl.load(writes_ptr + lane)
-    tl.store(st_ptr + mine * stride_slot + o_h[:, None] * C + o_c[None, :], rows, mask=ok)
+    _keep_rows(
+        x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
+        stride_x, HIST, HIST_P2,
+    )  # fmt: skip
+
+
+@triton.jit
+def _conv_lane(
+    x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, writes_ptr, taps_ptr, keep_ptr, cu_ptr, C,
+    LANES_HIST, stride_slot, stride_x, KS: tl.constexpr, HIST: tl.constexpr,
+    HIST_P2: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One launch: lane `program_id(0)`'s rows, one after another, then its kept rows."""
+    lane = tl.program_id(0)
+    o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.load(cu_ptr + lane)
+    end = tl.load(cu_ptr + lane + 1)
+    while r < end:  # a while loop: the lane's bounds are loaded values
+        _conv_row(
+            x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r.to(tl.int64), o_c, o_c < C, C,
+            LANES_HIST, stride_slot, stride_x, KS, HIST,
+        )  # fmt: skip
+        r += 1
+    tl.debug_barrier()  # the rows read the lane's state before its kept rows overwrite it
+    _keep_rows(
+        x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
+        stride_x, HIST, HIST_P2,
+    )  # fmt: skip
 
 
 def conv_lanes(
@@ -96,44 +148,34 @@ def conv_lanes(
     taps: torch.Tensor,
     keep: torch.Tensor,
     writes: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    most_rows: int = 0,
 ) -> torch.Tensor:
     """As ops.conv.causal_conv_lanes: silu(causal conv) of every lane's rows; each lane's state
-    written to its `writes` slot (its own if None)."""
+    written to its `writes` slot (its own if None). With the lanes' row bounds `cu_seqlens` and
+    at most FUSE_ROWS rows a lane (`most_rows`, known to the host), one launch; else two."""
     rows, c = x.shape
     lanes, hist = keep.shape
     if x.stride(1) != 1:
         x = x.contiguous()
     y = torch.empty((rows, c), dtype=x.dtype, device=x.device)
+    shared = (c, lanes * hist, states.stride(0), x.stride(0))
+    out = slots if writes is None else writes
+    hist_p2 = triton.next_power_of_2(hist)
+    if cu_seqlens is not None and 0 < most_rows <= FUSE_ROWS:
+        grid = (lanes, triton.cdiv(c, LANE_BLOCK))
+        _conv_lane[grid](
+            x, states, weight, y, slots, out, taps, keep, cu_seqlens, *shared, KS=weight.shape[1],
+            HIST=hist, HIST_P2=hist_p2, BLOCK=LANE_BLOCK, num_warps=2,
+        )  # fmt: skip
+        return y
     blocks = triton.cdiv(c, CONV_BLOCK)
     _conv_rows[(rows, blocks)](
-        x,
-        states,
-        weight,
-        y,
-        slots,
-        taps,
-        c,
-        lanes * hist,
-        states.stride(0),
-        x.stride(0),
-        KS=weight.shape[1],
-        HIST=hist,
-        BLOCK=CONV_BLOCK,
-        num_warps=4,
-    )
+        x, states, weight, y, slots, taps, *shared, KS=weight.shape[1], HIST=hist,
+        BLOCK=CONV_BLOCK, num_warps=4,
+    )  # fmt: skip
     _conv_keep[(lanes, blocks)](
-        x,
-        states,
-        slots,
-        slots if writes is None else writes,
-        keep,
-        c,
-        lanes * hist,
-        states.stride(0),
-        x.stride(0),
-        HIST=hist,
-        HIST_P2=triton.next_power_of_2(hist),
-        BLOCK=CONV_BLOCK,
+        x, states, slots, out, keep, *shared, HIST=hist, HIST_P2=hist_p2, BLOCK=CONV_BLOCK,
         num_warps=4,
-    )
+    )  # fmt: skip
     return y
