@@ -310,6 +310,25 @@ def recurrence() -> None:
     want = gated_delta_lanes(q, k, v, g, beta, fresh, torch.tensor([1]), torch.tensor([0, t]))
     assert torch.equal(out, want) and torch.equal(spare[2], fresh[1])
     assert torch.equal(spare[1], torch.full_like(spare[1], 7.0))
+    gates_inside(q, k, v)
+
+
+def gates_inside(q, k, v) -> None:
+    """The recurrence computing its gates from their inputs (column slices of one product): the
+    same bytes as the gates' own kernel, then the recurrence."""
+    from tensorfold.ops.triton import gates as tgates
+    from tensorfold.ops.triton.gated_delta import gated_delta_lanes
+
+    t, hv = v.shape[:2]
+    ab = torch.randn(t, 2 * hv + 3).half() * 2
+    a, b = ab[:, 3 : 3 + hv], ab[:, 3 + hv :]
+    a_log, dt = torch.randn(hv), torch.randn(hv).half()
+    g, beta = tgates.gdn_gates(a, b, a_log, dt)
+    lanes = (torch.tensor([0, 2]), torch.tensor([0, 9, t]))
+    apart, inside = torch.zeros(3, hv, 32, 32), torch.zeros(3, hv, 32, 32)
+    want = gated_delta_lanes(q, k, v, g, beta, apart, *lanes)
+    got = gated_delta_lanes(q, k, v, a, b, inside, *lanes, gate_params=(a_log, dt))
+    assert torch.equal(got, want) and torch.equal(inside, apart)
 
 
 def sampling() -> None:

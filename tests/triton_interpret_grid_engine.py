@@ -24,10 +24,10 @@ def kernel_for_grid() -> None:
     """ops.dispatch.gated_delta runs the grid kernel for the grid form on CPU tensors too."""
     reference = dispatch.gated_delta
 
-    def gated_delta(x, g, beta, states, shape, batch, form="recurrence"):
+    def gated_delta(x, gates, states, shape, batch, form="recurrence"):
         if form == "grid":
-            return grid_lanes(x, g, beta, states, shape, batch.lanes)
-        return reference(x, g, beta, states, shape, batch, form)
+            return grid_lanes(x, *gates, states, shape, batch.lanes)
+        return reference(x, gates, states, shape, batch, form)
 
     dispatch.gated_delta = gated_delta
 

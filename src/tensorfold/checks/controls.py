@@ -21,9 +21,14 @@ def _in_place(impl):
     return lambda *args, writes=None, **kw: impl(*args, **kw)
 
 
-def _fla_chunked(q, k, v, g, beta, states, slots, cu, writes=None):
+def _fla_chunked(q, k, v, g, beta, states, slots, cu, writes=None, gate_params=None):
     """Planted: fla's chunked (WY) kernel in place of the recurrence."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from ..ops.triton.gates import gdn_gates
+
+    if gate_params is not None:  # g and beta are the gates' inputs
+        g, beta = gdn_gates(g, beta, *gate_params)
 
     o, final = chunk_gated_delta_rule(
         q[None],

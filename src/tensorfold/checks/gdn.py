@@ -82,7 +82,30 @@ def check_recurrence(impl, small: bool) -> list[str]:
     )
     if not (torch.equal(both[100:], whole) and torch.equal(states[1], state_whole)):
         bad.append("a lane beside another lane differs from the lane alone")
+    bad += _recurrence_gates(impl, q, k, v)
     return bad + _recurrence_writes(impl, (q, k, v, g, beta), whole, state_whole)
+
+
+def _recurrence_gates(impl, q, k, v) -> list[str]:
+    """The gates computed inside the recurrence from their inputs (column slices of one product,
+    as the layer's joint projection gives them) against the gates' own kernel first: the same
+    bits, for lanes of one row (decode) and of many (a prompt)."""
+    from ..ops.triton.gates import gdn_gates
+
+    t, hv, dk = v.shape
+    ab = (torch.randn(t, 2 * hv + 8, device="cuda") * 3).to(torch.bfloat16)
+    a, b = ab[:, 8 : 8 + hv], ab[:, 8 + hv :]
+    a_log = torch.randn(hv, device="cuda")
+    dt = torch.randn(hv, device="cuda").to(torch.bfloat16)
+    g, beta = gdn_gates(a, b, a_log, dt)
+    lanes = (torch.tensor([0, 1, 2], device="cuda"), torch.tensor([0, 1, 2, t], device="cuda"))
+    apart, inside = (torch.randn(3, hv, dk, dk, device="cuda") for _ in range(2))
+    inside.copy_(apart)
+    want = impl(q, k, v, g, beta, apart, *lanes)
+    got = impl(q, k, v, a, b, inside, *lanes, gate_params=(a_log, dt))
+    if not (torch.equal(got, want) and torch.equal(inside, apart)):
+        return ["the gates computed inside the recurrence differ from their own kernel's"]
+    return []
 
 
 def _recurrence_writes(impl, rows, whole, state_whole) -> list[str]:

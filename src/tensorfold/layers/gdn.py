@@ -39,12 +39,13 @@ class GatedDeltaNet:
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, state: GDNState, partial=False):
         s, n = self.shape, x.shape[0]
         mixed, z, a, b = self.in_proj(x)  # mixed: [n, 2*key_dim + value_dim]
-        g, beta = op.gdn_gates(a, b, self.A_log, self.dt_bias, state.recurrent.dtype)
+        gates = op.gdn_gates(a, b, self.A_log, self.dt_bias, state.recurrent.dtype)
         conv = op.causal_conv(mixed, state.conv, self.conv_weight, batch.lanes)
-        core = self.core(conv, g, beta, state, batch)
+        core = self.core(conv, gates, state, batch)
         y = self.norm(core, z.view(n, s.num_v_heads, s.v_head_dim)).reshape(n, s.value_dim)
         return self.out_proj(y, partial)  # partial: for the residual add after it
 
-    def core(self, conv, g, beta, state: GDNState, batch: ForwardBatch) -> torch.Tensor:
-        """The gated delta rule of every lane, from its boundary state and tail."""
-        return op.gated_delta(conv, g, beta, state, self.shape, batch, self.form)
+    def core(self, conv, gates, state: GDNState, batch: ForwardBatch) -> torch.Tensor:
+        """The gated delta rule of every lane, from its boundary state and tail (`gates`: as
+        op.gdn_gates gives them)."""
+        return op.gated_delta(conv, gates, state, self.shape, batch, self.form)

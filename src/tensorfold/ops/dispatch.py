@@ -7,6 +7,8 @@ against its reference. Triton is imported only when a CUDA tensor arrives: the C
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..batch import ForwardBatch, LaneIndex, Segment
@@ -156,14 +158,29 @@ def silu_mul(gate: torch.Tensor | Partial, up: torch.Tensor | Partial) -> torch.
     return ref_gates.silu_mul(gate, up)
 
 
-def gdn_gates(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, acc: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype."""
-    if a.is_cuda:
+@dataclass(frozen=True)
+class GateInputs:
+    """The GDN gates' inputs on a GPU, computed where they are read: inside the per-token
+    recurrence's kernel, or by their own kernel for the other forms (`values`)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+
+    def values(self) -> tuple[torch.Tensor, torch.Tensor]:
         from .triton import gates as tgates
 
-        return tgates.gdn_gates(a, b, A_log, dt_bias)
+        return tgates.gdn_gates(self.a, self.b, self.A_log, self.dt_bias)
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, acc: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | GateInputs:
+    """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype; on
+    a GPU their inputs, for `gated_delta` to compute them (the same bits either way)."""
+    if a.is_cuda:
+        return GateInputs(a, b, A_log, dt_bias)
     return ref_gates.gdn_gates(a, b, A_log, dt_bias, acc)
 
 
@@ -184,8 +201,7 @@ def causal_conv(
 
 def gated_delta(
     x: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    gates: tuple[torch.Tensor, torch.Tensor] | GateInputs,
     states: ref_gdn.GDNState,
     shape: ref_gdn.GDNShape,
     batch: ForwardBatch,
@@ -195,9 +211,12 @@ def gated_delta(
     l2-normalises and scales q and k), in one of the exact forms (docs/exactness.md): "recurrence",
     one token at a time from the state after the lane's last row, or grid chunks of 64 rows from
     the state at its last boundary and the rows since (its tail): "chunk" (fla's kernels on the
-    GPU) or "grid" (one launch on the GPU); the CPU runs one reference for both."""
+    GPU) or "grid" (one launch on the GPU); the CPU runs one reference for both. `gates`: (g,
+    beta), or on a GPU their inputs, which the per-token kernel reads as they are."""
     if ref_gdn.grid_chunked(form) and batch.lanes.writes is not None:
         raise ValueError(f"the {form} form keeps each lane's state in its own slot; got writes")
+    raw = isinstance(gates, GateInputs) and form == "recurrence"
+    g, beta = (gates.a, gates.b) if raw else _gate_values(gates)
     if form == "grid" and x.is_cuda:
         from .triton.gated_delta_grid import grid_lanes
 
@@ -224,8 +243,13 @@ def gated_delta(
             batch.lanes.cu_seqlens,
             batch.lanes.padded,
             writes=batch.lanes.writes,
+            gate_params=(gates.A_log, gates.dt_bias) if raw else None,
         )
     return ref_gdn.recurrence_lanes(x, g, beta, states, shape, batch.segments)
+
+
+def _gate_values(gates) -> tuple[torch.Tensor, torch.Tensor]:
+    return gates.values() if isinstance(gates, GateInputs) else gates
 
 
 def gated_attention(

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gates import _beta, _decay
+
 BLOCK_V = (
     16  # value columns per program: the whole configuration is fixed (it decides reduction trees)
 )
@@ -25,30 +27,21 @@ BLOCKS_FIRST = True
 
 @triton.jit
 def _row(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    g_ptr,
-    beta_ptr,
-    r,
-    hk,
-    h,
-    o_k,
-    o_v,
-    stride_q,
-    stride_k,
-    stride_v,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-):
-    """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed)."""
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, stride_k, stride_v,
+    stride_g, stride_b, a_log, dt, K: tl.constexpr, V: tl.constexpr, RAW: tl.constexpr,
+):  # fmt: skip
+    """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed).
+    RAW: g_ptr and beta_ptr hold the gates' inputs a and b, and the gates are computed here with
+    their own kernel's body (ops/triton/gates.py), beta rounded to the model dtype as it stores it."""
     r = r.to(tl.int64)
     b_q = tl.load(q_ptr + r * stride_q + hk * K + o_k).to(tl.float32)
     b_k = tl.load(k_ptr + r * stride_k + hk * K + o_k).to(tl.float32)
     b_v = tl.load(v_ptr + r * stride_v + h * V + o_v).to(tl.float32)
-    b_g = tl.load(g_ptr + r * HV + h).to(tl.float32)
-    b_b = tl.load(beta_ptr + r * HV + h).to(tl.float32)
+    b_g = tl.load(g_ptr + r * stride_g + h).to(tl.float32)
+    b_b = tl.load(beta_ptr + r * stride_b + h).to(tl.float32)
+    if RAW:
+        b_g = _decay(b_g, a_log, dt)
+        b_b = _beta(b_b).to(beta_ptr.dtype.element_ty).to(tl.float32)
     return b_q, b_k, b_v, b_g, b_b
 
 
@@ -59,6 +52,8 @@ def _recurrence(
     v_ptr,
     g_ptr,
     beta_ptr,
+    alog_ptr,
+    dt_ptr,
     o_ptr,
     h_ptr,
     slot_ptr,
@@ -67,6 +62,8 @@ def _recurrence(
     stride_q,
     stride_k,
     stride_v,
+    stride_g,
+    stride_b,
     stride_o,
     scale,
     HK: tl.constexpr,
@@ -75,6 +72,7 @@ def _recurrence(
     V: tl.constexpr,
     BV: tl.constexpr,
     BLOCKS_FIRST: tl.constexpr,
+    RAW: tl.constexpr,
 ):
     if BLOCKS_FIRST:
         iv, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -89,44 +87,20 @@ def _recurrence(
     slot = tl.load(slot_ptr + i).to(tl.int64)
     p_h = h_ptr + (slot * HV + h) * (K * V) + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h)
+    a_log, dt = 0.0, 0.0
+    if RAW:
+        a_log = tl.load(alog_ptr + h).to(tl.float32)
+        dt = tl.load(dt_ptr + h).to(tl.float32)
     b_q, b_k, b_v, b_g, b_b = _row(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        g_ptr,
-        beta_ptr,
-        tl.minimum(bos, last),
-        hk,
-        h,
-        o_k,
-        o_v,
-        stride_q,
-        stride_k,
-        stride_v,
-        HV,
-        K,
-        V,
-    )
+        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(bos, last), hk, h, o_k, o_v, stride_q,
+        stride_k, stride_v, stride_g, stride_b, a_log, dt, K, V, RAW,
+    )  # fmt: skip
     t = bos
     while t < eos:  # a while loop: the lane's bounds are loaded values
         n_q, n_k, n_v, n_g, n_b = _row(
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            g_ptr,
-            beta_ptr,
-            tl.minimum(t + 1, last),
-            hk,
-            h,
-            o_k,
-            o_v,
-            stride_q,
-            stride_k,
-            stride_v,
-            HV,
-            K,
-            V,
-        )
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k, o_v,
+            stride_q, stride_k, stride_v, stride_g, stride_b, a_log, dt, K, V, RAW,
+        )  # fmt: skip
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
         b_h = b_h * tl.exp(b_g)  # S ← exp(g) · S
@@ -152,12 +126,15 @@ def gated_delta_lanes(
     zeroed: bool = False,
     blocks_first: bool = BLOCKS_FIRST,
     writes: torch.Tensor | None = None,
+    gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
     Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is read at states[slots[i]] and
     written to states[writes[i]] (in place if None). Returns o [T, Hv, dv] in v's dtype
-    (`zeroed`: rows outside every lane are zeros).
+    (`zeroed`: rows outside every lane are zeros). With `gate_params` (A_log, dt_bias), g and beta
+    are the gates' inputs a and b (rows may be strided): the gates are computed in the kernel,
+    with the same bits as ops.triton.gates.gdn_gates (one launch fewer a layer).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -171,33 +148,20 @@ def gated_delta_lanes(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
             raise ValueError(f"{name} must have contiguous heads within a row")
+    if gate_params is None:
+        g, beta = g.float().contiguous(), beta.contiguous()
+        a_log = dt = g  # unread
+    else:
+        g, beta = (t if t.stride(1) == 1 else t.contiguous() for t in (g, beta))
+        a_log, dt = gate_params
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(BLOCK_V, dv)
     lanes = slots.shape[0]
     grid = (dv // bv, hv, lanes) if blocks_first else (lanes, hv, dv // bv)
     _recurrence[grid](
-        q,
-        k,
-        v,
-        g.float().contiguous(),
-        beta.contiguous(),
-        o,
-        states,
-        slots,
-        slots if writes is None else writes,
-        cu_seqlens,
-        q.stride(0),
-        k.stride(0),
-        v.stride(0),
-        o.stride(0),
-        dk**-0.5,
-        HK=hk,
-        HV=hv,
-        K=dk,
-        V=dv,
-        BV=bv,
-        BLOCKS_FIRST=blocks_first,
-        num_warps=1,
-        num_stages=1,
-    )
+        q, k, v, g, beta, a_log, dt, o, states, slots, slots if writes is None else writes,
+        cu_seqlens, q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0),
+        o.stride(0), dk**-0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, BLOCKS_FIRST=blocks_first,
+        RAW=gate_params is not None, num_warps=1, num_stages=1,
+    )  # fmt: skip
     return o

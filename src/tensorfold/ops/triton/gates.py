@@ -31,12 +31,23 @@ def _gates(
     b = tl.load(b_ptr + r * stride_b + o, mask=mask, other=0.0).to(tl.float32)
     a_log = tl.load(alog_ptr + o, mask=mask, other=0.0).to(tl.float32)
     dt = tl.load(dt_ptr + o, mask=mask, other=0.0).to(tl.float32)
+    tl.store(g_ptr + r * H + o, _decay(a, a_log, dt), mask=mask)
+    tl.store(beta_ptr + r * H + o, _beta(b).to(beta_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decay(a, a_log, dt):
+    """g = -exp(A_log) · softplus(a + dt_bias) in fp32: one body for this kernel and the
+    per-token recurrence, which computes its gates where it reads them."""
     z = a + dt
     softplus = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(z)))  # torch's threshold
-    tl.store(g_ptr + r * H + o, -tl.exp(a_log) * softplus, mask=mask)
-    tl.store(
-        beta_ptr + r * H + o, (1.0 / (1.0 + tl.exp(-b))).to(beta_ptr.dtype.element_ty), mask=mask
-    )
+    return -tl.exp(a_log) * softplus
+
+
+@triton.jit
+def _beta(b):
+    """sigmoid(b) in fp32, before its rounding to the model dtype."""
+    return 1.0 / (1.0 + tl.exp(-b))
 
 
 def gdn_gates(
