@@ -59,3 +59,9 @@ ways() {
         phase "$name$way" "$limit" "$@" $way
     done
 }
+
+# base_tree REV DIR: the project's files at commit REV in DIR (once), for timing a change against
+# the tree before it in the same call on the same card (PYTHONPATH=DIR/src:DIR/tests:DIR/benchmarks).
+base_tree() {
+    [ -d "$2/src" ] || { mkdir -p "$2" && git archive "$1" src tests benchmarks | tar -x -C "$2"; }
+}

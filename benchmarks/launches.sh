@@ -1,0 +1,38 @@
+#!/bin/bash
+# Fewer launches a decode step, checked and timed on a GPU machine in one call: the changed
+# kernels' registry entries (with their bitwise one-launch = two-launch cases and planted
+# controls), the 9B's exactness tests, the lane sweep and a step's launches against the tree at
+# $BASE (default HEAD~1) on the same card, and the GPU drafting tests (verify passes run the
+# one-launch forms with their write slots).
+#
+#   BASE=<commit> bash benchmarks/launches.sh OUT [phases]
+#
+# phases, in the order given: registry, tests, lanes, profile, drafting (default: all five).
+# Settings: MODELS (default 4bit), LANES (default 1,16,64).
+set -u
+OUT=${1:?usage: launches.sh OUT [phases]}
+PHASES=${2:-registry tests lanes profile drafting}
+TAIL=${TAIL:-12}
+source "$(dirname "$0")/serve_lib.sh"  # phase, card_start, base_tree
+card_start || exit 1
+base_tree "${BASE:-HEAD~1}" /tmp/base || exit 1
+new=$PYTHONPATH
+old=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
+sweep=(benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}"
+       --sizes "" --in-memory)
+
+for p in $PHASES; do
+    case $p in
+        registry) for k in conv gdn.recurrence gates+silu; do
+                      phase "registry-$k" 150 $py -m tensorfold.checks.registry --only "$k"
+                  done ;;
+        tests)    phase tests 300 $py -m pytest -q -x tests/test_gpu.py -k \
+                      "concurrent_equals_solo_9b or decode_equals_prefill or cuda_graph_decode" ;;
+        lanes)    for way in new old; do
+                      (export PYTHONPATH=${!way}; phase "lanes-$way" 200 $py "${sweep[@]}")
+                  done ;;
+        profile)  TAIL=40 phase profile 200 $py benchmarks/profile_decode.py --out /tmp/prof \
+                      --in-memory --models "${MODELS:-4bit}" --lanes 1 ;;
+        drafting) phase drafting 300 $py -m pytest -q -x tests/test_gpu_drafting.py ;;
+    esac
+done
