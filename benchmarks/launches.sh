@@ -7,11 +7,12 @@
 #
 #   BASE=<commit> bash benchmarks/launches.sh OUT [phases]
 #
-# phases, in the order given: registry, tests, lanes, profile, drafting (default: all five).
+# phases, in the order given: registry, norms (the residual add + norm's launch by warp count,
+# norm_warps.py), tests, lanes, profile, drafting (default: all six).
 # Settings: MODELS (default 4bit), LANES (default 1,16,64).
 set -u
 OUT=${1:?usage: launches.sh OUT [phases]}
-PHASES=${2:-registry tests lanes profile drafting}
+PHASES=${2:-registry norms tests lanes profile drafting}
 TAIL=${TAIL:-12}
 source "$(dirname "$0")/serve_lib.sh"  # phase, card_start, base_tree
 card_start || exit 1
@@ -26,6 +27,7 @@ for p in $PHASES; do
         registry) for k in conv gdn.recurrence gates+silu; do
                       phase "registry-$k" 150 $py -m tensorfold.checks.registry --only "$k"
                   done ;;
+        norms)    phase norms 120 $py benchmarks/norm_warps.py --warps 4,8,16,32 ;;
         tests)    phase tests 300 $py -m pytest -q -x tests/test_gpu.py -k \
                       "concurrent_equals_solo_9b or decode_equals_prefill or cuda_graph_decode" ;;
         lanes)    for way in new old; do
