@@ -395,6 +395,18 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
     reads.clear()
     picks = sampler.greedy_picks(blocks)
     assert sum(picks, []) == logits.argmax(-1).tolist() and reads == [12]
+    # two tensors of their own that happen to lie end to end (as two allocations of the GPU's
+    # caching allocator may): copied, not viewed past the first one's storage
+    buf = bytearray(2 * 4 * 50 * 4)
+    apart = [torch.frombuffer(buf, dtype=torch.float32, count=200, offset=o) for o in (0, 800)]
+    apart = [t.view(4, 50) for t in apart]
+    assert apart[0].data_ptr() + 800 == apart[1].data_ptr()
+    apart[0].copy_(logits[:4])
+    apart[1].copy_(logits[4:8])
+    picks = sampler.greedy_picks(
+        [(Request(f"a{i}", [1], kinds[0]), t) for i, t in enumerate(apart)]
+    )
+    assert sum(picks, []) == logits[:8].argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("form", ["recurrence", "chunk"])

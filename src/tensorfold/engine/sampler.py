@@ -135,10 +135,14 @@ class Sampler:
 
 def joined(rows: list[torch.Tensor]) -> torch.Tensor:
     """Row blocks [r_i, V] as one [sum r_i, V]: a view where each starts where the one before
-    ends in the same tensor (a graph's lanes that want all their rows), else a copy."""
+    ends in the same tensor (a graph's lanes that want all their rows), else a copy. Adjacent
+    addresses are not enough: two allocations may lie end to end in one block of memory."""
     first, at = rows[0], rows[0].data_ptr()
+    storage = first.untyped_storage().data_ptr()
     for x in rows:
         if x.data_ptr() != at or x.stride() != first.stride() or not x.is_contiguous():
+            return torch.cat(rows)
+        if x.untyped_storage().data_ptr() != storage:
             return torch.cat(rows)
         at += x.numel() * x.element_size()
     return first.as_strided((sum(x.shape[0] for x in rows), first.shape[1]), first.stride())
