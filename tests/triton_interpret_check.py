@@ -166,6 +166,18 @@ def fused_norms(q, kc, vc, tiles, ref) -> None:
     out = norm.norm_rope(x, wt[:32], 1e-6, 1.0, cos, sin)
     want = apply_rope(ref_norm.rms_norm(x.float(), wt[:32], 1e-6, 1.0).half(), cos, sin)
     assert rel(out, want) < 2e-3
+    # the fresh keys and values written to their KV rows in the same launch: the same bytes
+    kv = torch.randn(6, 2, 64).half()  # one row's key and value heads side by side
+    k, v = kv[:, :, :32], kv[:, :, 32:]
+    caches, rows = (
+        (torch.zeros(9, 2, 32).half(), torch.zeros(9, 2, 32).half()),
+        torch.tensor([4, 0, 8, 2, 7, 5]),
+    )
+    norm.norm_rope_cached(k, v, wt[:32], 1e-6, 1.0, cos, sin, caches, rows)
+    want = torch.zeros(9, 2, 32).half()
+    want[rows] = norm.norm_rope(k, wt[:32], 1e-6, 1.0, cos, sin)
+    assert torch.equal(caches[0], want) and torch.equal(caches[1][rows], v)
+    assert not caches[1][[1, 3, 6]].any()
 
 
 def fused_kernels() -> None:

@@ -203,7 +203,22 @@ def _check_norm_rope() -> list[str]:
             out[r : r + 1],
         ):
             bad.append(f"norm_rope row {r} alone differs")
-    return bad
+    return bad + _keys_into_cache(qg, weight, cos, sin, out)
+
+
+def _keys_into_cache(qg, weight, cos, sin, out) -> list[str]:
+    """Keys (the first half of each head) and values (the second) written to 40 of 64 KV rows in
+    the key norm's launch: the keys' bytes are norm_rope's, the values copied, no other row."""
+    caches = (torch.zeros(64, 16, 256, device="cuda", dtype=qg.dtype) for _ in range(2))
+    caches = tuple(caches)
+    rows = torch.randperm(64, device="cuda")[:40]
+    norm.norm_rope_cached(qg[..., :256], qg[..., 256:], weight, 1e-6, 1.0, cos, sin, caches, rows)
+    untouched = torch.ones(64, dtype=torch.bool, device="cuda")
+    untouched[rows] = False
+    same = torch.equal(caches[0][rows], out) and torch.equal(caches[1][rows], qg[..., 256:])
+    if not (same and not caches[0][untouched].any() and not caches[1][untouched].any()):
+        return ["keys and values written in the norm's launch differ from norm_rope's and v"]
+    return []
 
 
 def _conv_case(small: bool):

@@ -43,11 +43,8 @@ class GatedAttention:
         # Per head, the first D channels of q_proj are the query, the next D the output gate.
         qg = q_out.view(n, self.num_heads, 2 * d)
         q = self.q_norm.with_rope(qg[..., :d], rope)
-        k = self.k_norm.with_rope(k_out.view(n, self.num_kv_heads, d), rope)
-        v = v_out.view(n, self.num_kv_heads, d)
+        k, v = (t.view(n, self.num_kv_heads, d) for t in (k_out, v_out))
         # Written before read: cached and fresh keys take the same path.
-        rows = batch.num_rows
-        k_cache[batch.kv_write] = k[:rows].to(k_cache.dtype)
-        v_cache[batch.kv_write] = v[:rows].to(v_cache.dtype)
+        self.k_norm.keys_into(k, v, rope, (k_cache, v_cache), batch.kv_write)
         out = op.gated_attention(q, k_cache, v_cache, batch, self.scale, gate=qg[..., d:])
         return self.o_proj(out, partial)  # partial: for the residual add after it

@@ -21,6 +21,10 @@ class RMSNorm:
         """The per-head q/k norm followed by the rotary embedding."""
         return op.norm_rope(x, self.weight, self.eps, self.offset, rope)
 
+    def keys_into(self, k, v, rope, caches: tuple, rows: torch.Tensor) -> None:
+        """The keys through `with_rope` and the values, written to the KV rows `rows`."""
+        op.norm_rope_cached(k, v, self.weight, self.eps, self.offset, rope, caches, rows)
+
 
 class GatedRMSNorm:
     def __init__(self, weight: torch.Tensor, eps: float) -> None:

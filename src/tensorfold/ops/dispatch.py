@@ -134,6 +134,29 @@ def norm_rope(
     return apply_rope(ref_norm.rms_norm(x, weight, eps, offset), *rope)
 
 
+def norm_rope_cached(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    caches: tuple[torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+) -> None:
+    """The fresh keys and values written to their KV rows: caches[0][rows] = norm_rope(k),
+    caches[1][rows] = v (k, v [N, H, D]; the first len(rows) rows are real); one launch on the
+    GPU."""
+    if k.is_cuda:
+        from .triton import norm
+
+        norm.norm_rope_cached(k, v, weight, eps, offset, *rope, caches, rows)
+        return
+    n = rows.shape[0]
+    caches[0][rows] = norm_rope(k, weight, eps, offset, rope)[:n].to(caches[0].dtype)
+    caches[1][rows] = v[:n].to(caches[1].dtype)
+
+
 def total(y: torch.Tensor | Partial) -> torch.Tensor:
     """A product's output: a Partial's segments added in order (its own sum launch)."""
     if isinstance(y, Partial):

@@ -114,19 +114,12 @@ def add_rms_norm(
 
 @triton.jit
 def _norm_rope_kernel(
-    x_ptr,
-    w_ptr,
-    cos_ptr,
-    sin_ptr,
-    y_ptr,
-    stride_row,
-    stride_head,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    ROT: tl.constexpr,
-    eps,
-    offset,
-):
+    x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_row, stride_head, H: tl.constexpr,
+    D: tl.constexpr, ROT: tl.constexpr, eps, offset, rows_ptr=None, v_ptr=None, vout_ptr=None,
+    stride_vrow=0, CACHE: tl.constexpr = False,
+):  # fmt: skip
+    """CACHE: y and vout are a KV cache's [slots, H, D]: the row goes to slot rows[row], and the
+    row's v head is copied beside it (the attention layer's write of fresh keys and values)."""
     pid = tl.program_id(0).to(tl.int64)
     row, head = pid // H, pid % H
     o = tl.arange(0, D)
@@ -149,7 +142,19 @@ def _norm_rope_kernel(
     c = tl.load(cos_ptr + row * ROT + o, mask=in_rot, other=1.0)
     s = tl.load(sin_ptr + row * ROT + o, mask=in_rot, other=0.0)
     out = tl.where(in_rot, normed * c + rotated * s, normed)
-    tl.store(y_ptr + (row * H + head) * D + o, out.to(y_ptr.dtype.element_ty))
+    dest = row
+    if CACHE:
+        dest = tl.load(rows_ptr + row).to(tl.int64)
+        v = tl.load(v_ptr + row * stride_vrow + head * D + o)
+        tl.store(vout_ptr + (dest * H + head) * D + o, v.to(vout_ptr.dtype.element_ty))
+    tl.store(y_ptr + (dest * H + head) * D + o, out.to(y_ptr.dtype.element_ty))
+
+
+def _rope_launch(x, weight, eps, offset, cos, sin, y, rows: int, **cache):
+    _norm_rope_kernel[(rows * x.shape[1],)](
+        x, weight, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1), H=x.shape[1],
+        D=x.shape[2], ROT=cos.shape[-1], eps=eps, offset=offset, num_warps=4, **cache,
+    )  # fmt: skip
 
 
 def norm_rope(
@@ -170,19 +175,34 @@ def norm_rope(
     if x.stride(2) != 1:
         x = x.contiguous()
     y = torch.empty((n, h, d), dtype=x.dtype, device=x.device)
-    _norm_rope_kernel[(n * h,)](
-        x,
-        weight,
-        cos.contiguous(),
-        sin.contiguous(),
-        y,
-        x.stride(0),
-        x.stride(1),
-        H=h,
-        D=d,
-        ROT=cos.shape[-1],
-        eps=eps,
-        offset=offset,
-        num_warps=4,
-    )
+    _rope_launch(x, weight, eps, offset, cos, sin, y, n)
     return y
+
+
+def norm_rope_cached(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+) -> None:
+    """caches[0][rows] = norm_rope(k), caches[1][rows] = v, for k, v [N, H, D] and caches
+    [slots, H, D] of the keys' dtype: one launch, the keys' bits those of `norm_rope`."""
+    n, h, d = k.shape
+    k_cache, v_cache = caches
+    if (
+        d & (d - 1)
+        or k_cache.dtype != k.dtype
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+    ):
+        k_cache[rows] = norm_rope(k, weight, eps, offset, cos, sin).to(k_cache.dtype)
+        v_cache[rows] = v.to(v_cache.dtype)
+        return
+    k = k if k.stride(2) == 1 else k.contiguous()
+    v = v if v.stride(2) == 1 and v.stride(1) == d else v.contiguous()
+    cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=v_cache, stride_vrow=v.stride(0), CACHE=True)
+    _rope_launch(k, weight, eps, offset, cos, sin, k_cache, rows.shape[0], **cache)
