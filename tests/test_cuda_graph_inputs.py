@@ -44,6 +44,8 @@ def _same_batch(graph_batch, eager_batch) -> None:
     # the slots each lane's state is left in: a verify pass's spares, else the lanes' own
     assert torch.equal(gl.writes, el.slots if el.writes is None else el.writes)
     assert torch.equal(gl.conv_taps, el.conv_taps) and torch.equal(gl.conv_keep, el.conv_keep)
+    # the most rows of a lane: the conv's launch form (one launch up to 8) is the eager pass's
+    assert gl.most_rows == el.most_rows > 0 and not gl.padded
     tiles, ref = gl.attention, el.attention
     assert tiles.row0.tolist() == ref.row0.tolist() and tiles.rows.tolist() == ref.rows.tolist()
     assert tiles.pos0.tolist() == ref.pos0.tolist()
