@@ -146,12 +146,13 @@ def norm_rope_cached(
 ) -> None:
     """The fresh keys and values written to their KV rows: caches[0][rows] = norm_rope(k),
     caches[1][rows] = v (k, v [N, H, D]; the first len(rows) rows are real); one launch on the
-    GPU."""
+    GPU where the caches allow it, else the norm and two indexed writes, here."""
     if k.is_cuda:
         from .triton import norm
 
-        norm.norm_rope_cached(k, v, weight, eps, offset, *rope, caches, rows)
-        return
+        if norm.keys_cacheable(k, caches):
+            norm.norm_rope_cached(k, v, weight, eps, offset, *rope, caches, rows)
+            return
     n = rows.shape[0]
     caches[0][rows] = norm_rope(k, weight, eps, offset, rope)[:n].to(caches[0].dtype)
     caches[1][rows] = v[:n].to(caches[1].dtype)

@@ -179,6 +179,13 @@ def norm_rope(
     return y
 
 
+def keys_cacheable(k: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Whether `norm_rope_cached` takes these keys and caches: a power-of-two head, caches
+    [slots, H, D] contiguous in the keys' dtype (else the norm, then indexed writes)."""
+    d = k.shape[-1]
+    return not d & (d - 1) and all(c.is_contiguous() and c.dtype == k.dtype for c in caches)
+
+
 def norm_rope_cached(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -190,19 +197,10 @@ def norm_rope_cached(
     caches: tuple[torch.Tensor, torch.Tensor],
     rows: torch.Tensor,
 ) -> None:
-    """caches[0][rows] = norm_rope(k), caches[1][rows] = v, for k, v [N, H, D] and caches
-    [slots, H, D] of the keys' dtype: one launch, the keys' bits those of `norm_rope`."""
-    n, h, d = k.shape
-    k_cache, v_cache = caches
-    if (
-        d & (d - 1)
-        or k_cache.dtype != k.dtype
-        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-    ):
-        k_cache[rows] = norm_rope(k, weight, eps, offset, cos, sin).to(k_cache.dtype)
-        v_cache[rows] = v.to(v_cache.dtype)
-        return
+    """caches[0][rows] = norm_rope(k), caches[1][rows] = v for k, v [N, H, D] (`keys_cacheable`
+    caches): one launch, the keys' bits those of `norm_rope`."""
+    d = k.shape[-1]
     k = k if k.stride(2) == 1 else k.contiguous()
     v = v if v.stride(2) == 1 and v.stride(1) == d else v.contiguous()
-    cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=v_cache, stride_vrow=v.stride(0), CACHE=True)
-    _rope_launch(k, weight, eps, offset, cos, sin, k_cache, rows.shape[0], **cache)
+    cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=caches[1], stride_vrow=v.stride(0), CACHE=True)
+    _rope_launch(k, weight, eps, offset, cos, sin, caches[0], rows.shape[0], **cache)
