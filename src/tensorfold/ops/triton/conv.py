@@ -17,10 +17,11 @@ FUSE_ROWS = 8  # the most rows a lane for the one-launch form: decode and verify
 
 @triton.jit
 def _conv_row(
-    x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, mask, C, LANES_HIST, stride_slot,
+    x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, C, LANES_HIST, stride_slot,
     stride_x, KS: tl.constexpr, HIST: tl.constexpr,
 ):  # fmt: skip
     """Row r's output for channels o_c: the fixed KS-term sum in fp32, then silu."""
+    mask = o_c < C
     acc = tl.zeros(o_c.shape, tl.float32)
     for j in tl.static_range(KS):
         src = tl.load(taps_ptr + r * KS + j)  # a row of [lanes' states ; this pass's rows]
@@ -88,8 +89,8 @@ def _conv_rows(
     r = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _conv_row(
-        x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, o_c < C, C, LANES_HIST,
-        stride_slot, stride_x, KS, HIST,
+        x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, C, LANES_HIST, stride_slot,
+        stride_x, KS, HIST,
     )  # fmt: skip
 
 
@@ -129,8 +130,8 @@ def _conv_lane(
     end = tl.load(cu_ptr + lane + 1)
     while r < end:  # a while loop: the lane's bounds are loaded values
         _conv_row(
-            x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r.to(tl.int64), o_c, o_c < C, C,
-            LANES_HIST, stride_slot, stride_x, KS, HIST,
+            x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r.to(tl.int64), o_c, C, LANES_HIST,
+            stride_slot, stride_x, KS, HIST,
         )  # fmt: skip
         r += 1
     tl.debug_barrier()  # the rows read the lane's state before its kept rows overwrite it
