@@ -140,9 +140,8 @@ def joined(rows: list[torch.Tensor]) -> torch.Tensor:
     first, at = rows[0], rows[0].data_ptr()
     storage = first.untyped_storage().data_ptr()
     for x in rows:
-        if x.data_ptr() != at or x.stride() != first.stride() or not x.is_contiguous():
-            return torch.cat(rows)
-        if x.untyped_storage().data_ptr() != storage:
+        same = x.untyped_storage().data_ptr() == storage and x.stride() == first.stride()
+        if not (same and x.data_ptr() == at and x.is_contiguous()):
             return torch.cat(rows)
         at += x.numel() * x.element_size()
     return first.as_strided((sum(x.shape[0] for x in rows), first.shape[1]), first.stride())
