@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import os
 import resource
@@ -58,3 +60,19 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):  # not Linux: the peak is the best we have
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool=None):
+    """torch.cuda.graph(graph, pool) with Python's cycle collector held off: a collection inside
+    the capture may free an old CUDA graph, whose teardown is not allowed while a stream
+    captures and invalidates this capture. Garbage from before is collected first."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        if was:
+            gc.enable()

@@ -32,6 +32,7 @@ from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
 from ..ops.gated_delta import grid_chunked
+from ..util import capturing
 from .plan import PassPlan, same_lanes
 
 
@@ -239,7 +240,7 @@ def record(fn, pool):
     which compiled its kernels): (the graph, fn's outputs, which each replay rewrites)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with capturing(graph, pool):
         out = fn()
     return graph, out
 

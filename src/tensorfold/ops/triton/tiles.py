@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ...util import capturing
+
 SEGMENT = 1024  # K columns per segment when K is a larger multiple of it
 SPLIT_MAX_ROWS = 128  # at most this many rows use the split form (unless a shape asks `whole`)
 # few packed rows, weights on the MMA's wide side: (columns, warps, stages, plan blocks a step);
@@ -224,7 +226,7 @@ def gpu_seconds(fn, reps: int) -> float:
     """Device time per call of fn (already run once): `reps` calls captured in a CUDA graph and
     replayed, so Python's launch cost is not counted (decode passes replay from a graph too)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing(graph):
         for _ in range(reps):
             fn()
     graph.replay()  # the first replay uploads the graph
