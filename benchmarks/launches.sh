@@ -8,7 +8,8 @@
 #   BASE=<commit> bash benchmarks/launches.sh OUT [phases]
 #
 # phases, in the order given: registry, norms (the residual add + norm's launch by warp count,
-# norm_warps.py), tests, lanes, profile, drafting (default: all six).
+# norm_warps.py), tests, lanes, pdl (the sweep with dependent launch on and off), profile,
+# drafting (default: all but pdl).
 # Settings: MODELS (default 4bit), LANES (default 1,16,64).
 set -u
 OUT=${1:?usage: launches.sh OUT [phases]}
@@ -32,6 +33,9 @@ for p in $PHASES; do
                       "concurrent_equals_solo_9b or decode_equals_prefill or cuda_graph_decode" ;;
         lanes)    for way in new old; do
                       (export PYTHONPATH=${!way}; phase "lanes-$way" 200 $py "${sweep[@]}")
+                  done ;;
+        pdl)      for on in 1 0; do  # dependent launch on, then off, the same tree and card
+                      (export TENSORFOLD_PDL=$on; phase "lanes-pdl$on" 200 $py "${sweep[@]}")
                   done ;;
         profile)  TAIL=40 phase profile 200 $py benchmarks/profile_decode.py --out /tmp/prof \
                       --in-memory --models "${MODELS:-4bit}" --lanes 1 ;;

@@ -39,3 +39,17 @@ def spill_bytes(ck) -> int | None:
         return None
     found = re.findall(r"(\d+) bytes spill stores", done.stderr)
     return int(found[0]) if found else None
+
+
+GLOBAL_ACCESS = re.compile(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.global)")
+
+
+def assert_waits_first(ptx: str) -> bool:
+    """A kernel launched early (ops/triton/launch.py) waits for the kernel before it, then lets
+    the next launch, before its first global load, store or copy."""
+    wait = ptx.find("griddepcontrol.wait")
+    let = ptx.find("griddepcontrol.launch_dependents")
+    first = GLOBAL_ACCESS.search(ptx)
+    assert 0 <= wait < let, "no dependent-launch wait, or the next kernel let in before it"
+    assert first is None or let < first.start(), f"{first.group(0)} before the wait"
+    return True

@@ -6,7 +6,7 @@ Triton's interpreter and on the card)."""
 import pytest
 
 triton = pytest.importorskip("triton")
-from hopper import compile_for_hopper  # noqa: E402
+from hopper import assert_waits_first, compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from tensorfold.ops.triton import gates, norm  # noqa: E402
@@ -19,13 +19,16 @@ def test_fused_sum_readers_compile_for_hopper(nseg, fault):
     add_rms = dict(
         h_ptr="*bf16", d_ptr=sums, w_ptr="*fp32", hout_ptr="*bf16", y_ptr="*bf16",
         W="constexpr", eps="fp32", offset="fp32", stride_ds="i32", stride_dm="i32",
-        NSEG="constexpr", BLOCK="constexpr", FAULT="constexpr",
+        NSEG="constexpr", BLOCK="constexpr", FAULT="constexpr", PDL="constexpr",
     )  # fmt: skip
-    consts = dict(W=4096, NSEG=nseg, BLOCK=4096, FAULT=fault)
-    assert compile_for_hopper(ASTSource(norm._add_rms_kernel, add_rms, consts)).asm["ptx"]
+    consts = dict(W=4096, NSEG=nseg, BLOCK=4096, FAULT=fault, PDL=True)
+    assert_waits_first(
+        compile_for_hopper(ASTSource(norm._add_rms_kernel, add_rms, consts)).asm["ptx"]
+    )
     silu = dict(
         g_ptr=sums, u_ptr=sums, y_ptr="*bf16", W="i32", stride_g="i32", stride_u="i32",
         stride_sg="i32", stride_su="i32", NSEG="constexpr", BLOCK="constexpr", FAULT="constexpr",
+        PDL="constexpr",
     )  # fmt: skip
-    consts = dict(NSEG=nseg, BLOCK=2048, FAULT=fault)
-    assert compile_for_hopper(ASTSource(gates._silu_mul, silu, consts)).asm["ptx"]
+    consts = dict(NSEG=nseg, BLOCK=2048, FAULT=fault, PDL=True)
+    assert_waits_first(compile_for_hopper(ASTSource(gates._silu_mul, silu, consts)).asm["ptx"])

@@ -12,7 +12,7 @@ gluon_affine = pytest.importorskip(
     "tensorfold.ops.triton.gluon_affine", reason="needs a Triton with Gluon"
 )
 triton = pytest.importorskip("triton")
-from hopper import compile_for_hopper, spill_bytes  # noqa: E402
+from hopper import assert_waits_first, compile_for_hopper, spill_bytes  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 SIGNATURE = dict(
@@ -41,6 +41,7 @@ def _compile(
     deep: bool = False,
 ):
     consts = gluon_affine.constants(bits, group, 1024, mt, warps, staged, ring, fault, deep=deep)
+    consts["PDL"] = True  # as launched on a card with dependent launch
     sig = {**SIGNATURE, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9, 10)}
     src = GluonASTSource(gluon_affine._affine_swapped, sig, consts, aligned)
@@ -53,7 +54,9 @@ def _compile(
     + [(5, 32, 16), (5, 64, 8), (6, 32, 8), (6, 64, 16), (6, 128, 16)],
 )
 def test_tile_reaches_the_mma_without_a_shuffle(bits, group, mt):
-    _assert_register_path(_compile(group, mt, bits=bits), bits, mt)
+    ck = _compile(group, mt, bits=bits)
+    _assert_register_path(ck, bits, mt)
+    assert_waits_first(ck.asm["ptx"])
 
 
 @pytest.mark.parametrize("bits,mt", [(4, 32), (4, 64), (5, 64), (6, 32), (8, 64)])

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..attention import KV_SPLIT, SUPER_BLOCK, AttentionTiles
+from .launch import pdl, pdl_start
 
 BLOCK_N = KV_SPLIT  # the KV split
 WARPS = 4
@@ -151,9 +152,11 @@ def _serial_kernel(
     stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, c): every super-block of its rows folded in order, for value columns
     [c * COLS, (c + 1) * COLS) (a column's fold is its own; the scores are over all of D)."""
+    pdl_start(PDL)
     tile, y, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kvh, rows, heads, pos, valid, last, live = _packed_rows(
         row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
@@ -185,10 +188,11 @@ def _split_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr, scale,
     stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB, part_ptr, ml_ptr, HQ, NSB, Z,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
+    SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each stored as an fp32 part;
     a lane with one super-block is finished here (merged into empty, exactly the serial fold)."""
+    pdl_start(PDL)
     tile, y, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kvh, rows, heads, pos, valid, last, live = _packed_rows(
         row0_ptr, rows_ptr, pos0_ptr, tile, y, SUB, GROUP, BLOCK_M
@@ -226,13 +230,14 @@ def _fold_kernel(
     o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, part_ptr,
     ml_ptr, HQ, NSB, TS,
     D: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUPER: tl.constexpr,
-    GATED: tl.constexpr, FAULT: tl.constexpr, CHUNK: tl.constexpr,
+    GATED: tl.constexpr, FAULT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, c): the stored super-blocks of one row (token y // HQ of the tile, query
     head y % HQ) folded in ascending order, for value columns [c * COLS, (c + 1) * COLS). A row a
     program: the fold is one chain of merges, so chains run side by side rather than padded rows
     in one chain. The merges are those of the split program of TS tokens that stored them (its
     super-blocks past the row's position are empty parts: exact no-ops)."""
+    pdl_start(PDL)
     tile, y, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0, nrows, pos0 = tl.load(row0_ptr + tile), tl.load(rows_ptr + tile), tl.load(pos0_ptr + tile)
     tok, head = y // HQ, y % HQ
@@ -340,7 +345,7 @@ def paged_attention(
     common = (q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.table_base)
     common += (tiles.kv_rows, scale, q.stride(0), k_cache.stride(0), g, g.stride(0), g.stride(1))
     consts = dict(GROUP=group, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SUPER=SUPER_BLOCK)
-    consts.update(GATED=gate is not None, FAULT=fault)
+    consts.update(GATED=gate is not None, FAULT=fault, **pdl(q.device))
     if plan == "serial":
         cols = min(SERIAL_COLS, d)
         _serial_kernel[grid + (d // cols,)](
@@ -363,6 +368,6 @@ def paged_attention(
             out, tiles.row0, tiles.rows, tiles.pos0, q.stride(0), g, g.stride(0), g.stride(1),
             part, ml, hq, blocks, packed_rows(group, block_m), D=d, BLOCK_N=BLOCK_N, COLS=cols,
             SUPER=SUPER_BLOCK, GATED=gate is not None, FAULT=fault, CHUNK=FOLD_CHUNK,
-            num_warps=FOLD_WARPS, num_stages=FOLD_STAGES,
+            num_warps=FOLD_WARPS, num_stages=FOLD_STAGES, **pdl(q.device),
         )  # fmt: skip
     return out

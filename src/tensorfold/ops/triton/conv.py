@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import pdl, pdl_start
+
 CONV_BLOCK = 1024
 LANE_BLOCK = 256  # channels a program of the one-launch form (a lane's rows run one after another)
 FUSE_ROWS = 8  # the most rows a lane for the one-launch form: decode and verify passes
@@ -85,7 +87,9 @@ def _conv_rows(
     KS: tl.constexpr,
     HIST: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _conv_row(
@@ -108,7 +112,9 @@ def _conv_keep(
     HIST: tl.constexpr,
     HIST_P2: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     lane = tl.program_id(0)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _keep_rows(
@@ -121,9 +127,10 @@ def _conv_keep(
 def _conv_lane(
     x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, writes_ptr, taps_ptr, keep_ptr, cu_ptr, C,
     LANES_HIST, stride_slot, stride_x, KS: tl.constexpr, HIST: tl.constexpr,
-    HIST_P2: tl.constexpr, BLOCK: tl.constexpr,
+    HIST_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One launch: lane `program_id(0)`'s rows, one after another, then its kept rows."""
+    pdl_start(PDL)
     lane = tl.program_id(0)
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     r = tl.load(cu_ptr + lane)
@@ -167,16 +174,16 @@ def conv_lanes(
         grid = (lanes, triton.cdiv(c, LANE_BLOCK))
         _conv_lane[grid](
             x, states, weight, y, slots, out, taps, keep, cu_seqlens, *shared, KS=weight.shape[1],
-            HIST=hist, HIST_P2=hist_p2, BLOCK=LANE_BLOCK, num_warps=2,
+            HIST=hist, HIST_P2=hist_p2, BLOCK=LANE_BLOCK, num_warps=2, **pdl(x.device),
         )  # fmt: skip
         return y
     blocks = triton.cdiv(c, CONV_BLOCK)
     _conv_rows[(rows, blocks)](
         x, states, weight, y, slots, taps, *shared, KS=weight.shape[1], HIST=hist,
-        BLOCK=CONV_BLOCK, num_warps=4,
+        BLOCK=CONV_BLOCK, num_warps=4, **pdl(x.device),
     )  # fmt: skip
     _conv_keep[(lanes, blocks)](
         x, states, slots, out, keep, *shared, HIST=hist, HIST_P2=hist_p2, BLOCK=CONV_BLOCK,
-        num_warps=4,
+        num_warps=4, **pdl(x.device),
     )  # fmt: skip
     return y

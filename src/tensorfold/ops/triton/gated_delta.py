@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .gates import _beta, _decay
+from .launch import pdl, pdl_start
 
 BLOCK_V = (
     16  # value columns per program: the whole configuration is fixed (it decides reduction trees)
@@ -73,7 +74,9 @@ def _recurrence(
     BV: tl.constexpr,
     BLOCKS_FIRST: tl.constexpr,
     RAW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     if BLOCKS_FIRST:
         iv, h, i = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     else:
@@ -162,6 +165,6 @@ def gated_delta_lanes(
         q, k, v, g, beta, a_log, dt, o, states, slots, slots if writes is None else writes,
         cu_seqlens, q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0),
         o.stride(0), dk**-0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, BLOCKS_FIRST=blocks_first,
-        RAW=gate_params is not None, num_warps=1, num_stages=1,
+        RAW=gate_params is not None, num_warps=1, num_stages=1, **pdl(q.device),
     )  # fmt: skip
     return o

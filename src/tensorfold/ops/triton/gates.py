@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import pdl, pdl_start
 from .segments import _segment_total, operand
 
 
@@ -23,7 +24,9 @@ def _gates(
     stride_b,
     H: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < H
@@ -71,6 +74,7 @@ def gdn_gates(
         H=h,
         BLOCK=triton.next_power_of_2(h),
         num_warps=1,
+        **pdl(a.device),
     )
     return g, beta
 
@@ -78,11 +82,12 @@ def gdn_gates(
 @triton.jit
 def _silu_mul(
     g_ptr, u_ptr, y_ptr, W, stride_g, stride_u, stride_sg, stride_su, NSEG: tl.constexpr,
-    BLOCK: tl.constexpr, FAULT: tl.constexpr = 0,
+    BLOCK: tl.constexpr, FAULT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """NSEG 0: gate and up as stored (rows `stride_g` / `stride_u` apart); else their products'
     segment sums (segments `stride_sg` / `stride_su` apart), added in order and rounded to the
     model dtype first, as a product's own sum stores them."""
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o < W
@@ -113,6 +118,7 @@ def silu_mul(gate, up, fault: int = 0) -> torch.Tensor:
     rows, w = g.shape[-2:]
     y = torch.empty((rows, w), dtype=gate.dtype, device=g.device)
     _silu_mul[(rows, triton.cdiv(w, 2048))](
-        g, u, y, w, rg, ru, sg, su, NSEG=nseg, BLOCK=2048, FAULT=fault, num_warps=4
-    )
+        g, u, y, w, rg, ru, sg, su, NSEG=nseg, BLOCK=2048, FAULT=fault, num_warps=4,
+        **pdl(g.device),
+    )  # fmt: skip
     return y

@@ -26,6 +26,7 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -48,6 +49,7 @@ from .gluon_tiles import (
     _tile,
     _tile8,
 )
+from .launch import pdl
 
 
 @gluon.jit
@@ -111,8 +113,12 @@ def _affine_swapped(
     HFMA: gl.constexpr,
     num_warps: gl.constexpr,
     DEEP: gl.constexpr = 0,
+    PDL: gl.constexpr = False,
 ):
     """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
+    if PDL:  # launch.pdl_start's two lines (a Gluon kernel calls no triton.jit function)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n, pid_s = gl.program_id(0), gl.program_id(1)
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,
@@ -411,6 +417,7 @@ def partials(
     _affine_swapped[(triton.cdiv(n, bn), nseg)](
         x, words, scales, biases, part, m, n, k, x.stride(0), words.stride(0), scales.stride(0),
         **constants(bits, group, segment, mt, warps, staged, ring, fault, hfma, deep),
+        **pdl(x.device),
     )  # fmt: skip
     return part
 

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..linear import Partial
 from ..quant import QuantizedWeight
+from .launch import pdl, pdl_start
 from .segments import (
     _affine_segment,
     _affine_whole,
@@ -83,7 +84,9 @@ def _dense_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,7 +136,9 @@ def _affine_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -207,11 +212,13 @@ def _affine_swapped_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Few rows with the weights on the MMA's wide side: accᵀ[BLOCK_N, BLOCK_M] = W · xᵀ. The same
     16-column MMAs chained in the same order from zero per segment as `_affine_kernel` (an MMA's
     output element reads only its own row and column), so the same fp32 sums; only the operand
     sides differ, which lets a 64-row weight tile fill the MMA while the rows pad to 16."""
+    pdl_start(PDL)
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -238,7 +245,10 @@ def _affine_swapped_kernel(
 
 
 @triton.jit
-def _sum_segments(p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_segments(
+    p_ptr, y_ptr, M, N, stride_y, NSEG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_start(PDL)
     m = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_n < N
@@ -285,6 +295,7 @@ def _launch(
         BLOCK_K=t.step_k(plan),
         num_warps=t.warps,
         num_stages=t.stages,
+        **pdl(x.device),
     )
     return _total(partial, out, keep, x.dtype, y) if split else y
 
@@ -301,7 +312,9 @@ def _sum(partial: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """The segments' fp32 sums [NSEG, M, N] added in segment order, rounded once to out's dtype."""
     nseg, m, n = partial.shape
     y = torch.empty((m, n), dtype=torch.bfloat16, device=partial.device) if out is None else out
-    _sum_segments[(m, triton.cdiv(n, 1024))](partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024)
+    _sum_segments[(m, triton.cdiv(n, 1024))](
+        partial, y, m, n, y.stride(0), NSEG=nseg, BLOCK=1024, **pdl(partial.device)
+    )
     return y
 
 

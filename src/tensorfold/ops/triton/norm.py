@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import pdl, pdl_start
 from .segments import _segment_total, operand
 
 
@@ -16,7 +17,17 @@ def _config(width: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _rms_kernel(x_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.constexpr):
+def _rms_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    W: tl.constexpr,
+    eps,
+    offset,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
@@ -28,8 +39,18 @@ def _rms_kernel(x_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.con
 
 @triton.jit
 def _gated_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, BLOCK: tl.constexpr
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    y_ptr,
+    W: tl.constexpr,
+    eps,
+    z_heads,
+    z_stride,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
@@ -48,7 +69,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
     flat = x.contiguous().view(-1, w)
     y = torch.empty_like(flat)
     block, warps = _config(w)
-    _rms_kernel[(flat.shape[0],)](flat, weight, y, w, eps, offset, BLOCK=block, num_warps=warps)
+    _rms_kernel[(flat.shape[0],)](
+        flat, weight, y, w, eps, offset, BLOCK=block, num_warps=warps, **pdl(x.device)
+    )
     return y.view(x.shape)
 
 
@@ -63,19 +86,21 @@ def gated_rms_norm(
     y = torch.empty_like(flat)
     block, warps = _config(w)
     _gated_kernel[(flat.shape[0],)](
-        flat, gate, weight, y, w, eps, gate.shape[1], gate.stride(0), BLOCK=block, num_warps=warps
-    )
+        flat, gate, weight, y, w, eps, gate.shape[1], gate.stride(0), BLOCK=block, num_warps=warps,
+        **pdl(x.device),
+    )  # fmt: skip
     return y.view(x.shape)
 
 
 @triton.jit
 def _add_rms_kernel(
     h_ptr, d_ptr, w_ptr, hout_ptr, y_ptr, W: tl.constexpr, eps, offset, stride_ds, stride_dm,
-    NSEG: tl.constexpr, BLOCK: tl.constexpr, FAULT: tl.constexpr = 0,
+    NSEG: tl.constexpr, BLOCK: tl.constexpr, FAULT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """NSEG 0: the delta d [rows, W] as stored; else its product's segment sums [NSEG, rows, W],
     added in order and rounded to the model dtype first, as the product's own sum stores it
     (rows `stride_dm` apart, segments `stride_ds`)."""
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
@@ -107,7 +132,7 @@ def add_rms_norm(
     block, warps = _config(w)
     _add_rms_kernel[(h.shape[0],)](
         h, d, weight, out, y, w, eps, offset, stride_s, stride_m, NSEG=nseg, BLOCK=block,
-        FAULT=fault, num_warps=warps,
+        FAULT=fault, num_warps=warps, **pdl(h.device),
     )  # fmt: skip
     return out, y
 
@@ -116,10 +141,11 @@ def add_rms_norm(
 def _norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_row, stride_head, H: tl.constexpr,
     D: tl.constexpr, ROT: tl.constexpr, eps, offset, rows_ptr=None, v_ptr=None, vout_ptr=None,
-    stride_vrow=0, CACHE: tl.constexpr = False,
+    stride_vrow=0, CACHE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """CACHE: y and vout are a KV cache's [slots, H, D]: the row goes to slot rows[row], and the
     row's v head is copied beside it (the attention layer's write of fresh keys and values)."""
+    pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     row, head = pid // H, pid % H
     o = tl.arange(0, D)
@@ -154,6 +180,7 @@ def _rope_launch(x, weight, eps, offset, cos, sin, y, rows: int, **cache):
     _norm_rope_kernel[(rows * x.shape[1],)](
         x, weight, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1), H=x.shape[1],
         D=x.shape[2], ROT=cos.shape[-1], eps=eps, offset=offset, num_warps=4, **cache,
+        **pdl(x.device),
     )  # fmt: skip
 
 

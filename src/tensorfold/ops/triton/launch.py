@@ -1,0 +1,42 @@
+"""Programmatic dependent launch (Hopper and later), for the kernels of a pass.
+
+A kernel launched this way is placed on the card while the kernel before it in the stream is
+still running; its programs wait at their first line (`griddepcontrol.wait`) until that kernel
+has ended and its writes show, then let the next kernel launch. The gaps between a decode step's
+few hundred short kernels are what it saves. Scheduling only: every load and store of a kernel
+comes after the wait, so no value changes. A kernel that reads a launch keyword set by `pdl`
+starts with `pdl_start(PDL)`; both always come together (a kernel launched early that did not
+wait would read its inputs before they are written). TENSORFOLD_PDL=0 turns it off."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """A kernel's first line: wait for the kernel before it, then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@functools.cache
+def _supported(index: int) -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TENSORFOLD_PDL") == "0":
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch keywords of a kernel that starts with `pdl_start`: {} where the card (or Triton's
+    interpreter) has no dependent launch."""
+    if device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return {"PDL": True, "launch_pdl": True} if _supported(index) else {}
