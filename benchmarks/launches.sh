@@ -8,8 +8,8 @@
 #   BASE=<commit> bash benchmarks/launches.sh OUT [phases]
 #
 # phases, in the order given: registry, norms (the residual add + norm's launch by warp count,
-# norm_warps.py), tests, lanes, pdl (the sweep with dependent launch on and off), profile,
-# drafting (default: all but pdl).
+# norm_warps.py), tests, lanes, pdl (the sweep with dependent launch on and off; moe: the same
+# at the 35B-A3B shape), profile, drafting (default: all but pdl and moe).
 # Settings: MODELS (default 4bit), LANES (default 1,16,64).
 set -u
 OUT=${1:?usage: launches.sh OUT [phases]}
@@ -36,6 +36,10 @@ for p in $PHASES; do
                   done ;;
         pdl)      for on in 1 0; do  # dependent launch on, then off, the same tree and card
                       (export TENSORFOLD_PDL=$on; phase "lanes-pdl$on" 200 $py "${sweep[@]}")
+                  done ;;
+        moe)      for on in 1 0; do  # the 35B-A3B's sweep, dependent launch on, then off
+                      (export TENSORFOLD_PDL=$on; phase "moe-pdl$on" 250 $py "${sweep[@]}" \
+                          --shape 35b-a3b)
                   done ;;
         profile)  TAIL=40 phase profile 200 $py benchmarks/profile_decode.py --out /tmp/prof \
                       --in-memory --models "${MODELS:-4bit}" --lanes 1 ;;

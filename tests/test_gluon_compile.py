@@ -192,11 +192,13 @@ def test_grouped_experts_take_the_same_tile_and_mmas(bits, up, gather):
     consts = dict(
         TOP_K=8, GATHER=gather, UP=up, BITS=bits, GROUP=64, SEG=1024, BN=gluon_affine.BN, BK=bk,
         MT=16, X_LAYOUT=gluon_affine._x_layout(16, bk), FAULT=0, STAGED=False, num_warps=4,
+        PDL=True,
     )  # fmt: skip
     sig = {**GROUPED, **{k: "constexpr" for k in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(9), 13, 14, 15, 16, 17, 18)}
     ck = compile_for_hopper(GluonASTSource(grouped._grouped_swapped, sig, consts, aligned))
     ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    assert_waits_first(ptx)
     operands = re.findall(r"dot_op<\{opIdx = 0, parent = #mma, kWidth = (\d+)\}>", ttgir)
     assert operands and set(operands) == {"2"}
     assert "ld.shared" not in ptx and "shfl" not in ptx

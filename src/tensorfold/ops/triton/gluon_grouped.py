@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..moe import ExpertStack
 from . import gluon_affine
 from .gluon_affine import BN, STEP_K, _swapped_body, _x_layout
+from .launch import pdl
 
 
 @gluon.jit
@@ -57,9 +59,13 @@ def _grouped_swapped(
     FAULT: gl.constexpr,
     STAGED: gl.constexpr,
     num_warps: gl.constexpr,
+    PDL: gl.constexpr = False,
 ):
     """Expert tile pid_t's pairs through weight tile pid_n, segment pid_s of its expert (UP: the
     tiles past gate's are up's, their sums stored beside gate's in a row of 2N)."""
+    if PDL:  # launch.pdl_start's two lines (a Gluon kernel calls no triton.jit function)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_t, pid_n, pid_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     e = gl.load(tile_e + pid_t).to(gl.int64)
     lo = gl.load(tile_lo + pid_t)
@@ -138,5 +144,6 @@ def partials(
         stack.scales.stride(0), stack.scales.stride(1), TOP_K=max(gather_k, 1),
         GATHER=gather_k > 0, UP=two, BITS=stack.bits, GROUP=stack.group_size, SEG=segment, BN=BN,
         BK=bk, MT=mt, X_LAYOUT=_x_layout(mt, bk), FAULT=fault, STAGED=staged, num_warps=4,
+        **pdl(xs.device),
     )  # fmt: skip
     return part

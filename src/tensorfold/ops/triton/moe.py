@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..moe import Experts, ExpertStack
 from .gates import _swiglu, silu_mul
+from .launch import pdl, pdl_start
 from .linear import LinearPlan
 from .segments import _affine_whole, _dense_whole, _swapped_whole
 from .tiles import TileBook, Tiles, grouped_block_m, grouped_candidates
@@ -105,7 +106,9 @@ def _tiles_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     o = tl.arange(0, BLOCK_P)
     live = o < P
     ids = tl.load(ids_ptr + o, mask=live, other=0).to(tl.int32)
@@ -156,6 +159,7 @@ def tiles_kernel(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertTil
             BLOCK_P=triton.next_power_of_2(n),
             BLOCK_T=triton.next_power_of_2(most),
             num_warps=4,
+            **pdl(dev),
         )
     return ExpertTiles(order, e, lo, hi, block_m)
 
@@ -245,7 +249,9 @@ def _grouped_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SWAP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_t, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(tile_e + pid_t).to(tl.int64)
     lo, hi = tl.load(tile_lo + pid_t), tl.load(tile_hi + pid_t)
@@ -291,10 +297,12 @@ def _sum_pairs(
     SWIGLU: tl.constexpr,
     SCATTER: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Pair p's segment sums added in segment order and rounded once (SWIGLU: gate's and up's,
     each rounded, then silu · up, as the grouped kernel's epilogue), stored at row p (SCATTER:
     at its (row, choice) slot order[p])."""
+    pdl_start(PDL)
     p = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o_n < N
@@ -326,7 +334,7 @@ def sum_pairs(
     block = min(1024, triton.next_power_of_2(n))
     _sum_pairs[(pairs, triton.cdiv(n, block))](
         part, y, order, pairs, n, y.stride(0), NSEG=nseg, SWIGLU=swiglu, SCATTER=scatter,
-        BLOCK=block,
+        BLOCK=block, **pdl(part.device),
     )  # fmt: skip
     return y
 
@@ -371,6 +379,7 @@ def grouped_matmul(
         PACKED=stack.packed, BITS=stack.bits or 16, GROUP=stack.group_size or 16, GROUPS=groups,
         SEG=plan.segment, NSEG=plan.segments(k), BLOCK_M=tiles.block_m, BLOCK_N=t.block_n,
         BLOCK_K=plan.block_k, SWAP=t.swap, num_warps=t.warps, num_stages=t.stages,
+        **pdl(xs.device),
     )  # fmt: skip
     return y
 

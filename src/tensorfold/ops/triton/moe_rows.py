@@ -15,6 +15,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..moe import Route
+from .launch import pdl, pdl_start
 
 COMBINE_BLOCK = 1024
 
@@ -45,7 +46,9 @@ def _route_kernel(
     LAST: tl.constexpr,
     BLOCK_E: tl.constexpr,
     PRECISE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
     ids_row = ids_ptr + r * (TOP_K + (LAST >= 0))  # LAST >= 0: one more id a row, after the k
@@ -93,6 +96,7 @@ def route(logits: torch.Tensor, top_k: int, last: int | None = None) -> Route:
             BLOCK_E=block,
             PRECISE=_precise(),
             num_warps=4 if block >= 512 else 1,
+            **pdl(logits.device),
         )
     return Route(ids, weights)
 
@@ -111,7 +115,9 @@ def _combine_kernel(
     TOP_K: tl.constexpr,
     BLOCK: tl.constexpr,
     PRECISE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = o < H
@@ -160,5 +166,6 @@ def combine(
             PRECISE=_precise(),
             num_warps=4,
             enable_fp_fusion=False,  # mul.rn then add.rn (no fma, no flush to zero), as the reference
+            **pdl(routed.device),
         )
     return out
