@@ -26,7 +26,6 @@ import functools
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -42,6 +41,7 @@ from .gluon_tiles import (
     _barrier,
     _operand4,
     _operand8,
+    _pdl_start,
     _scale_offsets,
     _stage_words,
     _staged,
@@ -116,9 +116,7 @@ def _affine_swapped(
     PDL: gl.constexpr = False,
 ):
     """Program (weight tile, segment): the segment's fp32 sums of rows 0..M-1 at [segment, row]."""
-    if PDL:  # launch.pdl_start's two lines (a Gluon kernel calls no triton.jit function)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_start(PDL)
     pid_n, pid_s = gl.program_id(0), gl.program_id(1)
     _swapped_body(
         x_ptr, x_ptr, 0, M, w_ptr, s_ptr, b_ptr, p_ptr, pid_s * M, N, N, stride_x, stride_w,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..moe import ExpertStack
 from . import gluon_affine
 from .gluon_affine import BN, STEP_K, _swapped_body, _x_layout
+from .gluon_tiles import _pdl_start
 from .launch import pdl
 
 
@@ -63,9 +63,7 @@ def _grouped_swapped(
 ):
     """Expert tile pid_t's pairs through weight tile pid_n, segment pid_s of its expert (UP: the
     tiles past gate's are up's, their sums stored beside gate's in a row of 2N)."""
-    if PDL:  # launch.pdl_start's two lines (a Gluon kernel calls no triton.jit function)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_start(PDL)
     pid_t, pid_n, pid_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     e = gl.load(tile_e + pid_t).to(gl.int64)
     lo = gl.load(tile_lo + pid_t)

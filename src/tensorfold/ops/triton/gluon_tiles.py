@@ -14,6 +14,7 @@ checkpoint's).
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -22,6 +23,15 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 # global -> shared copies in flight (cp.async; renamed async_load in later Tritons)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.jit
+def _pdl_start(PDL: gl.constexpr):
+    """launch.pdl_start for the Gluon kernels (which call no triton.jit function): wait for the
+    kernel before, then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @gluon.jit
