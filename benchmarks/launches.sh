@@ -9,7 +9,8 @@
 #
 # phases, in the order given: registry, norms (the residual add + norm's launch by warp count,
 # norm_warps.py), tests, lanes, pdl (the sweep with dependent launch on and off; moe: the same
-# at the 35B-A3B shape), profile, drafting (default: all but pdl and moe).
+# at the 35B-A3B shape; probe: pdl_probe.py, its capture, upload and tile book costs), profile,
+# drafting (default: all but pdl, moe and probe).
 # Settings: MODELS (default 4bit), LANES (default 1,16,64).
 set -u
 OUT=${1:?usage: launches.sh OUT [phases]}
@@ -37,6 +38,7 @@ for p in $PHASES; do
         pdl)      for on in 1 0; do  # dependent launch on, then off, the same tree and card
                       (export TENSORFOLD_PDL=$on; phase "lanes-pdl$on" 200 $py "${sweep[@]}")
                   done ;;
+        probe)    phase pdl-probe 200 $py benchmarks/pdl_probe.py ;;
         moe)      for on in 1 0; do  # the 35B-A3B's sweep, dependent launch on, then off
                       (export TENSORFOLD_PDL=$on; phase "moe-pdl$on" 250 $py "${sweep[@]}" \
                           --shape 35b-a3b)

@@ -1,6 +1,6 @@
-"""Dependent launch is asked for only where the card has it: Hopper or later, not under Triton's
-interpreter, not with TENSORFOLD_PDL=0; the kernel's flag and the launch keyword come together
-(tests/hopper.py's assert_waits_first checks the compiled kernels wait first)."""
+"""Dependent launch is asked for only where it is switched on (TENSORFOLD_PDL=1) and the card has
+it: Hopper or later, not under Triton's interpreter; the kernel's flag and the launch keyword
+come together (tests/hopper.py's assert_waits_first checks the compiled kernels wait first)."""
 
 import pytest
 import torch
@@ -13,10 +13,10 @@ CUDA = torch.device("cuda", 0)
 
 @pytest.fixture
 def card(monkeypatch):
-    """A card of a given major version, the cache of answers cleared around the test."""
+    """A card of a given major version, switched on, the cache of answers cleared around it."""
     launch._supported.cache_clear()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("TENSORFOLD_PDL", raising=False)
+    monkeypatch.setenv("TENSORFOLD_PDL", "1")
 
     def make(major: int) -> None:
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (major, 0))
@@ -30,11 +30,11 @@ def test_hopper_launches_early_and_the_kernel_waits(card):
     assert launch.pdl(CUDA) == {"PDL": True, "launch_pdl": True}
 
 
-@pytest.mark.parametrize("why", ["ampere", "interpreter", "switched off", "cpu"])
+@pytest.mark.parametrize("why", ["ampere", "interpreter", "not switched on", "cpu"])
 def test_no_dependent_launch_elsewhere(card, monkeypatch, why):
     card(8 if why == "ampere" else 9)
     if why == "interpreter":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if why == "switched off":
-        monkeypatch.setenv("TENSORFOLD_PDL", "0")
+    if why == "not switched on":
+        monkeypatch.delenv("TENSORFOLD_PDL")
     assert launch.pdl(torch.device("cpu") if why == "cpu" else CUDA) == {}
