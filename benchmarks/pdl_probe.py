@@ -2,7 +2,9 @@
 it off and on in one process: a CUDA graph of 64 residual add + norm launches and one of 64
 (one-row 4-bit product + its segments' sum) pairs, each captured, uploaded (first replay) and
 replayed (wall times and µs a launch); then a fresh tile book picking that product's shape at one
-row (every candidate compiled and timed); the bytes of every output compared across the two.
+row (every candidate compiled and timed); the bytes of every output compared across the two; last
+the random 9B (4-bit, in memory) decoding on an engine as h200.py does, one engine each way, the
+wall seconds of the whole run beside its tok/s (the part that took minutes with it on).
 
     PYTHONPATH=src python3 benchmarks/pdl_probe.py [--reps 64]
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
+from h200 import Run, decode
 
 from tensorfold.ops.quant import quantize
 from tensorfold.ops.triton import launch, linear, norm
@@ -51,6 +55,8 @@ def graph_parts(fn, reps: int) -> tuple[str, torch.Tensor]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=64)
+    p.add_argument("--lanes", type=int, default=1)
+    p.add_argument("--out", default="/tmp/pdl_probe")
     args = p.parse_args()
     h = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
     d, w = torch.randn_like(h), torch.rand(4096, device="cuda")
@@ -80,7 +86,16 @@ def main() -> None:
     for (on, round_), (secs, choice) in picks.items():
         print(f"tile book pick, dependent launch {on}, {round_}: {secs:.2f} s -> {choice}")
     same = all(torch.equal(outs[False, k], outs[True, k]) for k in ("norm", "product"))
-    print(f"outputs equal with it off and on: {same}")
+    print(f"outputs equal with it off and on: {same}", flush=True)
+    run = Run(in_memory=True)
+    model = run.load(run.checkpoint(Path(args.out) / "4bit", "9b", "4bit"))
+    for on in (False, True):
+        switch(on)
+        secs, rate = wall(lambda: decode(model, args.lanes, run, tokens=32))
+        print(
+            f"engine decode, {args.lanes} lanes, dependent launch {on}: {secs:.1f} s, {rate:,.1f} tok/s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
