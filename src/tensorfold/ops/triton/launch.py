@@ -8,9 +8,10 @@ comes after the wait, so no value changes. A kernel that reads a launch keyword 
 starts with `pdl_start(PDL)`; both always come together (a kernel launched early that did not
 wait would read its inputs before they are written).
 
-Off unless TENSORFOLD_PDL=1: on an H100 a decode step's graph ran 3.87 ms with it against 4.24
-without, but engines with it on spent minutes where they spend seconds before their first
-tokens (the tile book's timings and graph captures are the suspects; not yet measured apart)."""
+Off unless TENSORFOLD_PDL=1: on an H100 a decode step's graph ran 3.87 ms with it (4.03-4.24
+without, on two machines), but engines with it on spent minutes where they spend seconds before
+their first tokens (the tile book's timings and graph captures are the suspects; not yet
+measured apart: benchmarks/pdl_probe.py)."""
 
 from __future__ import annotations
 
