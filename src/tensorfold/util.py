@@ -66,9 +66,10 @@ def rss_bytes() -> int:
 def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     """torch.cuda.graph(graph, pool) with Python's cycle collector held off: a collection inside
     the capture may free an old CUDA graph, whose teardown is not allowed while a stream
-    captures and invalidates this capture. Garbage from before is collected first."""
+    captures and invalidates this capture. No collection is forced here (the tile book captures
+    once per timing, and a full collection costs ~0.1 s): old garbage goes at a later one,
+    outside every capture."""
     was = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         with torch.cuda.graph(graph, pool=pool):
