@@ -23,6 +23,7 @@ import triton
 from tensorfold.batch import Segment
 from tensorfold.ops.attention import AttentionTiles
 from tensorfold.ops.triton import attention
+from tensorfold.util import capturing
 
 HQ, HKV, D = 16, 4, 256
 SCALE = D**-0.5
@@ -70,7 +71,7 @@ def graph_time(fn) -> float:
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with capturing(g):
         fn()
     return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median") / 1e3
 

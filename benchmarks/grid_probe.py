@@ -27,6 +27,7 @@ from tensorfold.cache.state_pool import StatePool
 from tensorfold.ops import gated_delta as ref
 from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.triton import gated_delta_grid as grid
+from tensorfold.util import capturing
 
 
 @triton.jit
@@ -113,7 +114,7 @@ def _timed(run, graphed: bool) -> float:
     run()
     if graphed:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capturing(graph):
             run()
         run = graph.replay
     reps = 640 if graphed else 10

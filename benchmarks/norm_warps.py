@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from tensorfold.ops.triton import norm
+from tensorfold.util import capturing
 
 
 def launch(h, d, nseg, w, out, y, warps):
@@ -31,7 +32,7 @@ def timed(fn, reps: int = 64, rounds: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing(graph):
         for _ in range(reps):
             fn()
     graph.replay()

@@ -22,6 +22,7 @@ from h200 import Run, decode
 from tensorfold.ops.quant import quantize
 from tensorfold.ops.triton import launch, linear, norm
 from tensorfold.ops.triton.tiles import TileBook
+from tensorfold.util import capturing
 
 
 def switch(on: bool) -> None:
@@ -43,7 +44,7 @@ def graph_parts(fn, reps: int) -> tuple[str, torch.Tensor]:
     graph = torch.cuda.CUDAGraph()
 
     def capture():
-        with torch.cuda.graph(graph):
+        with capturing(graph):
             return [fn() for _ in range(reps)][-1]
 
     cap, out = wall(capture)
