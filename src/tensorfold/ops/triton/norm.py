@@ -18,15 +18,9 @@ def _config(width: int) -> tuple[int, int]:
 
 @triton.jit
 def _rms_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    W: tl.constexpr,
-    eps,
-    offset,
-    BLOCK: tl.constexpr,
+    x_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, offset, BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
@@ -39,17 +33,9 @@ def _rms_kernel(
 
 @triton.jit
 def _gated_kernel(
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    y_ptr,
-    W: tl.constexpr,
-    eps,
-    z_heads,
-    z_stride,
-    BLOCK: tl.constexpr,
+    x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
-):
+):  # fmt: skip
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
