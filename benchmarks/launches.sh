@@ -35,11 +35,11 @@ for p in $PHASES; do
         lanes)    for way in new old; do
                       (export PYTHONPATH=${!way}; phase "lanes-$way" 200 $py "${sweep[@]}")
                   done ;;
-        pdl)      for on in 1 0; do  # dependent launch on, then off, the same tree and card
+        pdl)      for on in 0 1; do  # dependent launch off, then on, the same tree and card
                       (export TENSORFOLD_PDL=$on; phase "lanes-pdl$on" 200 $py "${sweep[@]}")
                   done ;;
         probe)    phase pdl-probe 200 $py benchmarks/pdl_probe.py ;;
-        moe)      for on in 1 0; do  # the 35B-A3B's sweep, dependent launch on, then off
+        moe)      for on in 0 1; do  # the 35B-A3B's sweep, dependent launch off, then on
                       (export TENSORFOLD_PDL=$on; phase "moe-pdl$on" 250 $py "${sweep[@]}" \
                           --shape 35b-a3b)
                   done ;;

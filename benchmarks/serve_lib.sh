@@ -34,7 +34,8 @@ phase() {
     local t=$(date +%s)
     timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
-    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s"
+    # also kept under $OUT: a call that runs out of time loses its printed output, not its files
+    echo "=== $name rc=$rc in $(( $(date +%s) - t )) s" | tee -a "$OUT/phases.txt"
     tail -n "${TAIL:-24}" "$OUT/$name.log"
 }
 
