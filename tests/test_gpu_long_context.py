@@ -17,6 +17,7 @@ from tensorfold.engine.request import SamplingParams  # noqa: E402
 from tensorfold.ops.attention import AttentionTiles  # noqa: E402
 from tensorfold.ops.triton.attention import paged_attention  # noqa: E402
 from tensorfold.tools.run import generate_once  # noqa: E402
+from tensorfold.util import capturing  # noqa: E402
 
 VOCAB = 248320
 HQ, HKV, D = 16, 4, 256  # the 9B's attention
@@ -66,7 +67,7 @@ def test_cuda_graph_over_lanes_of_changing_lengths():
     )  # fmt: skip
     paged_attention(q, kc, vc, static, SCALE)  # compiled before the capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing(graph):
         out = paged_attention(q, kc, vc, static, SCALE)
     for lengths in ((100, 30_000, 5, 257), (30_001, 101, 6, 258), (39_999, 1, 256, 255)):
         pos0.copy_(as_t([n - 1 for n in lengths]))
