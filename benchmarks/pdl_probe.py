@@ -27,7 +27,7 @@ from tensorfold.util import capturing
 
 def switch(on: bool) -> None:
     os.environ["TENSORFOLD_PDL"] = "1" if on else "0"
-    launch._supported.cache_clear()
+    launch._keywords.cache_clear()
 
 
 def wall(fn) -> tuple[float, object]:

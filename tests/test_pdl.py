@@ -14,7 +14,7 @@ CUDA = torch.device("cuda", 0)
 @pytest.fixture
 def card(monkeypatch):
     """A card of a given major version, switched on, the cache of answers cleared around it."""
-    launch._supported.cache_clear()
+    launch._keywords.cache_clear()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TENSORFOLD_PDL", "1")
 
@@ -22,7 +22,7 @@ def card(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (major, 0))
 
     yield make
-    launch._supported.cache_clear()
+    launch._keywords.cache_clear()
 
 
 def test_hopper_launches_early_and_the_kernel_waits(card):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -31,17 +33,22 @@ def pdl_start(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-@functools.cache
-def _supported(index: int) -> bool:
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TENSORFOLD_PDL") != "1":
-        return False
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def pdl(device: torch.device) -> dict:
-    """Launch keywords of a kernel that starts with `pdl_start`: {} unless switched on and the
-    card (not Triton's interpreter) has dependent launch."""
+def pdl(device: torch.device) -> Mapping[str, bool]:
+    """Launch keywords of a kernel that starts with `pdl_start`: none unless switched on and the
+    card (not Triton's interpreter) has dependent launch. Asked at every launch: answered once a
+    card."""
     if device.type != "cuda":
-        return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return {"PDL": True, "launch_pdl": True} if _supported(index) else {}
+        return NONE
+    return _keywords(device.index if device.index is not None else torch.cuda.current_device())
+
+
+NONE: Mapping[str, bool] = MappingProxyType({})
+
+
+@functools.cache
+def _keywords(index: int) -> Mapping[str, bool]:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TENSORFOLD_PDL") != "1":
+        return NONE
+    if torch.cuda.get_device_capability(index)[0] < 9:
+        return NONE
+    return MappingProxyType({"PDL": True, "launch_pdl": True})
