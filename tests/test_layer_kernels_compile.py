@@ -9,24 +9,28 @@ triton = pytest.importorskip("triton")
 from hopper import assert_waits_first, compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tensorfold.ops.triton import conv, gated_delta, norm  # noqa: E402
+from tensorfold.ops.triton import conv, gated_delta, linear, norm  # noqa: E402
 
 CONV = dict(
     x_ptr="*bf16", st_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", slots_ptr="*i64",
-    writes_ptr="*i64", taps_ptr="*i64", keep_ptr="*i64", cu_ptr="*i64", C="i32",
-    LANES_HIST="i32", stride_slot="i32", stride_x="i32", KS="constexpr", HIST="constexpr",
-    HIST_P2="constexpr", BLOCK="constexpr", PDL="constexpr",
+    writes_ptr="*i64", taps_ptr="*i64", keep_ptr="*i64", cu_ptr="*i64",
 )  # fmt: skip
+
+
+def _ptx(fn, pointers: dict, consts: dict, warps: int = 4) -> str:
+    """fn's PTX for sm_90: its constexprs from `consts`, other arguments typed by `pointers`
+    (i32 when not named), launched as a card with dependent launch does."""
+    consts = {**consts, "PDL": True}
+    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
+    return compile_for_hopper(ASTSource(fn, sig, consts), num_warps=warps).asm["ptx"]
 
 
 @pytest.mark.parametrize("kernel", ["_conv_lane", "_conv_rows", "_conv_keep"])
 def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel):
     fn = getattr(conv, kernel)
-    sig = {a: CONV[a] for a in fn.arg_names}
-    consts = {
-        a: v for a, v in dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256, PDL=True).items() if a in sig
-    }
-    assert_waits_first(compile_for_hopper(ASTSource(fn, sig, consts), num_warps=2).asm["ptx"])
+    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256)
+    consts = {a: v for a, v in consts.items() if a in fn.arg_names}
+    assert_waits_first(_ptx(fn, CONV, consts, warps=2))
 
 
 def _recurrence_ptx(raw: bool) -> str:
@@ -35,9 +39,8 @@ def _recurrence_ptx(raw: bool) -> str:
     pointers = dict(g_ptr=gate, beta_ptr="*bf16", alog_ptr="*fp32", dt_ptr="*bf16")
     pointers.update({a: "*bf16" for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")})
     pointers.update(h_ptr="*fp32", slot_ptr="*i64", out_ptr="*i64", cu_ptr="*i64", scale="fp32")
-    consts = dict(HK=16, HV=32, K=128, V=128, BV=16, BLOCKS_FIRST=True, RAW=raw, PDL=True)
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
-    return compile_for_hopper(ASTSource(fn, sig, consts), num_warps=1).asm["ptx"]
+    consts = dict(HK=16, HV=32, K=128, V=128, BV=16, BLOCKS_FIRST=True, RAW=raw)
+    return _ptx(fn, pointers, consts, warps=1)
 
 
 def test_the_recurrence_compiles_for_hopper_with_its_gates_given_or_computed():
@@ -51,11 +54,10 @@ def _key_norm_ptx(cache: bool) -> str:
     fn = norm._norm_rope_kernel
     pointers = dict(x_ptr="*bf16", w_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", y_ptr="*bf16")
     pointers.update(rows_ptr="*i64", v_ptr="*bf16", vout_ptr="*bf16", eps="fp32", offset="fp32")
-    consts = dict(H=4, D=256, ROT=64, CACHE=cache, PDL=True)
+    consts = dict(H=4, D=256, ROT=64, CACHE=cache)
     if not cache:
         consts.update(rows_ptr=None, v_ptr=None, vout_ptr=None, stride_vrow=0)
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
-    return compile_for_hopper(ASTSource(fn, sig, consts), num_warps=4).asm["ptx"]
+    return _ptx(fn, pointers, consts)
 
 
 def test_the_key_norm_compiles_for_hopper_with_and_without_the_kv_write():
@@ -71,17 +73,10 @@ def test_the_one_row_product_waits_before_it_reads(split):
     """The packed product a decode step runs most (the swapped form, pipelined over its K steps)
     and the segments' sum: the dependent-launch wait comes before any load, the pipeline's
     prologue included."""
-    from tensorfold.ops.triton import linear
-
-    fn = linear._affine_swapped_kernel
     pointers = dict(x_ptr="*bf16", w_ptr="*i32", s_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16")
     pointers.update(p_ptr="*fp32")
-    consts = dict(BITS=4, GROUP=64, GROUPS=64, SEG=1024, NSEG=4, SPLIT=split, PDL=True)
+    consts = dict(BITS=4, GROUP=64, GROUPS=64, SEG=1024, NSEG=4, SPLIT=split)
     consts.update(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names}
-    assert_waits_first(compile_for_hopper(ASTSource(fn, sig, consts)).asm["ptx"])
-    total = linear._sum_segments
-    sig = dict(p_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32", stride_y="i32")
-    consts = dict(NSEG=4, BLOCK=1024, PDL=True)
-    sig.update({a: "constexpr" for a in consts})
-    assert_waits_first(compile_for_hopper(ASTSource(total, sig, consts)).asm["ptx"])
+    assert_waits_first(_ptx(linear._affine_swapped_kernel, pointers, consts))
+    sums = dict(p_ptr="*fp32", y_ptr="*bf16")
+    assert_waits_first(_ptx(linear._sum_segments, sums, dict(NSEG=4, BLOCK=1024)))
