@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from tensorfold.layers.gdn import GatedDeltaNet
 from tensorfold.layers.linear import Joined, Linear
+from tensorfold.ops.dispatch import GateInputs
 
 
 class CublasLinear(Linear):
@@ -30,18 +31,15 @@ class ChunkedGDN(GatedDeltaNet):
     grid, no tail: chunk boundaries follow the pass), decode-only passes through the per-token
     recurrence; `recurrent` then holds the state after the lane's last row."""
 
-    def core(self, conv, g, beta, state, batch):
+    def core(self, conv, gates, state, batch):
+        if batch.lanes.most_rows == 1:  # one row a lane: the exact recurrence
+            return super().core(conv, gates, state, batch)
         s, n, lanes = self.shape, conv.shape[0], batch.lanes
+        g, beta = gates.values() if isinstance(gates, GateInputs) else gates
         q, k, v = torch.split(conv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
         q = q.reshape(n, s.num_k_heads, s.k_head_dim)
         k = k.reshape(n, s.num_k_heads, s.k_head_dim)
         v = v.reshape(n, s.num_v_heads, s.v_head_dim)
-        if n == lanes.slots.shape[0]:
-            from tensorfold.ops.triton.gated_delta import gated_delta_lanes
-
-            return gated_delta_lanes(
-                q, k, v, g, beta, state.recurrent, lanes.slots, lanes.cu_seqlens
-            )
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
         o, final = chunk_gated_delta_rule(

@@ -162,6 +162,28 @@ def test_the_non_exact_variant_is_refused_on_the_cpu(hf_tiny):
         inexact.make_inexact(make_engine(hf_tiny).model)
 
 
+def test_the_non_exact_variants_decode_rows_run_the_exact_recurrence(hf_tiny_b):
+    """Its GDN layers keep the exact layer's core for one-row-a-lane passes (the form the CPU can
+    run): swapped in after the prompt, the tokens and fingerprints equal the exact engine's."""
+    from benchmark_modules import inexact
+
+    ids, params = (
+        sample_prompt(72, 30, 300),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True),
+    )
+    [want] = _solo(hf_tiny_b, [ids], params)
+    eng = make_engine(hf_tiny_b, dtype=torch.float32, parallel=1)
+    prints = {}
+    req = eng.add_request(ids, params, watch=finish_prints(eng, prints))
+    while not req.output_ids:
+        eng.step()
+    swapped = [m for m in (layer.mixer for layer in eng.model.layers) if hasattr(m, "core")]
+    for mixer in swapped:
+        mixer.__class__ = inexact.ChunkedGDN
+    eng.run_until_done()
+    assert swapped and (req.output_ids, prints[req.request_id]) == want
+
+
 def test_prompt_admitted_beside_a_stream_in_capped_passes(hf_tiny_b):
     """A long prompt arriving while a stream decodes is read 6 rows a pass beside it
     (mixed_chunk), 64 a pass once alone: both requests' tokens and fingerprints equal solo."""
