@@ -1,4 +1,4 @@
-"""Where dependent launch (ops/triton/launch.py, TENSORFOLD_PDL=1) costs time, part by part, with
+"""Where dependent launch (ops/triton/launch.py, TENSORFOLD_PDL) costs time, part by part, with
 it off and on in one process: a CUDA graph of 64 residual add + norm launches and one of 64
 (one-row 4-bit product + its segments' sum) pairs, each captured, uploaded (first replay) and
 replayed (wall times and µs a launch); then a fresh tile book picking that product's shape at one

@@ -1,5 +1,5 @@
-"""Dependent launch is asked for only where it is switched on (TENSORFOLD_PDL=1) and the card has
-it: Hopper or later, not under Triton's interpreter; the kernel's flag and the launch keyword
+"""Dependent launch is asked for where the card has it (Hopper or later, not under Triton's
+interpreter) unless switched off (TENSORFOLD_PDL=0); the kernel's flag and the launch keyword
 come together (tests/hopper.py's assert_waits_first checks the compiled kernels wait first)."""
 
 import pytest
@@ -13,10 +13,10 @@ CUDA = torch.device("cuda", 0)
 
 @pytest.fixture
 def card(monkeypatch):
-    """A card of a given major version, switched on, the cache of answers cleared around it."""
+    """A card of a given major version, nothing set, the cache of answers cleared around it."""
     launch._keywords.cache_clear()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TENSORFOLD_PDL", "1")
+    monkeypatch.delenv("TENSORFOLD_PDL", raising=False)
 
     def make(major: int) -> None:
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (major, 0))
@@ -25,16 +25,19 @@ def card(monkeypatch):
     launch._keywords.cache_clear()
 
 
-def test_hopper_launches_early_and_the_kernel_waits(card):
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_hopper_launches_early_and_the_kernel_waits(card, monkeypatch, setting):
     card(9)
+    if setting is not None:
+        monkeypatch.setenv("TENSORFOLD_PDL", setting)
     assert launch.pdl(CUDA) == {"PDL": True, "launch_pdl": True}
 
 
-@pytest.mark.parametrize("why", ["ampere", "interpreter", "not switched on", "cpu"])
+@pytest.mark.parametrize("why", ["ampere", "interpreter", "switched off", "cpu"])
 def test_no_dependent_launch_elsewhere(card, monkeypatch, why):
     card(8 if why == "ampere" else 9)
     if why == "interpreter":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if why == "not switched on":
-        monkeypatch.delenv("TENSORFOLD_PDL")
+    if why == "switched off":
+        monkeypatch.setenv("TENSORFOLD_PDL", "0")
     assert launch.pdl(torch.device("cpu") if why == "cpu" else CUDA) == {}

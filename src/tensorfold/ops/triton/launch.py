@@ -8,10 +8,9 @@ comes after the wait, so no value changes. A kernel that reads a launch keyword 
 starts with `pdl_start(PDL)`; both always come together (a kernel launched early that did not
 wait would read its inputs before they are written).
 
-Off unless TENSORFOLD_PDL=1: on an H100 a decode step's graph ran 3.87 ms with it (4.03-4.24
-without, on two machines), but engines with it on spent minutes where they spend seconds before
-their first tokens (the tile book's timings and graph captures are the suspects; not yet
-measured apart: benchmarks/pdl_probe.py)."""
+On by default; TENSORFOLD_PDL=0 launches every kernel plainly (the same bits, for comparing).
+On an H100 it took one stream of the 9B (4-bit) from 249 to 259 tok/s and of the 35B-A3B from
+286 to 326; with many lanes, where a step's kernels are long, it gains little."""
 
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ def pdl_start(PDL: tl.constexpr):
 
 
 def pdl(device: torch.device) -> Mapping[str, bool]:
-    """Launch keywords of a kernel that starts with `pdl_start`: none unless switched on and the
-    card (not Triton's interpreter) has dependent launch. Asked at every launch: answered once a
+    """Launch keywords of a kernel that starts with `pdl_start`: none where switched off or the
+    card (not Triton's interpreter) lacks dependent launch. Asked at every launch: answered once a
     card."""
     if device.type != "cuda":
         return NONE
@@ -47,7 +46,7 @@ NONE: Mapping[str, bool] = MappingProxyType({})
 
 @functools.cache
 def _keywords(index: int) -> Mapping[str, bool]:
-    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TENSORFOLD_PDL") != "1":
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("TENSORFOLD_PDL") == "0":
         return NONE
     if torch.cuda.get_device_capability(index)[0] < 9:
         return NONE
