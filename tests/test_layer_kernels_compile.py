@@ -1,6 +1,7 @@
 """CPU: the layers' fused kernels compile for Hopper in every form a pass runs (tests/hopper.py):
 the GDN conv in one launch and in two, the recurrence with its gates given and computed inside,
-and the key norm + rotary with and without the KV rows' write. Their bits are checked under
+the gates' kernel and the gated norm (each reading the in-projection stored or as its segments'
+sums), and the key norm + rotary with and without the KV rows' write. Their bits are checked under
 Triton's interpreter and on the card."""
 
 import pytest
@@ -9,7 +10,7 @@ triton = pytest.importorskip("triton")
 from hopper import assert_waits_first, compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tensorfold.ops.triton import conv, gated_delta, linear, norm  # noqa: E402
+from tensorfold.ops.triton import conv, gated_delta, gates, linear, norm  # noqa: E402
 
 CONV = dict(
     x_ptr="*bf16", st_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", slots_ptr="*i64",
@@ -25,29 +26,45 @@ def _ptx(fn, pointers: dict, consts: dict, warps: int = 4) -> str:
     return compile_for_hopper(ASTSource(fn, sig, consts), num_warps=warps).asm["ptx"]
 
 
+@pytest.mark.parametrize("nseg", [0, 3])
 @pytest.mark.parametrize("kernel", ["_conv_lane", "_conv_rows", "_conv_keep"])
-def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel):
+def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel, nseg):
+    """nseg 3: its input the in-projection's segment sums (fp32), added where read."""
     fn = getattr(conv, kernel)
-    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256)
+    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256, NSEG=nseg)
     consts = {a: v for a, v in consts.items() if a in fn.arg_names}
-    assert_waits_first(_ptx(fn, CONV, consts, warps=2))
+    pointers = {**CONV, "x_ptr": "*fp32" if nseg else "*bf16"}
+    assert_waits_first(_ptx(fn, pointers, consts, warps=2))
 
 
-def _recurrence_ptx(raw: bool) -> str:
+def _recurrence_ptx(raw: bool, nseg: int = 0) -> str:
     fn = gated_delta._recurrence
-    gate = "*bf16" if raw else "*fp32"
-    pointers = dict(g_ptr=gate, beta_ptr="*bf16", alog_ptr="*fp32", dt_ptr="*bf16")
+    gate = "*fp32" if nseg or not raw else "*bf16"
+    pointers = dict(g_ptr=gate, beta_ptr="*fp32" if nseg else "*bf16")
+    pointers.update(alog_ptr="*fp32", dt_ptr="*bf16")
     pointers.update({a: "*bf16" for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")})
     pointers.update(h_ptr="*fp32", slot_ptr="*i64", out_ptr="*i64", cu_ptr="*i64", scale="fp32")
-    consts = dict(HK=16, HV=32, K=128, V=128, BV=16, BLOCKS_FIRST=True, RAW=raw)
+    consts = dict(HK=16, HV=32, K=128, V=128, BV=16, BLOCKS_FIRST=True, RAW=raw, NSEG=nseg)
     return _ptx(fn, pointers, consts, warps=1)
 
 
 def test_the_recurrence_compiles_for_hopper_with_its_gates_given_or_computed():
-    given, inside = _recurrence_ptx(False), _recurrence_ptx(True)
-    assert_waits_first(given) and assert_waits_first(inside)
+    given, inside, summed = _recurrence_ptx(False), _recurrence_ptx(True), _recurrence_ptx(True, 3)
+    assert_waits_first(given) and assert_waits_first(inside) and assert_waits_first(summed)
     # the decay's and beta's exponentials join the state's decay in the kernel
     assert given.count("ex2.approx") < inside.count("ex2.approx")
+    # the gates' inputs read as three segments' sums: more loads than as stored
+    assert inside.count("ld.global") < summed.count("ld.global")
+
+
+@pytest.mark.parametrize("nseg", [0, 3])
+def test_the_gates_and_the_gated_norm_compile_for_hopper_stored_or_summed(nseg):
+    read = "*fp32" if nseg else "*bf16"
+    pointers = dict(a_ptr=read, b_ptr=read, alog_ptr="*fp32", dt_ptr="*bf16", g_ptr="*fp32")
+    pointers.update(beta_ptr="*bf16")
+    assert_waits_first(_ptx(gates._gates, pointers, dict(H=32, NSEG=nseg, BLOCK=32), warps=1))
+    pointers = dict(x_ptr="*bf16", z_ptr=read, w_ptr="*fp32", y_ptr="*bf16", eps="fp32")
+    assert_waits_first(_ptx(norm._gated_kernel, pointers, dict(W=128, NSEG=nseg, BLOCK=128)))
 
 
 def _key_norm_ptx(cache: bool) -> str:

@@ -1,7 +1,8 @@
-"""The registry's entry for a product's segment sums added inside the op that reads them (the
-residual add + norm, silu · up; checks/registry.py runs it): each must give the bits of the
-product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with two planted faults
-the check must catch (the segments added in reverse, the total left unrounded)."""
+"""The registry's entries for a product's segment sums added inside the op that reads them
+(checks/registry.py runs them): the residual add + norm and silu · up, and a GDN layer's
+in-projection read by the conv, the gates, the recurrence and the gated norm. Each must give the
+bits of the product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with planted
+faults the check must catch (the segments added in reverse; the total left unrounded)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Callable
 
 import torch
 
+from ..batch import Segment
+from ..ops.dispatch import lane_index
 from ..ops.linear import Partial
-from ..ops.triton import gates, linear, norm
+from ..ops.triton import conv, gates, linear, norm
+from ..ops.triton.gated_delta import gated_delta_lanes
 
 
 def _partial(rows: int, width: int) -> Partial:
@@ -43,7 +47,79 @@ def check_fused_sums(impl, small: bool) -> list[str]:
     return bad
 
 
+def _crafted(rows: int, widths: list[int]) -> Partial:
+    """Random segment sums [4, rows, Σ widths], the first column of every part crafted as in
+    `_partial` (the order shows)."""
+    sums = torch.randn(4, rows, sum(widths), device="cuda") * 0.3
+    order = torch.tensor([2.0**24, 1.0, 1.0, -(2.0**24)], device="cuda")[:, None]
+    for start in (sum(widths[:i]) for i in range(len(widths))):
+        sums[:, :, start] = order
+    return Partial(sums, torch.bfloat16)
+
+
+def _lanes(rows: int):
+    """`rows` rows as lanes of at most 8 rows (decode and verify passes), each its own slot."""
+    segs, row0 = [], 0
+    while row0 < rows:
+        n = min(8, rows - row0)
+        segs.append(Segment(len(segs), 5, row0, n, torch.arange(5 + n)))
+        row0 += n
+    return lane_index(tuple(segs), "cuda", 4)
+
+
+def check_in_projection(reads, small: bool) -> list[str]:
+    """A GDN layer's in-projection [mixed | z | a | b] as segment sums (`reads` hands them to
+    the readers: as they are, or a planted fault), against the same ops on its summed output."""
+    hk, hv, d = (2, 4, 128) if small else (16, 32, 128)
+    widths = [2 * hk * d + hv * d, hv * d, hv, hv]
+    weight = (torch.randn(widths[0], 4, device="cuda") * 0.3).to(torch.bfloat16)
+    a_log = torch.randn(hv, device="cuda")
+    dt, w = torch.randn(hv, device="cuda").to(torch.bfloat16), torch.rand(d, device="cuda") + 0.5
+    bad = []
+    for rows in (1, 7, 64):
+        kept = _crafted(rows, widths)
+        sums = kept.sums.contiguous()
+        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        parts, want = reads(kept).split(widths), stored.split(widths, dim=-1)
+        lanes = _lanes(rows)
+        index = (lanes.slots, lanes.conv_taps, lanes.conv_keep, None)
+        start = torch.randn(lanes.slots.shape[0], 3, widths[0], device="cuda")
+        for bounds in ((None, 0), (lanes.cu_seqlens, lanes.most_rows)):
+            s1, s2 = (start.to(torch.bfloat16) for _ in "12")
+            got = conv.conv_lanes(parts[0], s1, weight, *index, *bounds)
+            if not (torch.equal(got, conv.conv_lanes(want[0], s2, weight, *index, *bounds))):
+                bad.append(f"the conv of the sums differs at {rows} rows ({bounds[1]} most)")
+            elif not torch.equal(s1, s2):
+                bad.append(f"the conv's kept rows of the sums differ at {rows} rows")
+        if not all(map(torch.equal, gates.gdn_gates(*parts[2:], a_log, dt),
+                       gates.gdn_gates(*want[2:], a_log, dt))):  # fmt: skip
+            bad.append(f"the gates of the sums differ at {rows} rows")
+        q, k = (torch.randn(rows, hk, d, device="cuda").to(torch.bfloat16) for _ in "qk")
+        v = torch.randn(rows, hv, d, device="cuda").to(torch.bfloat16)
+        st = torch.randn(lanes.slots.shape[0], hv, d, d, device="cuda")
+        st2 = st.clone()
+        cu, raw = (lanes.slots, lanes.cu_seqlens), (a_log, dt)
+        got = gated_delta_lanes(q, k, v, *parts[2:], st, *cu, gate_params=raw)
+        if not torch.equal(got, gated_delta_lanes(q, k, v, *want[2:], st2, *cu, gate_params=raw)):
+            bad.append(f"the recurrence's gates of the sums differ at {rows} rows")
+        core = torch.randn(rows, hv, d, device="cuda").to(torch.bfloat16)
+        got = norm.gated_rms_norm(core, parts[1].view(rows, hv, d), w, 1e-6)
+        if not torch.equal(got, norm.gated_rms_norm(core, want[1].view(rows, hv, d), w, 1e-6)):
+            bad.append(f"the gated norm of the sums differs at {rows} rows")
+    return bad
+
+
+def _as_they_are(kept: Partial) -> Partial:
+    return kept
+
+
+def _reversed(kept: Partial) -> Partial:
+    """Planted: the segments handed over in reverse order."""
+    return Partial(kept.sums.flip(0), kept.dtype)
+
+
 NAME = "fused.segment_sums"
+READS = "fused.in_projection"
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [
     (
         NAME,
@@ -51,9 +127,16 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [
         "residual add + rms norm, silu · up; 1/7/64 rows",
         "bitwise",
         check_fused_sums,
-    )
+    ),
+    (
+        READS,
+        "the in-projection's _sum_segments, then the op",
+        "GDN conv (both forms), gates, recurrence's gates, gated norm; 1/7/64 rows",
+        "bitwise",
+        check_in_projection,
+    ),
 ]
-IMPLS = {NAME: (norm.add_rms_norm, gates.silu_mul)}
+IMPLS = {NAME: (norm.add_rms_norm, gates.silu_mul), READS: _as_they_are}
 CONTROLS = [
     (
         NAME,
@@ -64,4 +147,4 @@ CONTROLS = [
         ),
     )
     for fault, what in ((1, "segments added in reverse"), (2, "the total left unrounded"))
-]
+] + [(READS, "segments handed over in reverse", _reversed)]

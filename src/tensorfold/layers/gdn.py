@@ -38,7 +38,9 @@ class GatedDeltaNet:
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, state: GDNState, partial=False):
         s, n = self.shape, x.shape[0]
-        mixed, z, a, b = self.in_proj(x)  # mixed: [n, 2*key_dim + value_dim]
+        # mixed: [n, 2*key_dim + value_dim]; on a GPU each may be the product's segment sums,
+        # added by the conv, the recurrence and the gated norm where they read them
+        mixed, z, a, b = self.in_proj(x, partial=True)
         gates = op.gdn_gates(a, b, self.A_log, self.dt_bias, state.recurrent.dtype)
         conv = op.causal_conv(mixed, state.conv, self.conv_weight, batch.lanes)
         core = self.core(conv, gates, state, batch)

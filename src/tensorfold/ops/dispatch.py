@@ -97,7 +97,7 @@ def rms_norm(
     (x may be a product's Partial: its segments are added, in order, inside the add)."""
     if isinstance(x, Partial) and residual is None:
         x = total(x)
-    if isinstance(x, Partial) or x.is_cuda:
+    if _on_gpu(x):
         from .triton import norm
 
         if residual is None:
@@ -168,14 +168,25 @@ def total(y: torch.Tensor | Partial) -> torch.Tensor:
     return y
 
 
+def _one_plan(x: torch.Tensor | Partial, y: torch.Tensor | Partial) -> tuple:
+    """Two outputs one kernel reads: as they are if both are stored or both a plan's Partials of
+    one segment count (column ranges of one product); else each summed first."""
+    if isinstance(x, Partial) or isinstance(y, Partial):
+        same = isinstance(x, Partial) and isinstance(y, Partial)
+        if not (same and x.sums.shape[0] == y.sums.shape[0]):
+            return total(x), total(y)
+    return x, y
+
+
+def _on_gpu(x: torch.Tensor | Partial) -> bool:
+    return isinstance(x, Partial) or x.is_cuda  # a Partial comes from a GPU's product only
+
+
 def silu_mul(gate: torch.Tensor | Partial, up: torch.Tensor | Partial) -> torch.Tensor:
     """silu(gate) · up; gate and up may be column ranges of one product's Partial (two products,
     of their own plans or forms, are each summed first)."""
-    if isinstance(gate, Partial) or isinstance(up, Partial):
-        same = isinstance(gate, Partial) and isinstance(up, Partial)
-        if not (same and gate.sums.shape[0] == up.sums.shape[0]):
-            gate, up = total(gate), total(up)
-    if isinstance(gate, Partial) or gate.is_cuda:
+    gate, up = _one_plan(gate, up)
+    if _on_gpu(gate):
         from .triton import gates as tgates
 
         return tgates.silu_mul(gate, up)
@@ -187,8 +198,8 @@ class GateInputs:
     """The GDN gates' inputs on a GPU, computed where they are read: inside the per-token
     recurrence's kernel, or by their own kernel for the other forms (`values`)."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    a: torch.Tensor | Partial
+    b: torch.Tensor | Partial
     A_log: torch.Tensor
     dt_bias: torch.Tensor
 
@@ -199,12 +210,17 @@ class GateInputs:
 
 
 def gdn_gates(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, acc: torch.dtype
+    a: torch.Tensor | Partial,
+    b: torch.Tensor | Partial,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    acc: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor] | GateInputs:
     """(g, beta): the log-decay in `acc` (the state's precision) and beta in the model dtype; on
-    a GPU their inputs, for `gated_delta` to compute them (the same bits either way)."""
-    if a.is_cuda:
-        return GateInputs(a, b, A_log, dt_bias)
+    a GPU their inputs, for `gated_delta` to compute them (the same bits either way; a and b may
+    be the in-projection's Partials, added where they are read)."""
+    if _on_gpu(a):
+        return GateInputs(*_one_plan(a, b), A_log, dt_bias)
     return ref_gates.gdn_gates(a, b, A_log, dt_bias, acc)
 
 
@@ -214,7 +230,7 @@ def causal_conv(
     """silu(causal conv) of every lane's rows, each lane's conv state read from its slot and
     written back there (or to its `lanes.writes` slot)."""
     index = (lanes.slots, lanes.conv_taps, lanes.conv_keep, lanes.writes)
-    if x.is_cuda:
+    if _on_gpu(x):
         from .triton import conv as tconv
 
         # padding rows (a mixed graph's prompt piece) take the form that writes every row

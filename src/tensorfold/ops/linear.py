@@ -84,6 +84,10 @@ class Partial:
     def shape(self) -> tuple[int, int]:
         return tuple(self.sums.shape[1:])
 
+    def view(self, *shape: int) -> Partial:
+        """The output's rows seen as `shape`, as Tensor.view would (the segments kept apart)."""
+        return Partial(self.sums.view(self.sums.shape[0], *shape), self.dtype)
+
     def split(self, sizes: list[int]) -> tuple[Partial, ...]:
         """Column ranges of the output, as Tensor.split(sizes, dim=-1) cuts a product's."""
         return tuple(Partial(part, self.dtype) for part in self.sums.split(sizes, dim=-1))

@@ -10,7 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from .launch import pdl, pdl_start
+from .segments import _read, operand
 
 CONV_BLOCK = 1024
 LANE_BLOCK = 256  # channels a program of the one-launch form (a lane's rows run one after another)
@@ -20,9 +22,10 @@ FUSE_ROWS = 8  # the most rows a lane for the one-launch form: decode and verify
 @triton.jit
 def _conv_row(
     x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, C, LANES_HIST, stride_slot,
-    stride_x, KS: tl.constexpr, HIST: tl.constexpr,
+    stride_x, stride_xs, KS: tl.constexpr, HIST: tl.constexpr, NSEG: tl.constexpr,
 ):  # fmt: skip
-    """Row r's output for channels o_c: the fixed KS-term sum in fp32, then silu."""
+    """Row r's output for channels o_c: the fixed KS-term sum in fp32, then silu. NSEG > 0: x is
+    the in-projection's segment sums (segments `stride_xs` apart), added where they are read."""
     mask = o_c < C
     acc = tl.zeros(o_c.shape, tl.float32)
     for j in tl.static_range(KS):
@@ -35,9 +38,8 @@ def _conv_row(
             mask=mask,
             other=0.0,
         )
-        new = tl.load(
-            x_ptr + tl.where(in_state, 0, src - LANES_HIST) * stride_x + o_c, mask=mask, other=0.0
-        )
+        src_x = tl.where(in_state, 0, src - LANES_HIST)
+        new = _read(x_ptr, src_x, o_c, mask, stride_xs, stride_x, NSEG, y_ptr.dtype.element_ty)
         v = tl.where(in_state, old, new).to(tl.float32)
         w = tl.load(w_ptr + o_c * KS + j, mask=mask, other=0.0).to(tl.float32)
         if j == 0:
@@ -51,9 +53,10 @@ def _conv_row(
 @triton.jit
 def _keep_rows(
     x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
-    stride_x, HIST: tl.constexpr, HIST_P2: tl.constexpr,
+    stride_x, stride_xs, HIST: tl.constexpr, HIST_P2: tl.constexpr, NSEG: tl.constexpr,
 ):  # fmt: skip
-    """The lane's next conv state for channels o_c, written to its `writes` slot."""
+    """The lane's next conv state for channels o_c, written to its `writes` slot (the state is
+    in the model dtype: x's rows as the rows' outputs read them)."""
     o_h = tl.arange(0, HIST_P2)
     src = tl.load(keep_ptr + lane * HIST + o_h, mask=o_h < HIST, other=0)
     in_state = src < LANES_HIST
@@ -61,11 +64,8 @@ def _keep_rows(
     slot = tl.load(slots_ptr + tl.where(in_state, src // HIST, 0))
     p_old = slot * stride_slot + tl.where(in_state, src % HIST, 0) * C
     old = tl.load(st_ptr + p_old[:, None] + o_c[None, :], mask=ok, other=0.0)
-    new = tl.load(
-        x_ptr + (tl.where(in_state, 0, src - LANES_HIST) * stride_x)[:, None] + o_c[None, :],
-        mask=ok,
-        other=0.0,
-    )
+    src_x = tl.where(in_state, 0, src - LANES_HIST)[:, None]
+    new = _read(x_ptr, src_x, o_c[None, :], ok, stride_xs, stride_x, NSEG, st_ptr.dtype.element_ty)
     rows = tl.where(in_state[:, None], old, new)
     tl.debug_barrier()  # every source is read, by every thread, before any row is written
     mine = tl.load(writes_ptr + lane)
@@ -84,8 +84,10 @@ def _conv_rows(
     LANES_HIST,
     stride_slot,
     stride_x,
+    stride_xs,
     KS: tl.constexpr,
     HIST: tl.constexpr,
+    NSEG: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -94,7 +96,7 @@ def _conv_rows(
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _conv_row(
         x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r, o_c, C, LANES_HIST, stride_slot,
-        stride_x, KS, HIST,
+        stride_x, stride_xs, KS, HIST, NSEG,
     )  # fmt: skip
 
 
@@ -109,8 +111,10 @@ def _conv_keep(
     LANES_HIST,
     stride_slot,
     stride_x,
+    stride_xs,
     HIST: tl.constexpr,
     HIST_P2: tl.constexpr,
+    NSEG: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -119,15 +123,15 @@ def _conv_keep(
     o_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _keep_rows(
         x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
-        stride_x, HIST, HIST_P2,
+        stride_x, stride_xs, HIST, HIST_P2, NSEG,
     )  # fmt: skip
 
 
 @triton.jit
 def _conv_lane(
     x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, writes_ptr, taps_ptr, keep_ptr, cu_ptr, C,
-    LANES_HIST, stride_slot, stride_x, KS: tl.constexpr, HIST: tl.constexpr,
-    HIST_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    LANES_HIST, stride_slot, stride_x, stride_xs, KS: tl.constexpr, HIST: tl.constexpr,
+    HIST_P2: tl.constexpr, NSEG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One launch: lane `program_id(0)`'s rows, one after another, then its kept rows."""
     pdl_start(PDL)
@@ -138,18 +142,18 @@ def _conv_lane(
     while r < end:  # a while loop: the lane's bounds are loaded values
         _conv_row(
             x_ptr, st_ptr, w_ptr, y_ptr, slots_ptr, taps_ptr, r.to(tl.int64), o_c, C, LANES_HIST,
-            stride_slot, stride_x, KS, HIST,
+            stride_slot, stride_x, stride_xs, KS, HIST, NSEG,
         )  # fmt: skip
         r += 1
     tl.debug_barrier()  # the rows read the lane's state before its kept rows overwrite it
     _keep_rows(
         x_ptr, st_ptr, slots_ptr, writes_ptr, keep_ptr, lane, o_c, C, LANES_HIST, stride_slot,
-        stride_x, HIST, HIST_P2,
+        stride_x, stride_xs, HIST, HIST_P2, NSEG,
     )  # fmt: skip
 
 
 def conv_lanes(
-    x: torch.Tensor,
+    x: torch.Tensor | Partial,
     states: torch.Tensor,
     weight: torch.Tensor,
     slots: torch.Tensor,
@@ -161,29 +165,29 @@ def conv_lanes(
 ) -> torch.Tensor:
     """As ops.conv.causal_conv_lanes: silu(causal conv) of every lane's rows; each lane's state
     written to its `writes` slot (its own if None). With the lanes' row bounds `cu_seqlens` and
-    at most FUSE_ROWS rows a lane (`most_rows`, known to the host), one launch; else two."""
-    rows, c = x.shape
+    at most FUSE_ROWS rows a lane (`most_rows`, known to the host), one launch; else two. `x` may
+    be the in-projection's Partial: its segments are added where each row is read."""
+    (rows, c), dtype = x.shape, x.dtype
     lanes, hist = keep.shape
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    y = torch.empty((rows, c), dtype=x.dtype, device=x.device)
-    shared = (c, lanes * hist, states.stride(0), x.stride(0))
+    x, nseg, stride_xs, stride_x = operand(x)
+    y = torch.empty((rows, c), dtype=dtype, device=x.device)
+    shared = (c, lanes * hist, states.stride(0), stride_x, stride_xs)
     out = slots if writes is None else writes
     hist_p2 = triton.next_power_of_2(hist)
     if cu_seqlens is not None and 0 < most_rows <= FUSE_ROWS:
         grid = (lanes, triton.cdiv(c, LANE_BLOCK))
         _conv_lane[grid](
             x, states, weight, y, slots, out, taps, keep, cu_seqlens, *shared, KS=weight.shape[1],
-            HIST=hist, HIST_P2=hist_p2, BLOCK=LANE_BLOCK, num_warps=2, **pdl(x.device),
+            HIST=hist, HIST_P2=hist_p2, NSEG=nseg, BLOCK=LANE_BLOCK, num_warps=2, **pdl(x.device),
         )  # fmt: skip
         return y
     blocks = triton.cdiv(c, CONV_BLOCK)
     _conv_rows[(rows, blocks)](
         x, states, weight, y, slots, taps, *shared, KS=weight.shape[1], HIST=hist,
-        BLOCK=CONV_BLOCK, num_warps=4, **pdl(x.device),
+        NSEG=nseg, BLOCK=CONV_BLOCK, num_warps=4, **pdl(x.device),
     )  # fmt: skip
     _conv_keep[(lanes, blocks)](
-        x, states, slots, out, keep, *shared, HIST=hist, HIST_P2=hist_p2, BLOCK=CONV_BLOCK,
-        num_warps=4, **pdl(x.device),
+        x, states, slots, out, keep, *shared, HIST=hist, HIST_P2=hist_p2, NSEG=nseg,
+        BLOCK=CONV_BLOCK, num_warps=4, **pdl(x.device),
     )  # fmt: skip
     return y

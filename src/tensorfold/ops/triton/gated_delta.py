@@ -15,8 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from .gates import _beta, _decay
 from .launch import pdl, pdl_start
+from .segments import _read, pair
 
 BLOCK_V = (
     16  # value columns per program: the whole configuration is fixed (it decides reduction trees)
@@ -29,20 +31,22 @@ BLOCKS_FIRST = True
 @triton.jit
 def _row(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, stride_k, stride_v,
-    stride_g, stride_b, a_log, dt, K: tl.constexpr, V: tl.constexpr, RAW: tl.constexpr,
+    stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K: tl.constexpr, V: tl.constexpr,
+    RAW: tl.constexpr, NSEG: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
     """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed).
-    RAW: g_ptr and beta_ptr hold the gates' inputs a and b, and the gates are computed here with
-    their own kernel's body (ops/triton/gates.py), beta rounded to the model dtype as it stores it."""
+    RAW: g_ptr and beta_ptr hold the gates' inputs a and b (NSEG > 0: their product's segment
+    sums, added here), and the gates are computed here with their own kernel's body
+    (ops/triton/gates.py), beta rounded to the model dtype OUT as that kernel stores it."""
     r = r.to(tl.int64)
     b_q = tl.load(q_ptr + r * stride_q + hk * K + o_k).to(tl.float32)
     b_k = tl.load(k_ptr + r * stride_k + hk * K + o_k).to(tl.float32)
     b_v = tl.load(v_ptr + r * stride_v + h * V + o_v).to(tl.float32)
-    b_g = tl.load(g_ptr + r * stride_g + h).to(tl.float32)
-    b_b = tl.load(beta_ptr + r * stride_b + h).to(tl.float32)
+    b_g = _read(g_ptr, r, h, True, stride_sg, stride_g, NSEG, OUT).to(tl.float32)
+    b_b = _read(beta_ptr, r, h, True, stride_sb, stride_b, NSEG, OUT).to(tl.float32)
     if RAW:
         b_g = _decay(b_g, a_log, dt)
-        b_b = _beta(b_b).to(beta_ptr.dtype.element_ty).to(tl.float32)
+        b_b = _beta(b_b).to(OUT).to(tl.float32)
     return b_q, b_k, b_v, b_g, b_b
 
 
@@ -65,6 +69,8 @@ def _recurrence(
     stride_v,
     stride_g,
     stride_b,
+    stride_sg,
+    stride_sb,
     stride_o,
     scale,
     HK: tl.constexpr,
@@ -74,6 +80,7 @@ def _recurrence(
     BV: tl.constexpr,
     BLOCKS_FIRST: tl.constexpr,
     RAW: tl.constexpr,
+    NSEG: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
@@ -96,13 +103,15 @@ def _recurrence(
         dt = tl.load(dt_ptr + h).to(tl.float32)
     b_q, b_k, b_v, b_g, b_b = _row(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(bos, last), hk, h, o_k, o_v, stride_q,
-        stride_k, stride_v, stride_g, stride_b, a_log, dt, K, V, RAW,
+        stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K, V, RAW, NSEG,
+        o_ptr.dtype.element_ty,
     )  # fmt: skip
     t = bos
     while t < eos:  # a while loop: the lane's bounds are loaded values
         n_q, n_k, n_v, n_g, n_b = _row(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k, o_v,
-            stride_q, stride_k, stride_v, stride_g, stride_b, a_log, dt, K, V, RAW,
+            stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K, V,
+            RAW, NSEG, o_ptr.dtype.element_ty,
         )  # fmt: skip
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
@@ -121,8 +130,8 @@ def gated_delta_lanes(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | Partial,
+    beta: torch.Tensor | Partial,
     states: torch.Tensor,
     slots: torch.Tensor,
     cu_seqlens: torch.Tensor,
@@ -136,8 +145,9 @@ def gated_delta_lanes(
     Rows of lane i are cu_seqlens[i]:cu_seqlens[i+1]; its state is read at states[slots[i]] and
     written to states[writes[i]] (in place if None). Returns o [T, Hv, dv] in v's dtype
     (`zeroed`: rows outside every lane are zeros). With `gate_params` (A_log, dt_bias), g and beta
-    are the gates' inputs a and b (rows may be strided): the gates are computed in the kernel,
-    with the same bits as ops.triton.gates.gdn_gates (one launch fewer a layer).
+    are the gates' inputs a and b (rows may be strided; or both of one plan's Partial, their
+    segments added where they are read): the gates are computed in the kernel, with the same bits
+    as ops.triton.gates.gdn_gates (one launch fewer a layer).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -152,19 +162,21 @@ def gated_delta_lanes(
         if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
             raise ValueError(f"{name} must have contiguous heads within a row")
     if gate_params is None:
-        g, beta = g.float().contiguous(), beta.contiguous()
+        g = g.float()
         a_log = dt = g  # unread
+    elif beta.dtype != v.dtype:  # the kernel rounds beta to the outputs' dtype
+        raise ValueError(f"the gates' inputs are {beta.dtype}, the values {v.dtype}")
     else:
-        g, beta = (t if t.stride(1) == 1 else t.contiguous() for t in (g, beta))
         a_log, dt = gate_params
+    (g, nseg, sg, rg), (beta, _, sb, rb) = pair(g, beta)
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(BLOCK_V, dv)
     lanes = slots.shape[0]
     grid = (dv // bv, hv, lanes) if blocks_first else (lanes, hv, dv // bv)
     _recurrence[grid](
         q, k, v, g, beta, a_log, dt, o, states, slots, slots if writes is None else writes,
-        cu_seqlens, q.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0),
-        o.stride(0), dk**-0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, BLOCKS_FIRST=blocks_first,
-        RAW=gate_params is not None, num_warps=1, num_stages=1, **pdl(q.device),
+        cu_seqlens, q.stride(0), k.stride(0), v.stride(0), rg, rb, sg, sb, o.stride(0),
+        dk**-0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, BLOCKS_FIRST=blocks_first,
+        RAW=gate_params is not None, NSEG=nseg, num_warps=1, num_stages=1, **pdl(q.device),
     )  # fmt: skip
     return o

@@ -8,8 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from .launch import pdl, pdl_start
-from .segments import _segment_total, operand
+from .segments import _read, _segment_total, pair
 
 
 @triton.jit
@@ -22,16 +23,21 @@ def _gates(
     beta_ptr,
     stride_a,
     stride_b,
+    stride_sa,
+    stride_sb,
     H: tl.constexpr,
+    NSEG: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    """NSEG > 0: a and b are products' segment sums, added where they are read."""
     pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < H
-    a = tl.load(a_ptr + r * stride_a + o, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + r * stride_b + o, mask=mask, other=0.0).to(tl.float32)
+    out = beta_ptr.dtype.element_ty  # the model dtype, the product's own
+    a = _read(a_ptr, r, o, mask, stride_sa, stride_a, NSEG, out).to(tl.float32)
+    b = _read(b_ptr, r, o, mask, stride_sb, stride_b, NSEG, out).to(tl.float32)
     a_log = tl.load(alog_ptr + o, mask=mask, other=0.0).to(tl.float32)
     dt = tl.load(dt_ptr + o, mask=mask, other=0.0).to(tl.float32)
     tl.store(g_ptr + r * H + o, _decay(a, a_log, dt), mask=mask)
@@ -54,28 +60,18 @@ def _beta(b):
 
 
 def gdn_gates(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+    a: torch.Tensor | Partial, b: torch.Tensor | Partial, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As ops.gates.gdn_gates with fp32 g: a, b [rows, Hv] -> g fp32, beta in b's dtype."""
-    rows, h = a.shape
-    if a.stride(1) != 1 or b.stride(1) != 1:
-        a, b = a.contiguous(), b.contiguous()
+    """As ops.gates.gdn_gates with fp32 g: a, b [rows, Hv] -> g fp32, beta in b's dtype; a and
+    b both stored or both of one plan's Partial (`pair`)."""
+    (rows, h), dtype = a.shape, b.dtype
+    (a, nseg, sa, ra), (b, _, sb, rb) = pair(a, b)
     g = torch.empty((rows, h), dtype=torch.float32, device=a.device)
-    beta = torch.empty((rows, h), dtype=b.dtype, device=b.device)
+    beta = torch.empty((rows, h), dtype=dtype, device=b.device)
     _gates[(rows,)](
-        a,
-        b,
-        A_log,
-        dt_bias,
-        g,
-        beta,
-        a.stride(0),
-        b.stride(0),
-        H=h,
-        BLOCK=triton.next_power_of_2(h),
-        num_warps=1,
-        **pdl(a.device),
-    )
+        a, b, A_log, dt_bias, g, beta, ra, rb, sa, sb, H=h, NSEG=nseg,
+        BLOCK=triton.next_power_of_2(h), num_warps=1, **pdl(a.device),
+    )  # fmt: skip
     return g, beta
 
 
@@ -112,9 +108,7 @@ def _swiglu(g, u):
 def silu_mul(gate, up, fault: int = 0) -> torch.Tensor:
     """As ops.gates.silu_mul; gate and up [rows, W] may be column slices of one product, or of
     its Partial (then their segments are added here; `fault`: the registry's planted forms)."""
-    (g, nseg, sg, rg), (u, nseg_up, su, ru) = operand(gate), operand(up)
-    if nseg != nseg_up:
-        raise TypeError("silu_mul takes gate and up both stored or both of one plan's sums")
+    (g, nseg, sg, rg), (u, _, su, ru) = pair(gate, up)
     rows, w = g.shape[-2:]
     y = torch.empty((rows, w), dtype=gate.dtype, device=g.device)
     _silu_mul[(rows, triton.cdiv(w, 2048))](

@@ -7,8 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..linear import Partial
 from .launch import pdl, pdl_start
-from .segments import _segment_total, operand
+from .segments import _read, _segment_total, operand
 
 
 def _config(width: int) -> tuple[int, int]:
@@ -33,16 +34,18 @@ def _rms_kernel(
 
 @triton.jit
 def _gated_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    x_ptr, z_ptr, w_ptr, y_ptr, W: tl.constexpr, eps, z_heads, z_stride, z_segs,
+    NSEG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """NSEG > 0: the gate z is its product's segment sums (`z_segs` apart), added where read."""
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK)
     mask = o < W
     x = tl.load(x_ptr + row * W + o, mask=mask, other=0.0).to(tl.float32)
     z_row = (row // z_heads) * z_stride + (row % z_heads) * W  # the gate may be a column slice
-    z = tl.load(z_ptr + z_row + o, mask=mask, other=0.0).to(tl.float32)
+    out = y_ptr.dtype.element_ty
+    z = _read(z_ptr + z_row, 0, o, mask, z_segs, 0, NSEG, out).to(tl.float32)
     w = tl.load(w_ptr + o, mask=mask, other=0.0)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / W + eps)
     normed = (x * r).to(y_ptr.dtype.element_ty)  # rounded to the activation dtype
@@ -62,18 +65,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
 
 
 def gated_rms_norm(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, gate: torch.Tensor | Partial, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """x [..., W]; gate [N, H, W] (rows may be strided) or any shape matching x."""
+    """x [..., W]; gate [N, H, W] (rows may be strided) or any shape matching x, or a product's
+    Partial of [N, H, W] (its segments added where they are read)."""
     w = x.shape[-1]
     flat = x.contiguous().view(-1, w)
-    if gate.dim() != 3 or gate.stride(2) != 1 or gate.stride(1) != w:
-        gate = gate.contiguous().view(-1, 1, w)
+    z, nseg = (gate.sums, gate.sums.shape[0]) if isinstance(gate, Partial) else (gate[None], 0)
+    if z.dim() != 4 or z.stride(3) != 1 or z.stride(2) != w:
+        z = z.contiguous().view(z.shape[0], -1, 1, w)
     y = torch.empty_like(flat)
     block, warps = _config(w)
     _gated_kernel[(flat.shape[0],)](
-        flat, gate, weight, y, w, eps, gate.shape[1], gate.stride(0), BLOCK=block, num_warps=warps,
-        **pdl(x.device),
+        flat, z, weight, y, w, eps, z.shape[2], z.stride(1), z.stride(0), NSEG=nseg, BLOCK=block,
+        num_warps=warps, **pdl(x.device),
     )  # fmt: skip
     return y.view(x.shape)
 

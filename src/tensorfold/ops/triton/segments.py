@@ -277,6 +277,18 @@ def _segment_total(
     return acc
 
 
+@triton.jit
+def _read(p_ptr, row, o, mask, stride_s, stride_m, NSEG: tl.constexpr, OUT: tl.constexpr):
+    """Columns `o` of row `row` of a product's output as the op reading it takes them: NSEG 0,
+    as stored (rows `stride_m` apart); else its segments' sums added as `_segment_total` adds
+    them, rounded to OUT (the model dtype), the value the product's own sum would store."""
+    if NSEG == 0:  # a static branch: one return, whose type may differ between the two
+        value = tl.load(p_ptr + row * stride_m + o, mask=mask, other=0.0)
+    else:
+        value = _segment_total(p_ptr, row, o, mask, stride_s, stride_m, NSEG, OUT)
+    return value
+
+
 def operand(y: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int, int]:
     """What a kernel reading a product's output takes (`_segment_total`'s callers): (the
     tensor, its segments (0: the stored output), the segments' stride, the rows' stride), the
@@ -287,3 +299,12 @@ def operand(y: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int, int]:
     if isinstance(y, Partial):
         return t, t.shape[0], t.stride(0), t.stride(1)
     return t, 0, 0, t.stride(0)
+
+
+def pair(x: torch.Tensor | Partial, y: torch.Tensor | Partial) -> tuple[tuple, tuple]:
+    """Two outputs one kernel reads with one segment count (`operand` each): both stored or both
+    sums of one plan's segments."""
+    ox, oy = operand(x), operand(y)
+    if ox[1] != oy[1]:
+        raise TypeError("a kernel takes its two operands both stored or both of one plan's sums")
+    return ox, oy
