@@ -26,7 +26,7 @@ sweep=(benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit}" --lanes "$
 
 for p in $PHASES; do
     case $p in
-        registry) for k in conv gdn.recurrence gates+silu norm.rms+gated fused.in_projection; do
+        registry) for k in conv gdn.recurrence gates+silu norm.rms+gated fused.readers; do
                       phase "registry-$k" 150 $py -m tensorfold.checks.registry --only "$k"
                   done ;;
         norms)    phase norms 120 $py benchmarks/norm_warps.py --warps 4,8,16,32 ;;

@@ -1,16 +1,17 @@
 """CPU: the layers' fused kernels compile for Hopper in every form a pass runs (tests/hopper.py):
 the GDN conv in one launch and in two, the recurrence with its gates given and computed inside,
 the gates' kernel and the gated norm (each reading the in-projection stored or as its segments'
-sums), and the key norm + rotary with and without the KV rows' write. Their bits are checked under
+sums), the MoE routing and weighted sum (the router's output likewise), and the key norm + rotary with and without the KV rows' write. Their bits are checked under
 Triton's interpreter and on the card."""
 
 import pytest
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 from hopper import assert_waits_first, compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tensorfold.ops.triton import conv, gated_delta, gates, linear, norm  # noqa: E402
+from tensorfold.ops.triton import conv, gated_delta, gates, linear, moe_rows, norm  # noqa: E402
 
 CONV = dict(
     x_ptr="*bf16", st_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", slots_ptr="*i64",
@@ -65,6 +66,18 @@ def test_the_gates_and_the_gated_norm_compile_for_hopper_stored_or_summed(nseg):
     assert_waits_first(_ptx(gates._gates, pointers, dict(H=32, NSEG=nseg, BLOCK=32), warps=1))
     pointers = dict(x_ptr="*bf16", z_ptr=read, w_ptr="*fp32", y_ptr="*bf16", eps="fp32")
     assert_waits_first(_ptx(norm._gated_kernel, pointers, dict(W=128, NSEG=nseg, BLOCK=128)))
+
+
+@pytest.mark.parametrize("nseg", [0, 3])
+def test_the_moe_routing_and_sum_compile_for_hopper_stored_or_summed(nseg):
+    read = "*fp32" if nseg else "*bf16"
+    pointers = dict(logits_ptr=read, ids_ptr="*i64", w_ptr="*fp32")
+    consts = dict(TOP_K=8, LAST=-1, BLOCK_E=256, PRECISE=True, NSEG=nseg, OUT=tl.bfloat16)
+    assert_waits_first(_ptx(moe_rows._route_kernel, pointers, consts))
+    pointers = dict(routed_ptr="*bf16", w_ptr="*fp32", shared_ptr="*bf16", logit_ptr=read)
+    pointers.update(out_ptr="*bf16")
+    consts = dict(TOP_K=8, BLOCK=1024, PRECISE=True, NSEG=nseg)
+    assert_waits_first(_ptx(moe_rows._combine_kernel, pointers, consts))
 
 
 def _key_norm_ptx(cache: bool) -> str:

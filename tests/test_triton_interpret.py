@@ -18,8 +18,9 @@ SCRIPTS = {
     "triton_interpret_moe.py": "moe kernels match their references",
     # a product's segment sums added inside the residual add + norm and silu · up
     "triton_interpret_partial.py": "partial sums match the products' own sums",
-    # a GDN layer's in-projection sums added by the conv, the gates, the recurrence, the gated norm
-    "triton_interpret_gdn_partial.py": "in-projection sums read where they are used",
+    # a GDN layer's in-projection sums added by the conv, the gates, the recurrence and the gated
+    # norm; an MoE block's router and shared gate sums by the routing and the weighted sum
+    "triton_interpret_sum_readers.py": "segment sums read where they are used",
     # the interpreter's bounds check (used by the grid checks) catches stray addresses
     "triton_interpret_bounds.py": "bounds checked",
     # the grid form's one-launch chunk kernel: its reference, cuts, lanes, graph layout, controls

@@ -1,6 +1,7 @@
 """The registry's entries for a product's segment sums added inside the op that reads them
-(checks/registry.py runs them): the residual add + norm and silu · up, and a GDN layer's
-in-projection read by the conv, the gates, the recurrence and the gated norm. Each must give the
+(checks/registry.py runs them): the residual add + norm and silu · up; a GDN layer's
+in-projection read by the conv, the gates, the recurrence and the gated norm; an MoE block's
+router and shared gate read by the routing and the weighted sum. Each must give the
 bits of the product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with planted
 faults the check must catch (the segments added in reverse; the total left unrounded)."""
 
@@ -14,7 +15,7 @@ import torch
 from ..batch import Segment
 from ..ops.dispatch import lane_index
 from ..ops.linear import Partial
-from ..ops.triton import conv, gates, linear, norm
+from ..ops.triton import conv, gates, linear, moe_rows, norm
 from ..ops.triton.gated_delta import gated_delta_lanes
 
 
@@ -109,6 +110,31 @@ def check_in_projection(reads, small: bool) -> list[str]:
     return bad
 
 
+def check_router(reads, small: bool) -> list[str]:
+    """The router's logits and the shared gate's as one product's sums (`reads` hands them over)
+    against the routing and the weighted sum of its summed output."""
+    experts, k, h = (64, 8, 512) if small else (256, 8, 2048)
+    bad = []
+    for rows in (1, 7, 64):
+        kept = _crafted(rows, [experts, 1])
+        sums = kept.sums.contiguous()
+        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        logits, logit = reads(kept).split([experts, 1])
+        want, got = moe_rows.route(stored[:, :experts], k), moe_rows.route(logits, k)
+        if not (torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)):
+            bad.append(f"the routing of the sums differs at {rows} rows")
+        routed = torch.randn(rows, k, h, device="cuda").to(torch.bfloat16)
+        shared = torch.randn(rows, h, device="cuda").to(torch.bfloat16)
+        expect = moe_rows.combine(routed, want.weights, shared, stored[:, experts:])
+        if not torch.equal(moe_rows.combine(routed, want.weights, shared, logit), expect):
+            bad.append(f"the weighted sum of the shared gate's sums differs at {rows} rows")
+    return bad
+
+
+def check_readers(reads, small: bool) -> list[str]:
+    return check_in_projection(reads, small) + check_router(reads, small)
+
+
 def _as_they_are(kept: Partial) -> Partial:
     return kept
 
@@ -119,7 +145,7 @@ def _reversed(kept: Partial) -> Partial:
 
 
 NAME = "fused.segment_sums"
-READS = "fused.in_projection"
+READS = "fused.readers"
 ENTRIES: list[tuple[str, str, str, str, Callable]] = [
     (
         NAME,
@@ -130,10 +156,11 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [
     ),
     (
         READS,
-        "the in-projection's _sum_segments, then the op",
-        "GDN conv (both forms), gates, recurrence's gates, gated norm; 1/7/64 rows",
+        "the product's _sum_segments, then the op",
+        "GDN in-projection: conv (both forms), gates, recurrence, gated norm; MoE router and "
+        "shared gate: routing, weighted sum; 1/7/64 rows",
         "bitwise",
-        check_in_projection,
+        check_readers,
     ),
 ]
 IMPLS = {NAME: (norm.add_rms_norm, gates.silu_mul), READS: _as_they_are}

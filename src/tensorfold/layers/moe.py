@@ -60,7 +60,8 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
         """`partial` is the dense MLP's; the weighted sum here is always a stored tensor."""
-        logits, shared_logit = self.gates(x)
+        # on a GPU the router's and shared gate's segment sums, added where they are read
+        logits, shared_logit = self.gates(x, partial=True)
         if self.joint is not None and x.shape[0] <= JOINT_ROWS:  # then the shared expert, id E
             route = op.moe_route(logits, self.top_k, last=self.joint.num_experts - 1)
             both = op.expert_swiglu(x, route.ids, self.joint, self.router.book)

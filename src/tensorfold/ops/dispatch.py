@@ -310,15 +310,18 @@ def gated_attention(
     return ref_attention.gated_attention_lanes(q, k_cache, v_cache, batch, scale, gate)
 
 
-def moe_route(logits: torch.Tensor, top_k: int, *, last: int | None = None) -> ref_moe.Route:
+def moe_route(
+    logits: torch.Tensor | Partial, top_k: int, *, last: int | None = None
+) -> ref_moe.Route:
     """Each row's top-k experts (ascending id) and renormalised weights (docs/exactness.md,
     'Experts'), with `last` one more id after them (the joint shared expert); on the GPU one
-    kernel (softmax, top-k, weights), a float64 run the torch ops."""
-    if logits.is_cuda and logits.dtype != torch.float64:
+    kernel (softmax, top-k, weights; the router's Partial added there), a float64 run the torch
+    ops."""
+    if _on_gpu(logits) and logits.dtype != torch.float64:
         from .triton.moe_rows import route
 
         return route(logits, top_k, last)
-    return ref_moe.route(logits, top_k, last)
+    return ref_moe.route(total(logits), top_k, last)
 
 
 def expert_swiglu(
@@ -335,15 +338,19 @@ def expert_swiglu(
 
 
 def moe_combine(
-    routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
+    routed: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor,
+    shared_logit: torch.Tensor | Partial,
 ) -> torch.Tensor:
     """Σ w·y over each row's experts in ascending id, then the gated shared expert, in fp32 and
-    rounded once; on the GPU one kernel (each element reads its own row)."""
+    rounded once; on the GPU one kernel (each element reads its own row; the shared gate's
+    Partial added there)."""
     if routed.is_cuda and weights.dtype == torch.float32:
         from .triton.moe_rows import combine
 
         return combine(routed, weights, shared, shared_logit)
-    return ref_moe.combine(routed, weights, shared, shared_logit)
+    return ref_moe.combine(routed, weights, shared, total(shared_logit))
 
 
 def sample_rows(

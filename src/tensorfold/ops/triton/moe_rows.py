@@ -14,8 +14,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..linear import Partial
 from ..moe import Route
 from .launch import pdl, pdl_start
+from .segments import _read, operand, tl_dtype
 
 COMBINE_BLOCK = 1024
 
@@ -42,18 +44,23 @@ def _route_kernel(
     w_ptr,
     E,
     stride_l,
+    stride_s,
     TOP_K: tl.constexpr,
     LAST: tl.constexpr,
     BLOCK_E: tl.constexpr,
     PRECISE: tl.constexpr,
+    NSEG: tl.constexpr = 0,
+    OUT: tl.constexpr = tl.float32,
     PDL: tl.constexpr = False,
 ):
+    """NSEG > 0: the logits are the router's segment sums, added and rounded to OUT here."""
     pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
     ids_row = ids_ptr + r * (TOP_K + (LAST >= 0))  # LAST >= 0: one more id a row, after the k
     live = o_e < E
-    x = tl.load(logits_ptr + r * stride_l + o_e, mask=live, other=float("-inf")).to(tl.float32)
+    x = _read(logits_ptr, r, o_e, live, stride_s, stride_l, NSEG, OUT).to(tl.float32)
+    x = tl.where(live, x, float("-inf"))
     ex = _exp(x - tl.max(x, 0), PRECISE)
     probs = tl.div_rn(ex, tl.sum(ex, 0))
     left = tl.where(live, probs, -1.0)  # probabilities are >= 0: the padding is never chosen
@@ -77,27 +84,21 @@ def _route_kernel(
         tl.store(ids_row + TOP_K + o_e, (o_e * 0 + LAST).to(tl.int64), mask=o_e == 0)
 
 
-def route(logits: torch.Tensor, top_k: int, last: int | None = None) -> Route:
+def route(logits: torch.Tensor | Partial, top_k: int, last: int | None = None) -> Route:
     """ops.moe.route on the GPU in one launch: ids [M, k] ascending (int64; with `last`, [M, k + 1]
-    ending in it), weights [M, k] fp32."""
-    m, e = logits.shape
+    ending in it), weights [M, k] fp32. `logits` may be the router's Partial (its segments added
+    here, as the product's own sum would store them)."""
+    (m, e), out = logits.shape, tl_dtype(logits.dtype)
+    logits, nseg, stride_s, stride_l = operand(logits)
     ids = torch.empty((m, top_k + (last is not None)), dtype=torch.long, device=logits.device)
     weights = torch.empty((m, top_k), dtype=torch.float32, device=logits.device)
     if m:
         block = triton.next_power_of_2(e)
         _route_kernel[(m,)](
-            logits,
-            ids,
-            weights,
-            e,
-            logits.stride(0),
-            TOP_K=top_k,
-            LAST=-1 if last is None else last,
-            BLOCK_E=block,
-            PRECISE=_precise(),
-            num_warps=4 if block >= 512 else 1,
-            **pdl(logits.device),
-        )
+            logits, ids, weights, e, stride_l, stride_s, TOP_K=top_k,
+            LAST=-1 if last is None else last, BLOCK_E=block, PRECISE=_precise(), NSEG=nseg,
+            OUT=out, num_warps=4 if block >= 512 else 1, **pdl(logits.device),
+        )  # fmt: skip
     return Route(ids, weights)
 
 
@@ -112,11 +113,14 @@ def _combine_kernel(
     stride_routed,
     stride_shared,
     stride_logit,
+    stride_ls,
     TOP_K: tl.constexpr,
     BLOCK: tl.constexpr,
     PRECISE: tl.constexpr,
+    NSEG: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
+    """NSEG > 0: the shared gate's logit is its product's segment sums, added here."""
     pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -130,7 +134,8 @@ def _combine_kernel(
             acc = w * y
         else:
             acc = acc + w * y  # ascending expert id (fused multiply-adds are off)
-    g = tl.load(logit_ptr + r * stride_logit).to(tl.float32)
+    g = _read(logit_ptr, r, 0, True, stride_ls, stride_logit, NSEG, out_ptr.dtype.element_ty)
+    g = g.to(tl.float32)
     gate = tl.div_rn(1.0, 1.0 + _exp(-g, PRECISE))
     s = tl.load(shared_ptr + r * stride_shared + o, mask=mask, other=0.0).to(tl.float32)
     acc = acc + gate * s  # the shared expert last
@@ -138,11 +143,14 @@ def _combine_kernel(
 
 
 def combine(
-    routed: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor, shared_logit: torch.Tensor
+    routed: torch.Tensor,
+    weights: torch.Tensor,
+    shared: torch.Tensor,
+    shared_logit: torch.Tensor | Partial,
 ) -> torch.Tensor:
     """ops.moe.combine on the GPU in one launch: routed [M, k, H] in ascending id (rows may be
     wider: the first k of k + 1 choices), weights [M, k] fp32, shared [M, H], shared_logit [M, 1]
-    (a column of a wider product is fine)."""
+    (a column of a wider product is fine, or of its Partial)."""
     m, k, h = routed.shape
     if routed.stride(2) != 1 or routed.stride(1) != h:  # rows may be wider (the shared expert's)
         routed = routed.contiguous()
@@ -150,20 +158,23 @@ def combine(
     if shared.stride(1) != 1:
         shared = shared.contiguous()
     out = torch.empty((m, h), dtype=routed.dtype, device=routed.device)
+    logit, nseg, stride_ls, stride_logit = operand(shared_logit)
     if m:
         _combine_kernel[(m, triton.cdiv(h, COMBINE_BLOCK))](
             routed,
             weights,
             shared,
-            shared_logit,
+            logit,
             out,
             h,
             routed.stride(0),
             shared.stride(0),
-            shared_logit.stride(0),
+            stride_logit,
+            stride_ls,
             TOP_K=k,
             BLOCK=COMBINE_BLOCK,
             PRECISE=_precise(),
+            NSEG=nseg,
             num_warps=4,
             enable_fp_fusion=False,  # mul.rn then add.rn (no fma, no flush to zero), as the reference
             **pdl(routed.device),

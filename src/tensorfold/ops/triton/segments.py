@@ -289,6 +289,13 @@ def _read(p_ptr, row, o, mask, stride_s, stride_m, NSEG: tl.constexpr, OUT: tl.c
     return value
 
 
+def tl_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Triton's name of a model dtype, for a kernel whose pointers do not carry it."""
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[
+        dtype
+    ]
+
+
 def operand(y: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int, int]:
     """What a kernel reading a product's output takes (`_segment_total`'s callers): (the
     tensor, its segments (0: the stored output), the segments' stride, the rows' stride), the

@@ -1,9 +1,10 @@
-"""Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): a GDN layer's in-projection left as
-its segments' fp32 sums (a Partial) and added where each part is read: by the conv (both launch
-forms, its kept rows included), the gates' kernel, the recurrence computing its gates, and the
-gated norm. Each gives the bytes it gives on the product's own sum. One column of every part is
-crafted so that its segments' order shows ((2^24 + 1) + 1 - 2^24 is 0 in order, 2 reversed).
-fp16, as the interpreter has no bf16."""
+"""Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): products left as their segments'
+fp32 sums (a Partial) and added where each part is read. A GDN layer's in-projection: by the conv
+(both launch forms, its kept rows included), the gates' kernel, the recurrence computing its
+gates, and the gated norm. An MoE block's router and shared gate: by the routing and the weighted
+sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
+so that its segments' order shows ((2^24 + 1) + 1 - 2^24 is 0 in order, 2 reversed). fp16, as
+the interpreter has no bf16."""
 
 import torch
 
@@ -12,19 +13,19 @@ from tensorfold.ops import dispatch
 from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.linear import Partial
 from tensorfold.ops.quant import quantize
-from tensorfold.ops.triton import conv, gates, linear, norm
+from tensorfold.ops.triton import conv, gates, linear, moe_rows, norm
 from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 
 CONV, HK, HV, D = 3 * 64, 2, 2, 32  # q, k, v of 2 heads of 32; the conv's 192 channels
 WIDTHS = [CONV, HV * D, HV, HV]  # mixed, z, a, b: the in-projection's parts, in order
 
 
-def crafted(rows: int) -> Partial:
-    """Four segments' sums of a [rows, Σ WIDTHS] product, a crafted column in each part."""
-    sums = torch.randn(4, rows, sum(WIDTHS)) * 0.3
+def crafted(rows: int, widths: list[int] = WIDTHS) -> Partial:
+    """Four segments' sums of a [rows, Σ widths] product, a crafted column in each part."""
+    sums = torch.randn(4, rows, sum(widths)) * 0.3
     order = torch.tensor([2.0**24, 1.0, 1.0, -(2.0**24)])[:, None]
-    for start in (0, CONV, CONV + HV * D, CONV + HV * D + HV):
-        sums[:, :, start] = order
+    for i in range(len(widths)):
+        sums[:, :, sum(widths[:i])] = order
     return Partial(sums, torch.float16)
 
 
@@ -87,6 +88,24 @@ def check_parts(kept: Partial, stored: torch.Tensor) -> None:
     assert torch.equal(norm.gated_rms_norm(core, z.view(rows, HV, D), w, 1e-6), want)
 
 
+def router() -> None:
+    """The router's logits and the shared gate's (one product): the routing and the weighted sum
+    read from the sums give the ids, weights and outputs they give from the stored product."""
+    rows, experts, k, h = 6, 16, 4, 64
+    kept = crafted(rows, [experts, 1])
+    logits, logit = kept.split([experts, 1])
+    stored = dispatch.total(kept)
+    want = moe_rows.route(stored[:, :experts], k)
+    got = moe_rows.route(logits, k)
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)
+    joint = dispatch.moe_route(logits, k, last=experts)
+    assert torch.equal(joint.ids, moe_rows.route(stored[:, :experts], k, last=experts).ids)
+    routed, shared = torch.randn(rows, k, h).half(), torch.randn(rows, h).half()
+    want = moe_rows.combine(routed, want.weights, shared, stored[:, experts:])
+    assert torch.equal(moe_rows.combine(routed, got.weights, shared, logit), want)
+    assert torch.equal(dispatch.moe_combine(routed, got.weights, shared, logit), want)
+
+
 def main() -> None:
     torch.manual_seed(0)
     kept = crafted(5)
@@ -99,7 +118,8 @@ def main() -> None:
     other = Partial(torch.randn(2, 5, HV) * 0.3, torch.float16)
     pair = dispatch.gdn_gates(a, other, torch.randn(HV), torch.randn(HV).half(), torch.float32)
     assert all(isinstance(t, torch.Tensor) for t in (pair.a, pair.b))
-    print("in-projection sums read where they are used")
+    router()
+    print("segment sums read where they are used")
 
 
 if __name__ == "__main__":
