@@ -11,7 +11,15 @@ import triton.language as tl  # noqa: E402
 from hopper import assert_waits_first, compile_for_hopper  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tensorfold.ops.triton import conv, gated_delta, gates, linear, moe_rows, norm  # noqa: E402
+from tensorfold.ops.triton import (  # noqa: E402
+    attention,
+    conv,
+    gated_delta,
+    gates,
+    linear,
+    moe_rows,
+    norm,
+)
 
 CONV = dict(
     x_ptr="*bf16", st_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", slots_ptr="*i64",
@@ -80,22 +88,41 @@ def test_the_moe_routing_and_sum_compile_for_hopper_stored_or_summed(nseg):
     assert_waits_first(_ptx(moe_rows._combine_kernel, pointers, consts))
 
 
-def _key_norm_ptx(cache: bool) -> str:
+def _key_norm_ptx(cache: bool, nseg: int = 0) -> str:
     fn = norm._norm_rope_kernel
-    pointers = dict(x_ptr="*bf16", w_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", y_ptr="*bf16")
-    pointers.update(rows_ptr="*i64", v_ptr="*bf16", vout_ptr="*bf16", eps="fp32", offset="fp32")
-    consts = dict(H=4, D=256, ROT=64, CACHE=cache)
+    read = "*fp32" if nseg else "*bf16"
+    pointers = dict(x_ptr=read, w_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", y_ptr="*bf16")
+    pointers.update(rows_ptr="*i64", v_ptr=read, vout_ptr="*bf16", eps="fp32", offset="fp32")
+    consts = dict(H=4, D=256, ROT=64, CACHE=cache, NSEG=nseg)
     if not cache:
         consts.update(rows_ptr=None, v_ptr=None, vout_ptr=None, stride_vrow=0)
     return _ptx(fn, pointers, consts)
 
 
-def test_the_key_norm_compiles_for_hopper_with_and_without_the_kv_write():
-    alone, cached = _key_norm_ptx(False), _key_norm_ptx(True)
+@pytest.mark.parametrize("nseg", [0, 3])
+def test_the_key_norm_compiles_for_hopper_with_and_without_the_kv_write(nseg):
+    """nseg 3: q, k and v read as their product's segment sums."""
+    alone, cached = _key_norm_ptx(False, nseg), _key_norm_ptx(True, nseg)
     assert_waits_first(alone) and assert_waits_first(cached)
     # the values' copy and the slot's load join the keys' store
     assert alone.count("st.global") < cached.count("st.global")
     assert alone.count("ld.global") < cached.count("ld.global")
+    if nseg:  # three segments' loads where one load was
+        assert _key_norm_ptx(True).count("ld.global") < cached.count("ld.global")
+
+
+@pytest.mark.parametrize("gseg", [0, 3])
+@pytest.mark.parametrize("kernel", ["_serial_kernel", "_split_kernel", "_fold_kernel"])
+def test_the_attention_compiles_for_hopper_its_gate_stored_or_summed(kernel, gseg):
+    fn = getattr(attention, kernel)
+    pointers = {a: "*bf16" for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    pointers.update(g_ptr="*fp32" if gseg else "*bf16", part_ptr="*fp32", ml_ptr="*fp32")
+    pointers.update({a: "*i32" for a in ("row0_ptr", "rows_ptr", "pos0_ptr", "base_ptr")})
+    pointers.update(table_ptr="*i32", scale="fp32")
+    consts = dict(GROUP=4, D=256, BLOCK_M=16, BLOCK_N=64, COLS=64, SUPER=256, GATED=True)
+    consts.update(FAULT=0, CHUNK=4, GSEG=gseg)
+    consts = {a: v for a, v in consts.items() if a in fn.arg_names}
+    assert_waits_first(_ptx(fn, pointers, consts))
 
 
 @pytest.mark.parametrize("split", [True, False])

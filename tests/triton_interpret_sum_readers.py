@@ -1,8 +1,9 @@
 """Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): products left as their segments'
 fp32 sums (a Partial) and added where each part is read. A GDN layer's in-projection: by the conv
 (both launch forms, its kept rows included), the gates' kernel, the recurrence computing its
-gates, and the gated norm. An MoE block's router and shared gate: by the routing and the weighted
-sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
+gates, and the gated norm. An attention layer's q (with its output gate), k and v: by the q norm,
+the keys' norm with its KV write, and the attention's gate (both plans, the fold's too). An MoE
+block's router and shared gate: by the routing and the weighted sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
 so that its segments' order shows ((2^24 + 1) + 1 - 2^24 is 0 in order, 2 reversed). fp16, as
 the interpreter has no bf16."""
 
@@ -10,10 +11,12 @@ import torch
 
 from tensorfold.batch import Segment
 from tensorfold.ops import dispatch
+from tensorfold.ops.attention import AttentionTiles
 from tensorfold.ops.dispatch import lane_index
 from tensorfold.ops.linear import Partial
 from tensorfold.ops.quant import quantize
-from tensorfold.ops.triton import conv, gates, linear, moe_rows, norm
+from tensorfold.ops.rope import rope_tables
+from tensorfold.ops.triton import attention, conv, gates, linear, moe_rows, norm
 from tensorfold.ops.triton.gated_delta import gated_delta_lanes
 
 CONV, HK, HV, D = 3 * 64, 2, 2, 32  # q, k, v of 2 heads of 32; the conv's 192 channels
@@ -106,6 +109,38 @@ def router() -> None:
     assert torch.equal(dispatch.moe_combine(routed, got.weights, shared, logit), want)
 
 
+def attention_reads() -> None:
+    """q_proj's [query | gate] a head, k and v as one product's sums, read as the layer reads them:
+    40 rows at positions 260-299, over two super-blocks of keys (the split plan then folds)."""
+    n, hq, hkv, d = 40, 8, 2, 32
+    kc, vc = torch.randn(364, hkv, d).half(), torch.randn(364, hkv, d).half()
+    tiles = AttentionTiles.build((Segment(0, 260, 0, n, torch.randperm(364)[:300]),), "cpu")
+    widths = [hq * 2 * d, hkv * d, hkv * d]
+    kept = crafted(n, widths)
+    for head in range(hq):  # each head's first gate column crafted too
+        kept.sums[:, :, head * 2 * d + d] = kept.sums[:, :, 0]
+    stored = dispatch.total(kept).split(widths, dim=-1)
+    parts = kept.split(widths)
+    want_q, want_g = stored[0].view(n, hq, 2 * d).split([d, d], dim=-1)
+    got_q, got_g = parts[0].view(n, hq, 2 * d).split([d, d], dim=-1)
+    w = torch.rand(d) + 0.5
+    cos, sin = rope_tables(torch.arange(n) + 5, 8, 10000.0, torch.float16)
+    want = norm.norm_rope(want_q, w, 1e-6, 1.0, cos, sin)
+    assert torch.equal(norm.norm_rope(got_q, w, 1e-6, 1.0, cos, sin), want)
+    for plan in ("serial", "split"):
+        expect = attention.paged_attention(want, kc, vc, tiles, d**-0.5, gate=want_g, plan=plan)
+        got = attention.paged_attention(want, kc, vc, tiles, d**-0.5, gate=got_g, plan=plan)
+        assert torch.equal(got, expect), plan
+    rows = torch.randperm(64)[:n]
+    caches = [tuple(torch.zeros(64, hkv, d).half() for _ in "kv") for _ in "12"]
+    k, v = (t.view(n, hkv, d) for t in stored[1:])
+    norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, caches[0], rows)
+    k, v = (t.view(n, hkv, d) for t in parts[1:])
+    norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, caches[1], rows)
+    assert all(map(torch.equal, caches[0], caches[1]))
+    assert torch.equal(caches[0][1][rows], stored[2].view(n, hkv, d))  # the values, copied
+
+
 def main() -> None:
     torch.manual_seed(0)
     kept = crafted(5)
@@ -119,6 +154,7 @@ def main() -> None:
     pair = dispatch.gdn_gates(a, other, torch.randn(HV), torch.randn(HV).half(), torch.float32)
     assert all(isinstance(t, torch.Tensor) for t in (pair.a, pair.b))
     router()
+    attention_reads()
     print("segment sums read where they are used")
 
 

@@ -1,7 +1,8 @@
 """The registry's entries for a product's segment sums added inside the op that reads them
 (checks/registry.py runs them): the residual add + norm and silu · up; a GDN layer's
-in-projection read by the conv, the gates, the recurrence and the gated norm; an MoE block's
-router and shared gate read by the routing and the weighted sum. Each must give the
+in-projection read by the conv, the gates, the recurrence and the gated norm; an attention
+layer's q (and output gate), k and v read by the q norm, the keys' norm with its KV write and
+the attention; an MoE block's router and shared gate read by the routing and the weighted sum. Each must give the
 bits of the product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with planted
 faults the check must catch (the segments added in reverse; the total left unrounded)."""
 
@@ -13,9 +14,11 @@ from typing import Callable
 import torch
 
 from ..batch import Segment
+from ..ops.attention import AttentionTiles
 from ..ops.dispatch import lane_index
 from ..ops.linear import Partial
-from ..ops.triton import conv, gates, linear, moe_rows, norm
+from ..ops.rope import rope_tables
+from ..ops.triton import attention, conv, gates, linear, moe_rows, norm
 from ..ops.triton.gated_delta import gated_delta_lanes
 
 
@@ -131,8 +134,55 @@ def check_router(reads, small: bool) -> list[str]:
     return bad
 
 
+def check_attention_reads(reads, small: bool) -> list[str]:
+    """q_proj's [query | gate] a head, k and v as one product's sums (`reads` hands them over)
+    against the q norm, the keys' norm with its KV write and the attention (both plans) of its
+    summed output; rows at positions 260.. over two super-blocks of keys."""
+    hq, hkv, d = (8, 2, 256) if small else (16, 4, 256)
+    widths = [hq * 2 * d, hkv * d, hkv * d]
+    w = torch.rand(d, device="cuda") + 0.5
+    kc, vc = (torch.randn(364, hkv, d, device="cuda").to(torch.bfloat16) for _ in "kv")
+    slots = torch.randperm(364, device="cuda")[:300]
+    bad = []
+    for rows in (1, 7, 40):
+        seg = Segment(0, 300 - rows, 0, rows, slots)
+        tiles = AttentionTiles.build((seg,), "cuda")
+        kept = _crafted(rows, widths)
+        for head in range(hq):  # each head's first gate column crafted too
+            kept.sums[:, :, head * 2 * d + d] = kept.sums[:, :, 0]
+        sums = kept.sums.contiguous()
+        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        want, got = stored.split(widths, dim=-1), reads(kept).split(widths)
+        (q, gate), (q_sums, gate_sums) = (
+            t[0].view(rows, hq, 2 * d).split([d, d], dim=-1) for t in (want, got)
+        )
+        cos, sin = rope_tables(torch.arange(rows, device="cuda"), 64, 1e6, torch.float32)
+        normed = norm.norm_rope(q, w, 1e-6, 1.0, cos, sin)
+        if not torch.equal(norm.norm_rope(q_sums, w, 1e-6, 1.0, cos, sin), normed):
+            bad.append(f"the q norm of the sums differs at {rows} rows")
+        for plan in ("serial", "split"):
+            run = lambda g: attention.paged_attention(  # noqa: E731
+                normed, kc, vc, tiles, d**-0.5, gate=g, plan=plan
+            )
+            if not torch.equal(run(gate_sums), run(gate)):
+                bad.append(f"the {plan} attention's gate of the sums differs at {rows} rows")
+        kv_rows = torch.randperm(64, device="cuda")[:rows]
+        caches = [[torch.zeros(64, hkv, d, device="cuda").to(torch.bfloat16) for _ in "kv"]
+                  for _ in "12"]  # fmt: skip
+        for parts, cache in zip((want, got), caches):
+            k, v = (t.view(rows, hkv, d) for t in parts[1:])
+            norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, cache, kv_rows)
+        if not all(map(torch.equal, *caches)):
+            bad.append(f"the keys and values written from the sums differ at {rows} rows")
+    return bad
+
+
 def check_readers(reads, small: bool) -> list[str]:
-    return check_in_projection(reads, small) + check_router(reads, small)
+    return (
+        check_in_projection(reads, small)
+        + check_attention_reads(reads, small)
+        + check_router(reads, small)
+    )
 
 
 def _as_they_are(kept: Partial) -> Partial:
@@ -157,8 +207,9 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [
     (
         READS,
         "the product's _sum_segments, then the op",
-        "GDN in-projection: conv (both forms), gates, recurrence, gated norm; MoE router and "
-        "shared gate: routing, weighted sum; 1/7/64 rows",
+        "GDN in-projection: conv (both forms), gates, recurrence, gated norm; attention q, gate, "
+        "k, v: q norm, keys' norm + KV write, attention (both plans); MoE router and shared "
+        "gate: routing, weighted sum; 1/7/40-64 rows",
         "bitwise",
         check_readers,
     ),

@@ -39,12 +39,14 @@ class GatedAttention:
         partial: bool = False,
     ):
         n, d = x.shape[0], self.head_dim
-        q_out, k_out, v_out = self.qkv(x)
+        # On a GPU each may be the product's segment sums, added where they are read: by the q
+        # and k norms (the values by the keys' launch) and by the attention's output gate.
+        q_out, k_out, v_out = self.qkv(x, partial=True)
         # Per head, the first D channels of q_proj are the query, the next D the output gate.
-        qg = q_out.view(n, self.num_heads, 2 * d)
-        q = self.q_norm.with_rope(qg[..., :d], rope)
+        q, gate = q_out.view(n, self.num_heads, 2 * d).split([d, d], dim=-1)
+        q = self.q_norm.with_rope(q, rope)
         k, v = (t.view(n, self.num_kv_heads, d) for t in (k_out, v_out))
         # Written before read: cached and fresh keys take the same path.
         self.k_norm.keys_into(k, v, rope, (k_cache, v_cache), batch.kv_write)
-        out = op.gated_attention(q, k_cache, v_cache, batch, self.scale, gate=qg[..., d:])
+        out = op.gated_attention(q, k_cache, v_cache, batch, self.scale, gate=gate)
         return self.o_proj(out, partial)  # partial: for the residual add after it

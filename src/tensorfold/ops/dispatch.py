@@ -120,14 +120,15 @@ def gated_rms_norm(
 
 
 def norm_rope(
-    x: torch.Tensor,
+    x: torch.Tensor | Partial,
     weight: torch.Tensor,
     eps: float,
     offset: float,
     rope: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
-    """apply_rope(rms_norm(x)) per head of x [N, H, D]: the q/k norm and the rotary embedding."""
-    if x.is_cuda:
+    """apply_rope(rms_norm(x)) per head of x [N, H, D]: the q/k norm and the rotary embedding (x
+    may be its product's Partial, added where it is read)."""
+    if _on_gpu(x):
         from .triton import norm
 
         return norm.norm_rope(x, weight, eps, offset, *rope)
@@ -135,8 +136,8 @@ def norm_rope(
 
 
 def norm_rope_cached(
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | Partial,
+    v: torch.Tensor | Partial,
     weight: torch.Tensor,
     eps: float,
     offset: float,
@@ -146,8 +147,9 @@ def norm_rope_cached(
 ) -> None:
     """The fresh keys and values written to their KV rows: caches[0][rows] = norm_rope(k),
     caches[1][rows] = v (k, v [N, H, D]; the first len(rows) rows are real); one launch on the
-    GPU where the caches allow it, else the norm and two indexed writes, here."""
-    if k.is_cuda:
+    GPU where the caches allow it, else the norm and two indexed writes, here. k and v may be
+    their product's Partial."""
+    if _on_gpu(k):
         from .triton import norm
 
         if norm.keys_cacheable(k, caches):
@@ -155,7 +157,7 @@ def norm_rope_cached(
             return
     n = rows.shape[0]
     caches[0][rows] = norm_rope(k, weight, eps, offset, rope)[:n].to(caches[0].dtype)
-    caches[1][rows] = v[:n].to(caches[1].dtype)
+    caches[1][rows] = total(v)[:n].to(caches[1].dtype)
 
 
 def total(y: torch.Tensor | Partial) -> torch.Tensor:

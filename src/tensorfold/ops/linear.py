@@ -88,6 +88,8 @@ class Partial:
         """The output's rows seen as `shape`, as Tensor.view would (the segments kept apart)."""
         return Partial(self.sums.view(self.sums.shape[0], *shape), self.dtype)
 
-    def split(self, sizes: list[int]) -> tuple[Partial, ...]:
+    def split(self, sizes: list[int], dim: int = -1) -> tuple[Partial, ...]:
         """Column ranges of the output, as Tensor.split(sizes, dim=-1) cuts a product's."""
+        if dim != -1:
+            raise ValueError("a Partial splits along its last dimension only")
         return tuple(Partial(part, self.dtype) for part in self.sums.split(sizes, dim=-1))

@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 
 from ..attention import KV_SPLIT, SUPER_BLOCK, AttentionTiles
+from ..linear import Partial
 from .launch import pdl, pdl_start
+from .segments import _read
 
 BLOCK_N = KV_SPLIT  # the KV split
 WARPS = 4
@@ -130,16 +132,16 @@ def _super_block(
 
 @triton.jit
 def _finish(
-    acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D, GATED
-):
-    """acc / l rounded, times the output gate's sigmoid rounded as torch rounds them; stored."""
+    acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, stride_gs, D,
+    GATED, GSEG,
+):  # fmt: skip
+    """acc / l rounded, times the output gate's sigmoid rounded as torch rounds them; stored.
+    GSEG > 0: the gate is its product's segment sums (`stride_gs` apart), added here."""
     out = (acc / l[:, None]).to(o_ptr.dtype.element_ty)
     if GATED:
-        g = tl.load(
-            g_ptr + rows[:, None] * stride_gr + heads[:, None] * stride_gh + cols[None, :],
-            mask=valid[:, None],
-            other=0.0,
-        ).to(tl.float32)
+        at = g_ptr + rows[:, None] * stride_gr + heads[:, None] * stride_gh
+        g = _read(at, 0, cols[None, :], valid[:, None], stride_gs, 0, GSEG, o_ptr.dtype.element_ty)
+        g = g.to(tl.float32)
         sig = (1.0 / (1.0 + tl.exp(-g))).to(o_ptr.dtype.element_ty)
         out = (out.to(tl.float32) * sig.to(tl.float32)).to(o_ptr.dtype.element_ty)
     off = rows[:, None] * stride_q + heads[:, None] * D + cols[None, :]
@@ -149,10 +151,10 @@ def _finish(
 @triton.jit
 def _serial_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr, scale,
-    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB,
+    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, stride_gs, SUB,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     COLS: tl.constexpr, SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr,
-    PDL: tl.constexpr = False,
+    GSEG: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, c): every super-block of its rows folded in order, for value columns
     [c * COLS, (c + 1) * COLS) (a column's fold is its own; the scores are over all of D)."""
@@ -178,17 +180,18 @@ def _serial_kernel(
         m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
     if live:
         _finish(
-            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D,
-            GATED,
+            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh,
+            stride_gs, D, GATED, GSEG,
         )  # fmt: skip
 
 
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, row0_ptr, rows_ptr, pos0_ptr, base_ptr, table_ptr, scale,
-    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, SUB, part_ptr, ml_ptr, HQ, NSB, Z,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr = False,
+    stride_q, stride_kv, g_ptr, stride_gr, stride_gh, stride_gs, SUB, part_ptr, ml_ptr, HQ, NSB,
+    Z, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUPER: tl.constexpr, GATED: tl.constexpr, FAULT: tl.constexpr, GSEG: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, z): super-blocks z, z + Z, ... of its rows, each stored as an fp32 part;
     a lane with one super-block is finished here (merged into empty, exactly the serial fold)."""
@@ -216,7 +219,7 @@ def _split_kernel(
                 m, l, acc = _merge(m, l, acc, m_j, l_j, acc_j)
                 _finish(
                     acc, l, rows, heads, valid, o_d, o_ptr, stride_q, g_ptr, stride_gr,
-                    stride_gh, D, GATED,
+                    stride_gh, stride_gs, D, GATED, GSEG,
                 )  # fmt: skip
             else:
                 slot = (rows * HQ + heads) * NSB + j
@@ -227,10 +230,11 @@ def _split_kernel(
 
 @triton.jit
 def _fold_kernel(
-    o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, part_ptr,
-    ml_ptr, HQ, NSB, TS,
+    o_ptr, row0_ptr, rows_ptr, pos0_ptr, stride_q, g_ptr, stride_gr, stride_gh, stride_gs,
+    part_ptr, ml_ptr, HQ, NSB, TS,
     D: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr, SUPER: tl.constexpr,
-    GATED: tl.constexpr, FAULT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    GATED: tl.constexpr, FAULT: tl.constexpr, CHUNK: tl.constexpr, GSEG: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, y, c): the stored super-blocks of one row (token y // HQ of the tile, query
     head y % HQ) folded in ascending order, for value columns [c * COLS, (c + 1) * COLS). A row a
@@ -271,8 +275,9 @@ def _fold_kernel(
                 m_n, l_n, acc_n = _merge(m, l, acc, m_j, l_j, acc_j)
                 m, l, acc = tl.where(ok, m_n, m), tl.where(ok, l_n, l), tl.where(ok, acc_n, acc)
         _finish(
-            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh, D, GATED
-        )
+            acc, l, rows, heads, valid, cols, o_ptr, stride_q, g_ptr, stride_gr, stride_gh,
+            stride_gs, D, GATED, GSEG,
+        )  # fmt: skip
 
 
 def packed_rows(group: int, block_m: int) -> int:
@@ -323,29 +328,32 @@ def paged_attention(
     v_cache: torch.Tensor,
     tiles: AttentionTiles,
     scale: float,
-    gate: torch.Tensor | None = None,
+    gate: torch.Tensor | Partial | None = None,
     fault: int = 0,
     plan: str | None = None,
     zeroed: bool = False,
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
-    sigmoid(gate [N, Hq, D], any row and head strides) when a gate is given (`zeroed`: rows in
-    no tile are zeros). `plan` forces 'serial' or 'split' (checks only); `fault` is a planted
+    sigmoid(gate [N, Hq, D], any row and head strides, or its product's Partial, added here) when
+    a gate is given (`zeroed`: rows in no tile are zeros). `plan` forces 'serial' or 'split' (checks only); `fault` is a planted
     fault (the registry's controls)."""
     n, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     q = q.contiguous()
     out = torch.zeros_like(q) if zeroed else torch.empty_like(q)
-    g = gate if gate is not None else q
+    g, gseg, stride_gs = (q if gate is None else gate), 0, 0
+    if isinstance(gate, Partial):  # segment 0's view: the rows' and heads' strides
+        g, gseg, stride_gs = gate.sums[0], gate.sums.shape[0], gate.sums.stride(0)
     plan = plan or choose_plan(tiles, hq, d, q.device, n)
     block_m = _block_m(group, SERIAL_ROWS if plan == "serial" else SPLIT_ROWS)
     sub = triton.cdiv(min(tiles.size, tiles.longest), packed_rows(group, block_m))
     grid = (tiles.row0.shape[0], hkv * sub)
     common = (q, k_cache, v_cache, out, tiles.row0, tiles.rows, tiles.pos0, tiles.table_base)
     common += (tiles.kv_rows, scale, q.stride(0), k_cache.stride(0), g, g.stride(0), g.stride(1))
+    common += (stride_gs,)
     consts = dict(GROUP=group, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SUPER=SUPER_BLOCK)
-    consts.update(GATED=gate is not None, FAULT=fault, **pdl(q.device))
+    consts.update(GATED=gate is not None, FAULT=fault, GSEG=gseg, **pdl(q.device))
     if plan == "serial":
         cols = min(SERIAL_COLS, d)
         _serial_kernel[grid + (d // cols,)](
@@ -366,8 +374,9 @@ def paged_attention(
         tokens = min(tiles.size, tiles.longest)
         _fold_kernel[(grid[0], tokens * hq, d // cols)](
             out, tiles.row0, tiles.rows, tiles.pos0, q.stride(0), g, g.stride(0), g.stride(1),
-            part, ml, hq, blocks, packed_rows(group, block_m), D=d, BLOCK_N=BLOCK_N, COLS=cols,
-            SUPER=SUPER_BLOCK, GATED=gate is not None, FAULT=fault, CHUNK=FOLD_CHUNK,
+            stride_gs, part, ml, hq, blocks, packed_rows(group, block_m), D=d, BLOCK_N=BLOCK_N,
+            COLS=cols, SUPER=SUPER_BLOCK, GATED=gate is not None, FAULT=fault, CHUNK=FOLD_CHUNK,
+            GSEG=gseg,
             num_warps=FOLD_WARPS, num_stages=FOLD_STAGES, **pdl(q.device),
         )  # fmt: skip
     return out

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from ..linear import Partial
 from .launch import pdl, pdl_start
+from .linear import _sum
 from .segments import _read, _segment_total, operand
 
 
@@ -132,16 +133,19 @@ def add_rms_norm(
 def _norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_row, stride_head, H: tl.constexpr,
     D: tl.constexpr, ROT: tl.constexpr, eps, offset, rows_ptr=None, v_ptr=None, vout_ptr=None,
-    stride_vrow=0, CACHE: tl.constexpr = False, PDL: tl.constexpr = False,
+    stride_vrow=0, stride_s=0, CACHE: tl.constexpr = False, NSEG: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """CACHE: y and vout are a KV cache's [slots, H, D]: the row goes to slot rows[row], and the
-    row's v head is copied beside it (the attention layer's write of fresh keys and values)."""
+    row's v head is copied beside it (the attention layer's write of fresh keys and values).
+    NSEG > 0: x (and v) are their product's segment sums (`stride_s` apart), added where read."""
     pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     row, head = pid // H, pid % H
     o = tl.arange(0, D)
     base = x_ptr + row * stride_row + head * stride_head
-    x = tl.load(base + o).to(tl.float32)
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    x = _read(base, 0, o, True, stride_s, 0, NSEG, OUT).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     normed = (
         (x * r * (offset + tl.load(w_ptr + o).to(tl.float32)))
@@ -152,7 +156,7 @@ def _norm_rope_kernel(
     half: tl.constexpr = ROT // 2
     partner = tl.where(o < half, o + half, o - half)
     in_rot = o < ROT
-    xp = tl.load(base + partner, mask=in_rot, other=0.0).to(tl.float32)
+    xp = _read(base, 0, partner, in_rot, stride_s, 0, NSEG, OUT).to(tl.float32)
     wp = tl.load(w_ptr + partner, mask=in_rot, other=0.0).to(tl.float32)
     np_ = (xp * r * (offset + wp)).to(y_ptr.dtype.element_ty).to(tl.float32)
     rotated = tl.where(o < half, -np_, np_)
@@ -162,21 +166,38 @@ def _norm_rope_kernel(
     dest = row
     if CACHE:
         dest = tl.load(rows_ptr + row).to(tl.int64)
-        v = tl.load(v_ptr + row * stride_vrow + head * D + o)
+        v = _read(v_ptr + row * stride_vrow + head * D, 0, o, True, stride_s, 0, NSEG, OUT)
         tl.store(vout_ptr + (dest * H + head) * D + o, v.to(vout_ptr.dtype.element_ty))
     tl.store(y_ptr + (dest * H + head) * D + o, out.to(y_ptr.dtype.element_ty))
 
 
-def _rope_launch(x, weight, eps, offset, cos, sin, y, rows: int, **cache):
+def _heads(x: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int]:
+    """(x [N, H, D] as the kernel reads it, its segments, their stride): a Partial's segment 0
+    view carries the rows' and heads' strides; each head's D values must be contiguous."""
+    if isinstance(x, Partial):
+        sums = x.sums if x.sums.stride(-1) == 1 else x.sums.contiguous()
+        return sums[0], sums.shape[0], sums.stride(0)
+    return (x if x.stride(2) == 1 else x.contiguous()), 0, 0
+
+
+def _stored(x: torch.Tensor | Partial) -> torch.Tensor:
+    """x as its product's own sum launch stores it (a Partial's segments added in order)."""
+    if not isinstance(x, Partial):
+        return x
+    sums = x.sums.reshape(x.sums.shape[0], x.shape[0], -1).contiguous()
+    return _sum(sums, sums.new_empty(sums.shape[1:], dtype=x.dtype)).view(x.shape)
+
+
+def _rope_launch(x, weight, eps, offset, cos, sin, y, rows: int, nseg: int, **cache):
     _norm_rope_kernel[(rows * x.shape[1],)](
         x, weight, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1), H=x.shape[1],
-        D=x.shape[2], ROT=cos.shape[-1], eps=eps, offset=offset, num_warps=4, **cache,
+        D=x.shape[2], ROT=cos.shape[-1], eps=eps, offset=offset, NSEG=nseg, num_warps=4, **cache,
         **pdl(x.device),
     )  # fmt: skip
 
 
 def norm_rope(
-    x: torch.Tensor,
+    x: torch.Tensor | Partial,
     weight: torch.Tensor,
     eps: float,
     offset: float,
@@ -184,16 +205,15 @@ def norm_rope(
     sin: torch.Tensor,
 ) -> torch.Tensor:
     """apply_rope(rms_norm(x)) for x [N, H, D] (any row and head strides): the per-head q/k norm and
-    the rotary embedding in one pass. cos/sin [N, ROT] fp32."""
-    n, h, d = x.shape
+    the rotary embedding in one pass. cos/sin [N, ROT] fp32. x may be its product's Partial."""
+    (n, h, d), dtype = x.shape, x.dtype
     if d & (d - 1):  # the kernel holds a head as one power-of-two block
         from ..rope import apply_rope
 
-        return apply_rope(rms_norm(x, weight, eps, offset), cos, sin)
-    if x.stride(2) != 1:
-        x = x.contiguous()
-    y = torch.empty((n, h, d), dtype=x.dtype, device=x.device)
-    _rope_launch(x, weight, eps, offset, cos, sin, y, n)
+        return apply_rope(rms_norm(_stored(x), weight, eps, offset), cos, sin)
+    x, nseg, stride_s = _heads(x)
+    y = torch.empty((n, h, d), dtype=dtype, device=x.device)
+    _rope_launch(x, weight, eps, offset, cos, sin, y, n, nseg, stride_s=stride_s)
     return y
 
 
@@ -205,8 +225,8 @@ def keys_cacheable(k: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor]) -
 
 
 def norm_rope_cached(
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | Partial,
+    v: torch.Tensor | Partial,
     weight: torch.Tensor,
     eps: float,
     offset: float,
@@ -216,9 +236,26 @@ def norm_rope_cached(
     rows: torch.Tensor,
 ) -> None:
     """caches[0][rows] = norm_rope(k), caches[1][rows] = v for k, v [N, H, D] (`keys_cacheable`
-    caches): one launch, the keys' bits those of `norm_rope`."""
+    caches): one launch, the keys' bits those of `norm_rope`. k and v may be column ranges of one
+    product's Partial (else each is summed first)."""
     d = k.shape[-1]
-    k = k if k.stride(2) == 1 else k.contiguous()
-    v = v if v.stride(2) == 1 and v.stride(1) == d else v.contiguous()
+    if not _one_partial(k, v, d):
+        k, v = _stored(k), _stored(v)
+    k, nseg, stride_s = _heads(k)
+    v = _heads(v)[0]
+    if v.stride(1) != d:  # a stored v only (`_one_partial` checked a Partial's)
+        v = v.contiguous()
     cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=caches[1], stride_vrow=v.stride(0), CACHE=True)
-    _rope_launch(k, weight, eps, offset, cos, sin, caches[0], rows.shape[0], **cache)
+    _rope_launch(k, weight, eps, offset, cos, sin, caches[0], rows.shape[0], nseg, **cache,
+                 stride_s=stride_s)  # fmt: skip
+
+
+def _one_partial(k, v, d: int) -> bool:
+    """Whether the keys' kernel reads k and v as they are: both stored, or both of one plan's
+    sums with one segment stride and v's heads D apart."""
+    if not (isinstance(k, Partial) or isinstance(v, Partial)):
+        return True
+    if not (isinstance(k, Partial) and isinstance(v, Partial)):
+        return False
+    ks, vs = k.sums, v.sums
+    return ks.shape[0] == vs.shape[0] and ks.stride(0) == vs.stride(0) and vs.stride(2) == d
