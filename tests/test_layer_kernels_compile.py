@@ -111,6 +111,18 @@ def test_the_key_norm_compiles_for_hopper_with_and_without_the_kv_write(nseg):
         assert _key_norm_ptx(True).count("ld.global") < cached.count("ld.global")
 
 
+@pytest.mark.parametrize("nseg", [0, 3])
+def test_the_q_and_k_norms_compile_for_hopper_in_one_launch(nseg):
+    read = "*fp32" if nseg else "*bf16"
+    pointers = dict(q_ptr=read, k_ptr=read, v_ptr=read, rows_ptr="*i64", eps="fp32", offset="fp32")
+    pointers.update({a: "*fp32" for a in ("wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr")})
+    pointers.update({a: "*bf16" for a in ("yq_ptr", "kc_ptr", "vc_ptr")})
+    consts = dict(HQ=16, HKV=4, D=256, ROT=64, NSEG=nseg)
+    one = _ptx(norm._qk_rope_kernel, pointers, consts)
+    assert_waits_first(one)
+    assert one.count("st.global") > _key_norm_ptx(True, nseg).count("st.global")
+
+
 @pytest.mark.parametrize("gseg", [0, 3])
 @pytest.mark.parametrize("kernel", ["_serial_kernel", "_split_kernel", "_fold_kernel"])
 def test_the_attention_compiles_for_hopper_its_gate_stored_or_summed(kernel, gseg):

@@ -2,7 +2,8 @@
 fp32 sums (a Partial) and added where each part is read. A GDN layer's in-projection: by the conv
 (both launch forms, its kept rows included), the gates' kernel, the recurrence computing its
 gates, and the gated norm. An attention layer's q (with its output gate), k and v: by the q norm,
-the keys' norm with its KV write, and the attention's gate (both plans, the fold's too). An MoE
+the keys' norm with its KV write (apart, and both in one launch), and the attention's gate (both
+plans, the fold's too). An MoE
 block's router and shared gate: by the routing and the weighted sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
 so that its segments' order shows ((2^24 + 1) + 1 - 2^24 is 0 in order, 2 reversed). fp16, as
 the interpreter has no bf16."""
@@ -111,10 +112,10 @@ def router() -> None:
 
 def attention_reads() -> None:
     """q_proj's [query | gate] a head, k and v as one product's sums, read as the layer reads them:
-    40 rows at positions 260-299, over two super-blocks of keys (the split plan then folds)."""
-    n, hq, hkv, d = 40, 8, 2, 32
+    24 rows at positions 276-299, over two super-blocks of keys (the split plan then folds)."""
+    n, hq, hkv, d = 24, 8, 2, 32
     kc, vc = torch.randn(364, hkv, d).half(), torch.randn(364, hkv, d).half()
-    tiles = AttentionTiles.build((Segment(0, 260, 0, n, torch.randperm(364)[:300]),), "cpu")
+    tiles = AttentionTiles.build((Segment(0, 276, 0, n, torch.randperm(364)[:300]),), "cpu")
     widths = [hq * 2 * d, hkv * d, hkv * d]
     kept = crafted(n, widths)
     for head in range(hq):  # each head's first gate column crafted too
@@ -132,13 +133,24 @@ def attention_reads() -> None:
         got = attention.paged_attention(want, kc, vc, tiles, d**-0.5, gate=got_g, plan=plan)
         assert torch.equal(got, expect), plan
     rows = torch.randperm(64)[:n]
-    caches = [tuple(torch.zeros(64, hkv, d).half() for _ in "kv") for _ in "12"]
+    caches = [tuple(torch.zeros(64, hkv, d).half() for _ in "kv") for _ in "1234"]
     k, v = (t.view(n, hkv, d) for t in stored[1:])
     norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, caches[0], rows)
+    assert torch.equal(caches[0][1][rows], stored[2].view(n, hkv, d))  # the values, copied
+    wk = torch.rand(d) + 0.5
+    norm.norm_rope_cached(k, v, wk, 1e-6, 1.0, cos, sin, caches[2], rows)
+    # the q and k norms in one launch: q and the caches as the two launches leave them
+    assert norm.qk_fusable(want_q, k, v, caches[3])
+    fused = norm.qk_norm_rope(want_q, k, v, (w, wk), 1e-6, 1.0, cos, sin, caches[3], rows)
+    assert torch.equal(fused, want) and all(map(torch.equal, caches[3], caches[2]))
     k, v = (t.view(n, hkv, d) for t in parts[1:])
     norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, caches[1], rows)
     assert all(map(torch.equal, caches[0], caches[1]))
-    assert torch.equal(caches[0][1][rows], stored[2].view(n, hkv, d))  # the values, copied
+    caches[3][0].zero_(), caches[3][1].zero_()
+    assert norm.qk_fusable(got_q, k, v, caches[3])
+    fused = dispatch.qk_norm_rope(got_q, k, v, (w, wk), 1e-6, 1.0, (cos, sin), caches[3], rows)
+    assert torch.equal(fused, want) and all(map(torch.equal, caches[3], caches[2]))
+    assert not norm.qk_fusable(got_q, *(t.view(n, hkv, d) for t in stored[1:]), caches[3])
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 (checks/registry.py runs them): the residual add + norm and silu · up; a GDN layer's
 in-projection read by the conv, the gates, the recurrence and the gated norm; an attention
 layer's q (and output gate), k and v read by the q norm, the keys' norm with its KV write and
-the attention; an MoE block's router and shared gate read by the routing and the weighted sum. Each must give the
+the attention; an MoE block's router and shared gate read by the routing and the weighted sum (and the q and k norms in one
+launch against two). Each must give the
 bits of the product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with planted
 faults the check must catch (the segments added in reverse; the total left unrounded)."""
 
@@ -174,7 +175,22 @@ def check_attention_reads(reads, small: bool) -> list[str]:
             norm.norm_rope_cached(k, v, w, 1e-6, 1.0, cos, sin, cache, kv_rows)
         if not all(map(torch.equal, *caches)):
             bad.append(f"the keys and values written from the sums differ at {rows} rows")
+        bad += _qk_one_launch(q_sums, got, caches[0], w, (cos, sin), kv_rows, normed, rows)
     return bad
+
+
+def _qk_one_launch(q, parts, keys, w, rope, kv_rows, want, rows: int) -> list[str]:
+    """The q and k norms in one launch (read from the sums) against the two launches: q's bits
+    and the caches' (both norms' weights w here: the keys' launch above used w)."""
+    rows_, hkv, d = kv_rows.shape[0], keys[0].shape[1], keys[0].shape[2]
+    k, v = (t.view(rows_, hkv, d) for t in parts[1:])
+    cache = [torch.zeros_like(c) for c in keys]
+    if not norm.qk_fusable(q, k, v, cache):
+        return [f"q, k and v of one product's sums not taken by the one launch at {rows} rows"]
+    got = norm.qk_norm_rope(q, k, v, (w, w), 1e-6, 1.0, *rope, cache, kv_rows)
+    if not (torch.equal(got, want) and all(map(torch.equal, cache, keys))):
+        return [f"the q and k norms in one launch differ from two at {rows} rows"]
+    return []
 
 
 def check_readers(reads, small: bool) -> list[str]:
@@ -208,7 +224,8 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [
         READS,
         "the product's _sum_segments, then the op",
         "GDN in-projection: conv (both forms), gates, recurrence, gated norm; attention q, gate, "
-        "k, v: q norm, keys' norm + KV write, attention (both plans); MoE router and shared "
+        "k, v: q norm, keys' norm + KV write, both in one launch, attention (both plans); MoE "
+        "router and shared "
         "gate: routing, weighted sum; 1/7/40-64 rows",
         "bitwise",
         check_readers,

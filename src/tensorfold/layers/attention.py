@@ -44,9 +44,10 @@ class GatedAttention:
         q_out, k_out, v_out = self.qkv(x, partial=True)
         # Per head, the first D channels of q_proj are the query, the next D the output gate.
         q, gate = q_out.view(n, self.num_heads, 2 * d).split([d, d], dim=-1)
-        q = self.q_norm.with_rope(q, rope)
         k, v = (t.view(n, self.num_kv_heads, d) for t in (k_out, v_out))
-        # Written before read: cached and fresh keys take the same path.
-        self.k_norm.keys_into(k, v, rope, (k_cache, v_cache), batch.kv_write)
+        # The keys written before read: cached and fresh keys take the same path.
+        q = self.q_norm.with_rope_and_keys(
+            q, self.k_norm, k, v, rope, (k_cache, v_cache), batch.kv_write
+        )
         out = op.gated_attention(q, k_cache, v_cache, batch, self.scale, gate=gate)
         return self.o_proj(out, partial)  # partial: for the residual add after it

@@ -21,6 +21,17 @@ class RMSNorm:
         """The per-head q/k norm followed by the rotary embedding."""
         return op.norm_rope(x, self.weight, self.eps, self.offset, rope)
 
+    def with_rope_and_keys(
+        self, q, keys: RMSNorm, k, v, rope, caches: tuple, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """`with_rope(q)`, and `keys.keys_into(k, v, ...)`: one launch on a GPU where both norms
+        share eps and offset (each head's bits those of the two calls)."""
+        if (self.eps, self.offset) != (keys.eps, keys.offset):
+            keys.keys_into(k, v, rope, caches, rows)
+            return self.with_rope(q, rope)
+        weights = (self.weight, keys.weight)
+        return op.qk_norm_rope(q, k, v, weights, self.eps, self.offset, rope, caches, rows)
+
     def keys_into(self, k, v, rope, caches: tuple, rows: torch.Tensor) -> None:
         """The keys through `with_rope` and the values, written to the KV rows `rows`."""
         op.norm_rope_cached(k, v, self.weight, self.eps, self.offset, rope, caches, rows)

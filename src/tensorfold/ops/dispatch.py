@@ -135,6 +135,29 @@ def norm_rope(
     return apply_rope(ref_norm.rms_norm(x, weight, eps, offset), *rope)
 
 
+def qk_norm_rope(
+    q: torch.Tensor | Partial,
+    k: torch.Tensor | Partial,
+    v: torch.Tensor | Partial,
+    weights: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    offset: float,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    caches: tuple[torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """`norm_rope(q)` (q's norm weight first in `weights`) returned and `norm_rope_cached(k, v)`
+    (the keys' second) written; on the GPU in one launch where the inputs allow it."""
+    if _on_gpu(q):
+        from .triton import norm
+
+        if norm.qk_fusable(q, k, v, caches):
+            return norm.qk_norm_rope(q, k, v, weights, eps, offset, *rope, caches, rows)
+    out = norm_rope(q, weights[0], eps, offset, rope)
+    norm_rope_cached(k, v, weights[1], eps, offset, rope, caches, rows)
+    return out
+
+
 def norm_rope_cached(
     k: torch.Tensor | Partial,
     v: torch.Tensor | Partial,

@@ -141,7 +141,46 @@ def _norm_rope_kernel(
     NSEG > 0: x (and v) are their product's segment sums (`stride_s` apart), added where read."""
     pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
-    row, head = pid // H, pid % H
+    _norm_rope_head(
+        x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, pid // H, pid % H, stride_row, stride_head, H, D,
+        ROT, eps, offset, rows_ptr, v_ptr, vout_ptr, stride_vrow, stride_s, CACHE, NSEG,
+    )  # fmt: skip
+
+
+@triton.jit
+def _qk_rope_kernel(
+    q_ptr, wq_ptr, yq_ptr, stride_qrow, stride_qhead, k_ptr, wk_ptr, kc_ptr, stride_krow,
+    stride_khead, rows_ptr, v_ptr, vc_ptr, stride_vrow, cos_ptr, sin_ptr, eps, offset, stride_s,
+    QN, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
+    NSEG: tl.constexpr = 0, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """The q norm + rotary of QN = rows · HQ heads, then the keys' (written to their KV rows
+    with the values), one program a head in one launch: each program runs the same head body
+    as `_norm_rope_kernel` does for q or for the keys alone."""
+    pdl_start(PDL)
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < QN:
+        _norm_rope_head(
+            q_ptr, wq_ptr, cos_ptr, sin_ptr, yq_ptr, pid // HQ, pid % HQ, stride_qrow,
+            stride_qhead, HQ, D, ROT, eps, offset, None, None, None, 0, stride_s, False, NSEG,
+        )  # fmt: skip
+    else:
+        pid -= QN
+        _norm_rope_head(
+            k_ptr, wk_ptr, cos_ptr, sin_ptr, kc_ptr, pid // HKV, pid % HKV, stride_krow,
+            stride_khead, HKV, D, ROT, eps, offset, rows_ptr, v_ptr, vc_ptr, stride_vrow,
+            stride_s, True, NSEG,
+        )  # fmt: skip
+
+
+@triton.jit
+def _norm_rope_head(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, row, head, stride_row, stride_head, H: tl.constexpr,
+    D: tl.constexpr, ROT: tl.constexpr, eps, offset, rows_ptr, v_ptr, vout_ptr, stride_vrow,
+    stride_s, CACHE: tl.constexpr, NSEG: tl.constexpr,
+):  # fmt: skip
+    """One head of one row: rms norm, rotate-half, stored (CACHE: at its KV row, its v head
+    copied beside it)."""
     o = tl.arange(0, D)
     base = x_ptr + row * stride_row + head * stride_head
     OUT: tl.constexpr = y_ptr.dtype.element_ty
@@ -242,12 +281,57 @@ def norm_rope_cached(
     if not _one_partial(k, v, d):
         k, v = _stored(k), _stored(v)
     k, nseg, stride_s = _heads(k)
-    v = _heads(v)[0]
-    if v.stride(1) != d:  # a stored v only (`_one_partial` checked a Partial's)
-        v = v.contiguous()
+    v = _values(v, d)
     cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=caches[1], stride_vrow=v.stride(0), CACHE=True)
     _rope_launch(k, weight, eps, offset, cos, sin, caches[0], rows.shape[0], nseg, **cache,
                  stride_s=stride_s)  # fmt: skip
+
+
+def qk_norm_rope(
+    q: torch.Tensor | Partial,
+    k: torch.Tensor | Partial,
+    v: torch.Tensor | Partial,
+    weights: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    offset: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """norm_rope(q) returned and norm_rope_cached(k, v) written in one launch (`qk_fusable`
+    inputs): each head runs the body either launch runs, so its bits are theirs."""
+    (n, hq, d), hkv, dtype = q.shape, k.shape[1], q.dtype
+    q, nseg, stride_s = _heads(q)
+    k, v = _heads(k)[0], _values(v, d)
+    out = torch.empty((n, hq, d), dtype=dtype, device=q.device)
+    nk = rows.shape[0]
+    _qk_rope_kernel[(n * hq + nk * hkv,)](
+        q, weights[0], out, q.stride(0), q.stride(1), k, weights[1], caches[0], k.stride(0),
+        k.stride(1), rows, v, caches[1], v.stride(0), cos.contiguous(), sin.contiguous(), eps,
+        offset, stride_s, n * hq, HQ=hq, HKV=hkv, D=d, ROT=cos.shape[-1], NSEG=nseg,
+        num_warps=4, **pdl(q.device),
+    )  # fmt: skip
+    return out
+
+
+def qk_fusable(q, k, v, caches: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Whether `qk_norm_rope` takes these: heads of one width the caches take (`keys_cacheable`),
+    and q, k and v all stored or all of one product's sums (one segment count and stride)."""
+    d = q.shape[-1]
+    if k.shape[-1] != d or not keys_cacheable(k, caches) or not _one_partial(k, v, d):
+        return False
+    if isinstance(q, Partial) != isinstance(k, Partial):
+        return False
+    return not isinstance(q, Partial) or (
+        q.sums.shape[0] == k.sums.shape[0] and q.sums.stride(0) == k.sums.stride(0)
+    )
+
+
+def _values(v: torch.Tensor | Partial, d: int) -> torch.Tensor:
+    """v as the keys' launch copies it: heads d apart (a Partial's, `_one_partial` checked)."""
+    v = _heads(v)[0]
+    return v if v.stride(1) == d else v.contiguous()
 
 
 def _one_partial(k, v, d: int) -> bool:
