@@ -10,7 +10,7 @@
 # phases, in the order given: registry, norms (the residual add + norm's launch by warp count,
 # norm_warps.py), tests, lanes, pdl (the sweep with dependent launch on and off; moe: the same
 # at the 35B-A3B shape; probe: pdl_probe.py, its capture, upload and tile book costs), profile,
-# drafting (default: all but pdl, moe and probe).
+# drafting, moetests (tests/test_gpu_moe.py) (default: all but pdl, moe, probe and moetests).
 # Settings: MODELS (default 4bit), LANES (default 1,16,64).
 set -u
 OUT=${1:?usage: launches.sh OUT [phases]}
@@ -46,5 +46,6 @@ for p in $PHASES; do
         profile)  TAIL=40 phase profile 200 $py benchmarks/profile_decode.py --out /tmp/prof \
                       --in-memory --models "${MODELS:-4bit}" --lanes 1 ;;
         drafting) phase drafting 300 $py -m pytest -q -x tests/test_gpu_drafting.py ;;
+        moetests) phase moe-tests 300 $py -m pytest -q -x tests/test_gpu_moe.py ;;
     esac
 done
