@@ -3,8 +3,8 @@ fp32 sums (a Partial) and added where each part is read. A GDN layer's in-projec
 (both launch forms, its kept rows included), the gates' kernel, the recurrence computing its
 gates, and the gated norm. An attention layer's q (with its output gate), k and v: by the q norm,
 the keys' norm with its KV write (apart, and both in one launch), and the attention's gate (both
-plans, the fold's too). An MoE
-block's router and shared gate: by the routing and the weighted sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
+plans, the fold's too). An MoE block's router and shared gate: by the routing and the weighted
+sum. Each gives the bytes it gives on the product's own sum. One column of every part is crafted
 so that its segments' order shows ((2^24 + 1) + 1 - 2^24 is 0 in order, 2 reversed). fp16, as
 the interpreter has no bf16."""
 
