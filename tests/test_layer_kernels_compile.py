@@ -1,8 +1,9 @@
 """CPU: the layers' fused kernels compile for Hopper in every form a pass runs (tests/hopper.py):
 the GDN conv in one launch and in two, the recurrence with its gates given and computed inside,
 the gates' kernel and the gated norm (each reading the in-projection stored or as its segments'
-sums), the MoE routing and weighted sum (the router's output likewise), and the key norm + rotary with and without the KV rows' write. Their bits are checked under
-Triton's interpreter and on the card."""
+sums), the MoE routing and weighted sum (the router's output likewise), the key norm + rotary
+with and without the KV rows' write, the q and k norms in one launch, and the attention with its
+gate stored or summed. Their bits are checked under Triton's interpreter and on the card."""
 
 import pytest
 

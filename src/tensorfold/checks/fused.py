@@ -2,10 +2,10 @@
 (checks/registry.py runs them): the residual add + norm and silu · up; a GDN layer's
 in-projection read by the conv, the gates, the recurrence and the gated norm; an attention
 layer's q (and output gate), k and v read by the q norm, the keys' norm with its KV write and
-the attention; an MoE block's router and shared gate read by the routing and the weighted sum (and the q and k norms in one
-launch against two). Each must give the
-bits of the product's own sum launch followed by the plain op, at 1, 7 and 64 rows, with planted
-faults the check must catch (the segments added in reverse; the total left unrounded)."""
+the attention (and the q and k norms in one launch against two); an MoE block's router and
+shared gate read by the routing and the weighted sum. Each must give the bits of the product's
+own sum launch followed by the plain op, at 1, 7 and 40 or 64 rows, with planted faults the
+check must catch (the segments added in reverse; the total left unrounded)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from ..ops.triton import attention, conv, gates, linear, moe_rows, norm
 from ..ops.triton.gated_delta import gated_delta_lanes
 
 
-def _partial(rows: int, width: int) -> Partial:
-    """Random segment sums [4, rows, 2·width] whose first gate and up columns show the order
+def _crafted(rows: int, widths: list[int]) -> Partial:
+    """Random segment sums [4, rows, Σ widths] whose first column of every part shows the order
     at any width: (2^24 + 1) + 1 - 2^24 is 0 in order and 2 reversed."""
-    sums = torch.randn(4, rows, 2 * width, device="cuda") * 0.3
+    sums = torch.randn(4, rows, sum(widths), device="cuda") * 0.3
     order = torch.tensor([2.0**24, 1.0, 1.0, -(2.0**24)], device="cuda")[:, None]
-    sums[:, :, 0] = sums[:, :, width] = order
+    for start in (sum(widths[:i]) for i in range(len(widths))):
+        sums[:, :, start] = order
     return Partial(sums, torch.bfloat16)
 
 
@@ -37,9 +38,8 @@ def check_fused_sums(impl, small: bool) -> list[str]:
     width, bad = (512 if small else 4096), []
     weight = torch.randn(width, device="cuda") * 0.1
     for rows in (1, 7, 64):
-        kept = _partial(rows, width)
-        sums = kept.sums.contiguous()
-        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        kept = _crafted(rows, [width, width])
+        stored = linear.stored(kept)  # the product's own sum launch
         gate, up = kept.split([width, width])
         h = torch.randn(rows, width, device="cuda").to(torch.bfloat16)
         want = norm.add_rms_norm(h, stored[:, :width], weight, 1e-6, 1.0)
@@ -50,16 +50,6 @@ def check_fused_sums(impl, small: bool) -> list[str]:
         ):
             bad.append(f"silu · up of a partial at {rows} rows differs from the summed product")
     return bad
-
-
-def _crafted(rows: int, widths: list[int]) -> Partial:
-    """Random segment sums [4, rows, Σ widths], the first column of every part crafted as in
-    `_partial` (the order shows)."""
-    sums = torch.randn(4, rows, sum(widths), device="cuda") * 0.3
-    order = torch.tensor([2.0**24, 1.0, 1.0, -(2.0**24)], device="cuda")[:, None]
-    for start in (sum(widths[:i]) for i in range(len(widths))):
-        sums[:, :, start] = order
-    return Partial(sums, torch.bfloat16)
 
 
 def _lanes(rows: int):
@@ -83,8 +73,7 @@ def check_in_projection(reads, small: bool) -> list[str]:
     bad = []
     for rows in (1, 7, 64):
         kept = _crafted(rows, widths)
-        sums = kept.sums.contiguous()
-        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        stored = linear.stored(kept)  # the product's own sum launch
         parts, want = reads(kept).split(widths), stored.split(widths, dim=-1)
         lanes = _lanes(rows)
         index = (lanes.slots, lanes.conv_taps, lanes.conv_keep, None)
@@ -121,8 +110,7 @@ def check_router(reads, small: bool) -> list[str]:
     bad = []
     for rows in (1, 7, 64):
         kept = _crafted(rows, [experts, 1])
-        sums = kept.sums.contiguous()
-        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        stored = linear.stored(kept)  # the product's own sum launch
         logits, logit = reads(kept).split([experts, 1])
         want, got = moe_rows.route(stored[:, :experts], k), moe_rows.route(logits, k)
         if not (torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)):
@@ -151,8 +139,7 @@ def check_attention_reads(reads, small: bool) -> list[str]:
         kept = _crafted(rows, widths)
         for head in range(hq):  # each head's first gate column crafted too
             kept.sums[:, :, head * 2 * d + d] = kept.sums[:, :, 0]
-        sums = kept.sums.contiguous()
-        stored = linear._sum(sums, sums.new_empty(kept.shape, dtype=torch.bfloat16))
+        stored = linear.stored(kept)  # the product's own sum launch
         want, got = stored.split(widths, dim=-1), reads(kept).split(widths)
         (q, gate), (q_sums, gate_sums) = (
             t[0].view(rows, hq, 2 * d).split([d, d], dim=-1) for t in (want, got)

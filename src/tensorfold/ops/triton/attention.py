@@ -335,8 +335,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [N, Hq, D] (all rows of the pass), caches [S, Hkv, D]; returns [N, Hq, D], times
     sigmoid(gate [N, Hq, D], any row and head strides, or its product's Partial, added here) when
-    a gate is given (`zeroed`: rows in no tile are zeros). `plan` forces 'serial' or 'split' (checks only); `fault` is a planted
-    fault (the registry's controls)."""
+    a gate is given (`zeroed`: rows in no tile are zeros). `plan` forces 'serial' or 'split'
+    (checks only); `fault` is a planted fault (the registry's controls)."""
     n, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv

@@ -318,6 +318,15 @@ def _sum(partial: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return y
 
 
+def stored(y: torch.Tensor | Partial) -> torch.Tensor:
+    """A product's output as its own sum launch stores it: a Partial's segments added in order
+    (any view of its rows: [NSEG, M, ...] summed as [NSEG, M, N]); a tensor as it is."""
+    if not isinstance(y, Partial):
+        return y
+    sums = y.sums.reshape(y.sums.shape[0], y.shape[0], -1).contiguous()
+    return _sum(sums, sums.new_empty(sums.shape[1:], dtype=y.dtype)).view(y.shape)
+
+
 def dense_matmul(
     x: torch.Tensor,
     w: torch.Tensor,

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ..linear import Partial
 from .launch import pdl, pdl_start
-from .linear import _sum
+from .linear import stored
 from .segments import _read, _segment_total, operand
 
 
@@ -219,14 +219,6 @@ def _heads(x: torch.Tensor | Partial) -> tuple[torch.Tensor, int, int]:
     return (x if x.stride(2) == 1 else x.contiguous()), 0, 0
 
 
-def _stored(x: torch.Tensor | Partial) -> torch.Tensor:
-    """x as its product's own sum launch stores it (a Partial's segments added in order)."""
-    if not isinstance(x, Partial):
-        return x
-    sums = x.sums.reshape(x.sums.shape[0], x.shape[0], -1).contiguous()
-    return _sum(sums, sums.new_empty(sums.shape[1:], dtype=x.dtype)).view(x.shape)
-
-
 def _rope_launch(x, weight, eps, offset, cos, sin, y, rows: int, nseg: int, **cache):
     _norm_rope_kernel[(rows * x.shape[1],)](
         x, weight, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1), H=x.shape[1],
@@ -249,7 +241,7 @@ def norm_rope(
     if d & (d - 1):  # the kernel holds a head as one power-of-two block
         from ..rope import apply_rope
 
-        return apply_rope(rms_norm(_stored(x), weight, eps, offset), cos, sin)
+        return apply_rope(rms_norm(stored(x), weight, eps, offset), cos, sin)
     x, nseg, stride_s = _heads(x)
     y = torch.empty((n, h, d), dtype=dtype, device=x.device)
     _rope_launch(x, weight, eps, offset, cos, sin, y, n, nseg, stride_s=stride_s)
@@ -279,7 +271,7 @@ def norm_rope_cached(
     product's Partial (else each is summed first)."""
     d = k.shape[-1]
     if not _one_partial(k, v, d):
-        k, v = _stored(k), _stored(v)
+        k, v = stored(k), stored(v)
     k, nseg, stride_s = _heads(k)
     v = _values(v, d)
     cache = dict(rows_ptr=rows, v_ptr=v, vout_ptr=caches[1], stride_vrow=v.stride(0), CACHE=True)
@@ -319,13 +311,8 @@ def qk_fusable(q, k, v, caches: tuple[torch.Tensor, torch.Tensor]) -> bool:
     """Whether `qk_norm_rope` takes these: heads of one width the caches take (`keys_cacheable`),
     and q, k and v all stored or all of one product's sums (one segment count and stride)."""
     d = q.shape[-1]
-    if k.shape[-1] != d or not keys_cacheable(k, caches) or not _one_partial(k, v, d):
-        return False
-    if isinstance(q, Partial) != isinstance(k, Partial):
-        return False
-    return not isinstance(q, Partial) or (
-        q.sums.shape[0] == k.sums.shape[0] and q.sums.stride(0) == k.sums.stride(0)
-    )
+    same = k.shape[-1] == d and _one_partial(q, k, d) and _one_partial(k, v, d)
+    return same and keys_cacheable(k, caches)
 
 
 def _values(v: torch.Tensor | Partial, d: int) -> torch.Tensor:
@@ -334,12 +321,12 @@ def _values(v: torch.Tensor | Partial, d: int) -> torch.Tensor:
     return v if v.stride(1) == d else v.contiguous()
 
 
-def _one_partial(k, v, d: int) -> bool:
-    """Whether the keys' kernel reads k and v as they are: both stored, or both of one plan's
-    sums with one segment stride and v's heads D apart."""
-    if not (isinstance(k, Partial) or isinstance(v, Partial)):
+def _one_partial(x, y, d: int) -> bool:
+    """Whether one launch reads x and y [N, H, d] as they are: both stored, or both of one
+    plan's sums with one segment stride and y's heads d apart."""
+    if not (isinstance(x, Partial) or isinstance(y, Partial)):
         return True
-    if not (isinstance(k, Partial) and isinstance(v, Partial)):
+    if not (isinstance(x, Partial) and isinstance(y, Partial)):
         return False
-    ks, vs = k.sums, v.sums
-    return ks.shape[0] == vs.shape[0] and ks.stride(0) == vs.stride(0) and vs.stride(2) == d
+    xs, ys = x.sums, y.sums
+    return xs.shape[0] == ys.shape[0] and xs.stride(0) == ys.stride(0) and ys.stride(2) == d
