@@ -27,10 +27,15 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 VOCAB = 248320
 
 
-def test_kernel_registry_and_controls():
+from tensorfold.checks.registry import names as registry_names  # noqa: E402
+
+
+@pytest.mark.parametrize("kernel", registry_names())
+def test_kernel_registry_and_controls(kernel):
+    """Each kernel apart (the whole registry runs for minutes): its checks and its controls."""
     from tensorfold.checks.registry import run_all
 
-    lines, ok = run_all(small=False)
+    lines, ok = run_all(small=False, only=kernel, exact=True)
     print("\n".join(lines))
     assert ok, "\n".join(lines)
 

@@ -386,12 +386,24 @@ def _checked(check, impl, small: bool) -> list[str]:
         return [f"raised {type(e).__name__}: {str(e)[:160]}"]
 
 
-def run_all(small: bool = False, echo: bool = False, only: str = "") -> tuple[list[str], bool]:
+def names() -> list[str]:
+    """Every kernel's name, in the registry's order."""
+    return [k.name for k in KERNELS]
+
+
+def run_all(
+    small: bool = False, echo: bool = False, only: str = "", exact: bool = False
+) -> tuple[list[str], bool]:
     """Every kernel's check, then every planted control's; `echo` prints each line when known;
-    `only` keeps the kernels whose name starts with it (and their controls)."""
+    `only` keeps the kernels whose name starts with it (`exact`: whose name is it) and their
+    controls."""
     lines, ok = [], True
-    kernels = [k for k in KERNELS if k.name.startswith(only)]
-    controls = [c for c in CONTROLS if c[0].startswith(only)]
+
+    def kept(name: str) -> bool:
+        return name == only if exact else name.startswith(only)
+
+    kernels = [k for k in KERNELS if kept(k.name)]
+    controls = [c for c in CONTROLS if kept(c[0])]
     by_name = {k.name: k for k in kernels}
     for k in kernels:
         torch.manual_seed(0)
