@@ -23,7 +23,7 @@ import torch
 from inexact import make_inexact
 from tqdm import tqdm
 
-from tensorfold.engine.engine import Engine, EngineConfig
+from tensorfold.engine.engine import Engine, EngineConfig, hold_unpacked
 from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
@@ -70,6 +70,7 @@ class Run:
     untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
     overlap: bool | None = None  # the engine's overlapped passes (None: its default)
     own_shared: bool = False  # MoE: the shared expert in launches of its own (not the grouped)
+    unpacked: bool = False  # packed weights held dequantized too (--unpacked-weights)
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -112,6 +113,10 @@ class Run:
             tile_book(model).untried = True
         if self.own_shared:
             model.separate_shared_experts()
+        if self.unpacked:
+            t = time.perf_counter()
+            hold_unpacked(model)
+            print(f"{path.name}: held unpacked in {time.perf_counter() - t:.0f} s", flush=True)
         return model
 
 
@@ -382,6 +387,11 @@ def main() -> None:
         help="no weight files: the random tensors drawn as the loader reads them (the 122B)",
     )
     p.add_argument(
+        "--unpacked-weights",
+        action="store_true",
+        help="packed weights held dequantized too (the same bits; more memory)",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
@@ -411,6 +421,7 @@ def main() -> None:
         untried=args.untried,
         overlap=args.overlap,
         own_shared=args.own_shared,
+        unpacked=args.unpacked_weights,
     )
     out = Path(args.out)
     limits = ceilings()

@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
     p.add_argument("--gdn-form", choices=FORMS, default="recurrence")
+    p.add_argument("--unpacked-weights", action="store_true", help="as h200.py's")
     p.add_argument(
         "--graphed",
         action="store_true",
@@ -126,7 +127,7 @@ def main() -> None:
     )
     args = p.parse_args()
     report = []
-    run = Run(in_memory=args.in_memory, gdn_form=args.gdn_form)
+    run = Run(in_memory=args.in_memory, gdn_form=args.gdn_form, unpacked=args.unpacked_weights)
     for name in args.models.split(","):
         path = run.checkpoint(Path(args.out) / f"{args.shape}-{name}", args.shape, name)
         model = run.load(path)

@@ -91,6 +91,25 @@ def test_decode_equals_prefill_9b(nine_b):
     assert torch.equal(decoded, prefilled)
 
 
+def test_held_weights_equal_packed_9b(nine_b):
+    """--unpacked-weights: prompt chunks past 128 rows and 16 lanes a pass, packed then held."""
+    prompts = [sample_prompt(500 + i, 30 + 97 * i, VOCAB) for i in range(16)]
+
+    def replies():
+        eng = _engine(nine_b, chunk=512)
+        prints = {}
+        reqs = [eng.add_request(p, GREEDY, watch=finish_prints(eng, prints)) for p in prompts]
+        eng.run_until_done()
+        return [(r.output_ids, prints[r.request_id]) for r in reqs]
+
+    packed = replies()
+    nine_b.hold_unpacked()
+    try:
+        assert replies() == packed
+    finally:
+        nine_b.release_unpacked()  # the later tests run the packed products
+
+
 def _finished(eng, ids, params=GREEDY):
     """The request run to its end, and its end-of-reply fingerprint (states, KV rows, logits)."""
     prints = {}

@@ -62,6 +62,16 @@ def main() -> None:
         assert torch.equal(
             linear.affine_matmul(wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles)[0], many[7]
         )
+    held = linear.dequantize(packed.view(torch.int32), s, b, 4, 32, wide.dtype)
+    for m in (40, 80, 300):  # a weight held unpacked: the dequantize-first shape reads it
+        tiles = next(t for t in linear.candidates(m, packed=True) if t.dequant)
+        run = (
+            lambda w: linear.affine_matmul(  # noqa: E731
+                wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles, unpacked=w
+            )[0]
+        )
+        assert torch.equal(run(held), many[7])
+        assert not torch.equal(run(held * 0.5), many[7])  # the held values are what it reads
     q, kc, vc, tiles, ref = super_blocks()
     h = torch.randn(6, 64).half()
     wt = torch.randn(64) * 0.1

@@ -49,6 +49,11 @@ class CacheTooLarge(ConfigError):
     raised before they are allocated."""
 
 
+class UnpackedTooLarge(ConfigError):
+    """--unpacked-weights would hold more dequantized weights than the device has free;
+    raised before any is made."""
+
+
 class CheckpointError(TensorFoldError):
     """The weight files do not match the config; the message names the tensor."""
 

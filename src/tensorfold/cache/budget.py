@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CacheTooLarge
+from ..errors import CacheTooLarge, UnpackedTooLarge
 
 GiB = 1 << 30
 RESERVE = 0.1  # of the device's memory, kept for the passes' working memory and CUDA graphs
@@ -38,4 +38,15 @@ def check_fits(kv_bytes: int, state_bytes: int, parallel: int, context: int, dev
             f"--parallel {parallel} x --context {context} needs {kv_bytes / GiB:.1f} GiB of KV "
             f"cache and {state_bytes / GiB:.1f} GiB of recurrent state, but {device} has "
             f"{max(room, 0) / GiB:.1f} GiB free for them: lower --context or --parallel"
+        )
+
+
+def check_unpacked_fits(need: int, device) -> None:
+    """Raises UnpackedTooLarge when the weights held dequantized (`--unpacked-weights`) would not
+    fit beside what is loaded, before any is made (the caches are checked after them)."""
+    room = free_bytes(torch.device(device))
+    if room is not None and need > room:
+        raise UnpackedTooLarge(
+            f"--unpacked-weights holds {need / GiB:.1f} GiB of dequantized weights, but {device} "
+            f"has {max(room, 0) / GiB:.1f} GiB free: leave it off, or serve the bf16 checkpoint"
         )

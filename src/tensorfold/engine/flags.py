@@ -45,6 +45,13 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
         "of 128, the ones its card checks cover); each keeps every invariant, and each rounds "
         "its own way on a GPU (on the CPU chunk = grid)",
     )
+    p.add_argument(
+        "--unpacked-weights",
+        action="store_true",
+        help="also hold each packed weight dequantized to the model's dtype (about 2 bytes a "
+        "weight more; the same tokens): the products of many rows a pass (prompts, many lanes) "
+        "then skip dequantizing it every pass",
+    )
     add_split_flag(p)
 
 

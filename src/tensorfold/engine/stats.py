@@ -73,6 +73,7 @@ class MemoryReport:
     device_allocated_bytes: int | None  # None off CUDA
     device_peak_bytes: int | None
     ranks: tuple = ()  # a tensor split: every rank's bytes (runner/distributed.py RankMemory)
+    unpacked_bytes: int = 0  # packed weights held dequantized too (--unpacked-weights)
 
 
 def engine_stats(
@@ -126,4 +127,5 @@ def memory_report(
         device_allocated_bytes=torch.cuda.memory_allocated(device) if on_cuda else None,
         device_peak_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
         ranks=ranks,
+        unpacked_bytes=model.unpacked_bytes(),
     )

@@ -141,3 +141,12 @@ def _bounds(ws) -> list[tuple[int, int]]:
         out.append((start, start + w.shape[0]))
         start += w.shape[0]
     return out
+
+
+def product_linears(owner) -> list[Linear]:
+    """The projections of `owner` (a layer's mixer or MLP) that its passes multiply by: a joined
+    product in place of the parts it holds, every other projection as it is."""
+    joined = [v for v in vars(owner).values() if isinstance(v, Joined)]
+    held = {id(j.parts[i]) for j in joined for _, ids in j.products for i in ids}
+    out = [lin for j in joined for lin, _ in j.products]
+    return out + [v for v in vars(owner).values() if isinstance(v, Linear) and id(v) not in held]

@@ -16,7 +16,7 @@ from ..batch import ForwardBatch
 from ..config import ModelConfig
 from ..layers.attention import GatedAttention
 from ..layers.gdn import GatedDeltaNet
-from ..layers.linear import Embedding, Linear
+from ..layers.linear import Embedding, Linear, product_linears
 from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
@@ -147,6 +147,34 @@ class Qwen35Model:
             w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
             for w in weights.values()
         )  # a tied head shares the embedding: counted once
+
+    def product_weights(self) -> list[QuantizedWeight]:
+        """The packed weights the passes multiply by (the head and every layer's projections,
+        joined ones as their products), each once; the MoE's expert stacks are not among them."""
+        owners = [layer.mixer for layer in self.layers] + [layer.mlp for layer in self.layers]
+        owners += [layer.mlp.shared for layer in filter(_moe, self.layers)]
+        lins = [self.lm_head] + [lin for owner in owners for lin in product_linears(owner)]
+        packed = {id(lin.weight): lin.weight for lin in lins}
+        return [w for w in packed.values() if isinstance(w, QuantizedWeight)]
+
+    def unpacked_bytes(self, held: bool = True) -> int:
+        """Bytes of the packed product weights dequantized to the model's dtype: held now, or
+        (`held` False) all of them, as `hold_unpacked` would hold them."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        ws = self.product_weights()
+        return sum(w.unpacked_nbytes if held else w.shape[0] * w.shape[1] * item for w in ws)
+
+    def hold_unpacked(self) -> None:
+        """Holds each packed product weight dequantized too (`--unpacked-weights`): the products
+        that dequantize a whole weight first (many rows a pass) read it instead, the same bits."""
+        for w in self.product_weights():
+            if w.unpacked(self.dtype) is None:
+                w.hold_unpacked(op.unpacked(w, self.dtype))
+
+    def release_unpacked(self) -> None:
+        """Drops the held dequantized weights: the products read the packed ones again."""
+        for w in self.product_weights():
+            w.release_unpacked()
 
     def linears(self):
         """Every projection of the model (the head first), each once, merged ones as their parts."""

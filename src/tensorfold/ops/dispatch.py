@@ -82,8 +82,22 @@ def linear(
 
         return matmul(x, w, book, keep=partial)
     if isinstance(w, QuantizedWeight):
-        return ref_linear.matmul_packed_rows(x, w, tile)
+        held = w.unpacked(x.dtype)
+        if held is None:
+            return ref_linear.matmul_packed_rows(x, w, tile)
+        w = held  # the same values, dequantized once: the same calls and bits
     return ref_linear.matmul_rows(x, w, tile=tile)
+
+
+def unpacked(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The whole weight dequantized to `dtype` as the device's products dequantize it (held by
+    `QuantizedWeight.hold_unpacked` for the products of many rows)."""
+    if w.device.type == "cuda":
+        from .triton.unpack import dequantize
+
+        words = w.packed.view(torch.int32)
+        return dequantize(words, w.scales, w.biases, w.bits, w.group_size, dtype)
+    return w.rows(0, w.shape[0], dtype)
 
 
 def rms_norm(

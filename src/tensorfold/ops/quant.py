@@ -107,6 +107,27 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.packed.device
 
+    def unpacked(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The whole weight dequantized to `dtype`, when it is held so (`hold_unpacked`)."""
+        held = self.__dict__.get("held_unpacked")
+        return held if held is not None and held.dtype == dtype else None
+
+    def hold_unpacked(self, values: torch.Tensor) -> None:
+        """Keeps `values` (this weight's dequantized values, as the products' own dequantization
+        makes them) beside the packed form: products that dequantize the whole weight first
+        read them instead (the same values: the same bits, fewer passes over the weight)."""
+        if tuple(values.shape) != self.shape:
+            raise ValueError(f"unpacked values {tuple(values.shape)} for a weight of {self.shape}")
+        self.__dict__["held_unpacked"] = values
+
+    def release_unpacked(self) -> None:
+        self.__dict__.pop("held_unpacked", None)
+
+    @property
+    def unpacked_nbytes(self) -> int:
+        held = self.__dict__.get("held_unpacked")
+        return 0 if held is None else held.numel() * held.element_size()
+
     @functools.cached_property
     def single_rounding(self) -> bool:
         """Whether bf16x2 dequantization gives this weight's values (see `single_rounding`);

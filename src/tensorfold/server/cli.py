@@ -177,14 +177,16 @@ def _build(args: argparse.Namespace):
         draft_tokens=args.draft_tokens,
         gdn_form=args.gdn_form,
         overlap=args.overlap,
+        unpacked_weights=args.unpacked_weights,
     )
     engine = Engine(model, tokenizer, config)
     memory = engine.memory()
     log.info(
-        "loaded in %.1fs: weights %.1f MiB, KV pool %.1f MiB, state pool %.1f MiB; "
-        "sampling defaults %s",
+        "loaded in %.1fs: weights %.1f MiB (held unpacked too: %.1f MiB), KV pool %.1f MiB, "
+        "state pool %.1f MiB; sampling defaults %s",
         time.monotonic() - start,
         memory.weights_bytes / MIB,
+        memory.unpacked_bytes / MIB,
         memory.kv_pool_bytes / MIB,
         memory.state_pool_bytes / MIB,
         defaults,

@@ -101,6 +101,7 @@ def run_command(args) -> int:
                 draft=args.draft,
                 draft_tokens=args.draft_tokens,
                 gdn_form=args.gdn_form,
+                unpacked_weights=args.unpacked_weights,
             ),
         )
 

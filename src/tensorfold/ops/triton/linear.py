@@ -353,17 +353,21 @@ def affine_matmul(
     tiles: Tiles | None = None,
     single_rounding: bool = False,
     keep: bool = False,
+    unpacked: torch.Tensor | None = None,
 ) -> torch.Tensor | Partial:
     """x [M, K] · dequant(packed [N, K*bits/32], scales/biases [N, K/gs])ᵀ -> [M, N]
     (`single_rounding`: quant.single_rounding holds for the weight, so a shape's bf16x2
     dequantization gives its values; otherwise such a shape runs the fp32 dequantization;
-    `keep`: a split form's segment sums left to their reader, a Partial)."""
+    `keep`: a split form's segment sums left to their reader, a Partial; `unpacked`: the
+    weight's values held dequantized, which the dequantize-first shape reads)."""
     t = tiles or candidates(x.shape[0], packed=True)[0]
     words = packed.view(torch.int32)
     if t.dequant:
         # The same bf16 values (one fma, one rounding) and the same segments (they follow K alone);
         # the K block may differ, which never changes a bit (the registry checks this shape too).
-        w = dequantize(words, scales, biases, bits, group_size, x.dtype)
+        w = unpacked
+        if w is None:
+            w = dequantize(words, scales, biases, bits, group_size, x.dtype)
         return _launch(
             _dense_kernel,
             x,
@@ -447,7 +451,7 @@ def matmul(
             once = t.hfma and _single_rounding(w)
             return affine_matmul(
                 rows, w.packed, w.scales, w.biases, w.bits, w.group_size, plan, tiles=t,
-                single_rounding=once, keep=keep,
+                single_rounding=once, keep=keep, unpacked=w.unpacked(rows.dtype),
             )  # fmt: skip
         return dense_matmul(rows, w, plan, tiles=t, keep=keep)
 
@@ -455,6 +459,8 @@ def matmul(
     if book is None:
         return run_on(x, candidates(m, packed)[0], keep)
     key = (rows_class(m), n, k, *((w.bits, w.group_size) if packed else (str(w.dtype),)))
+    if packed and w.unpacked(x.dtype) is not None:  # its dequantize-first shape costs less
+        key += ("held",)
     timer, rows = None, timing_rows(m)
     fresh = key not in book.chosen and rows != m
     if fresh and x.is_cuda and not torch.cuda.is_current_stream_capturing():

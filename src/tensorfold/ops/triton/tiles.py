@@ -81,6 +81,10 @@ class Tiles:
         return k if plan.segment % k == 0 else plan.block_k
 
 
+# 17-128 packed rows may read the weight dequantized first too: slower than the packed forms
+# when each pass dequantizes it, but a weight held unpacked (`--unpacked-weights`) skips that
+HELD = Tiles(64, 128, 4, 3, dequant=True)
+
 ROW_CLASSES = (1, 16, 32, 64, 128, 256, 512)  # the largest row count of each class but the last
 
 
@@ -122,13 +126,14 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             _middle_packed()
             + [Tiles(64, 128, 8, 3, wide=2, swap=True, whole=True)]
             + _middle_gluon()
+            + [HELD]
             if packed
             else []
         )
     elif m <= SPLIT_MAX_ROWS:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
-        more = _middle_packed() + _pieces() if packed else []
+        more = _middle_packed() + _pieces() + [HELD] if packed else []
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
         # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
@@ -310,12 +315,13 @@ _CLASS_ROWS = {c: top for c, top in enumerate(ROW_CLASSES)} | {len(ROW_CLASSES):
 
 
 def _class_candidates(key: tuple) -> list[Tiles]:
-    """The candidates of a key (rows class, N, K, format...): packed formats are (bits, group)."""
+    """The candidates of a key (rows class, N, K, format...): packed formats are (bits, group),
+    and "held" after them for a weight held unpacked too."""
     if key and key[0] == "moe":  # ("moe", block_m, N, K, format..., part): grouped products
         return grouped_candidates(key[1]) if key[1] in (16, 64) else []
     if not key or key[0] not in _CLASS_ROWS:
         return []
-    return candidates(_CLASS_ROWS[key[0]], packed=len(key) == 5)
+    return candidates(_CLASS_ROWS[key[0]], packed=len(key) >= 5)  # a held weight's: 6
 
 
 def _tiles_from(entry) -> Tiles | None:

@@ -1,0 +1,72 @@
+"""--unpacked-weights: every packed product weight held dequantized too. The tokens and
+fingerprints are the packed path's bitwise (mixed widths and a MoE file included), every product
+reads the held values, /memory counts them, and a device without room refuses them by name
+before any is made."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from engine_util import make_engine, sample_prompt
+
+from tensorfold.cache import budget
+from tensorfold.engine.engine import hold_unpacked
+from tensorfold.engine.request import SamplingParams
+from tensorfold.errors import ConfigError, UnpackedTooLarge
+from tensorfold.ops import linear as ref_linear
+from tensorfold.ops.quant import QuantizedWeight, dequantize
+from tensorfold.tools.run import generate_once
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def _replies(engine, prompts):
+    """Each prompt alone: its token ids and its seams' and reply's fingerprints."""
+    return [
+        (req.output_ids, prints)
+        for req, prints in (generate_once(engine, p, GREEDY, seams=16) for p in prompts)
+    ]
+
+
+@pytest.mark.parametrize("ckpt", ["mlx_q4", "mlx_mixed", "mlx_q8_g32", "mlx_moe_q4"])
+def test_held_weights_give_the_packed_tokens_and_fingerprints(ckpt, request):
+    path = request.getfixturevalue(ckpt)
+    packed = make_engine(path, torch.bfloat16)
+    held = make_engine(path, torch.bfloat16, unpacked_weights=True)
+    vocab = packed.model.config.vocab_size
+    prompts = [sample_prompt(7 + i, 20 + 23 * i, vocab) for i in range(3)]
+    assert _replies(held, prompts) == _replies(packed, prompts)
+    weights = held.model.product_weights()
+    assert weights and all(isinstance(w, QuantizedWeight) for w in weights)
+    for w in weights:  # the values the products would dequantize, as they make them
+        want = dequantize(w.packed, w.scales, w.biases, w.bits, w.group_size, torch.bfloat16)
+        assert torch.equal(w.unpacked(torch.bfloat16), want)
+        assert w.unpacked(torch.float32) is None  # held for the model's dtype only
+    expected = sum(w.shape[0] * w.shape[1] * 2 for w in weights)
+    assert held.memory().unpacked_bytes == expected == held.model.unpacked_bytes(held=False)
+    assert packed.memory().unpacked_bytes == 0
+    held.model.release_unpacked()
+    assert held.memory().unpacked_bytes == 0 and weights[0].unpacked(torch.bfloat16) is None
+
+
+def test_every_product_reads_the_held_values(mlx_mixed, monkeypatch):
+    """With the weights held, no product dequantizes a packed weight on its own."""
+    engine = make_engine(mlx_mixed, torch.bfloat16, unpacked_weights=True)
+
+    def refused(*_args, **_kw):
+        raise AssertionError("a product dequantized a weight the model holds unpacked")
+
+    monkeypatch.setattr(ref_linear, "matmul_packed_rows", refused)
+    req, _ = generate_once(engine, list(range(3, 40)), GREEDY)
+    assert len(req.output_ids) == GREEDY.max_tokens
+
+
+def test_no_room_for_the_held_weights_is_refused_by_name(mlx_q4, monkeypatch):
+    monkeypatch.setattr(budget, "free_bytes", lambda device: 1 << 10)
+    with pytest.raises(UnpackedTooLarge, match="--unpacked-weights holds .* GiB"):
+        make_engine(mlx_q4, torch.bfloat16, unpacked_weights=True)
+
+
+def test_a_split_model_refuses_held_weights():
+    with pytest.raises(ConfigError, match="--tensor-parallel"):
+        hold_unpacked(SimpleNamespace(group=object()))
