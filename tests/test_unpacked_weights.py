@@ -10,7 +10,7 @@ import torch
 from engine_util import make_engine, sample_prompt
 
 from tensorfold.cache import budget
-from tensorfold.engine.engine import hold_unpacked
+from tensorfold.engine.engine import hold_unpacked, wants_unpacked
 from tensorfold.engine.request import SamplingParams
 from tensorfold.errors import ConfigError, UnpackedTooLarge
 from tensorfold.ops import linear as ref_linear
@@ -31,7 +31,7 @@ def _replies(engine, prompts):
 @pytest.mark.parametrize("ckpt", ["mlx_q4", "mlx_mixed", "mlx_q8_g32", "mlx_moe_q4"])
 def test_held_weights_give_the_packed_tokens_and_fingerprints(ckpt, request):
     path = request.getfixturevalue(ckpt)
-    packed = make_engine(path, torch.bfloat16)
+    packed = make_engine(path, torch.bfloat16, unpacked_weights=False)
     held = make_engine(path, torch.bfloat16, unpacked_weights=True)
     vocab = packed.model.config.vocab_size
     prompts = [sample_prompt(7 + i, 20 + 23 * i, vocab) for i in range(3)]
@@ -70,3 +70,13 @@ def test_no_room_for_the_held_weights_is_refused_by_name(mlx_q4, monkeypatch):
 def test_a_split_model_refuses_held_weights():
     with pytest.raises(ConfigError, match="--tensor-parallel"):
         hold_unpacked(SimpleNamespace(group=object()))
+
+
+def test_a_small_model_on_the_cpu_holds_them_unless_told_not_to(mlx_q4):
+    assert make_engine(mlx_q4).memory().unpacked_bytes > 0
+    assert make_engine(mlx_q4, unpacked_weights=False).memory().unpacked_bytes == 0
+    cpu = torch.device("cpu")
+    big = SimpleNamespace(device=cpu, group=None, unpacked_bytes=lambda held=True: 1 << 40)
+    assert not wants_unpacked(big, None) and wants_unpacked(big, True)
+    dense = SimpleNamespace(device=cpu, group=None, unpacked_bytes=lambda held=True: 0)
+    assert not wants_unpacked(dense, None)  # nothing packed to hold

@@ -20,6 +20,7 @@ from ..errors import ConfigError, QueueFull
 from ..ops.gated_delta import grid_chunked
 from ..runner.cuda_graph import lane_buckets
 from ..runner.launch import make_runner
+from ..runner.model_runner import SMALL_MODEL_BYTES
 from .admission import make_request
 from .constraints import GrammarBook
 from .drafting import Drafting
@@ -51,8 +52,9 @@ class EngineConfig(SchedulerConfig):
     # plan and launch pass N+1 while pass N's tokens are chosen (engine/overlap.py); None: on a
     # GPU for a whole model that does not draft
     overlap: bool | None = None
-    # hold each packed weight dequantized too: faster products of many rows, ~2 bytes a weight
-    unpacked_weights: bool = False
+    # hold each packed weight dequantized too: faster products (~2 bytes a weight more on a
+    # GPU, 4 in a float32 CPU run); None: on for a whole small model on the CPU (wants_unpacked)
+    unpacked_weights: bool | None = None
 
 
 class Engine:
@@ -63,7 +65,7 @@ class Engine:
         cfg = model.config
         # a whole model's decode graphs come in lane-count buckets, padded with scratch lanes
         buckets = model.group is None and config.cuda_graphs and model.device.type == "cuda"
-        if config.unpacked_weights:
+        if wants_unpacked(model, config.unpacked_weights):
             hold_unpacked(model)
         plan = PoolPlan.for_model(
             model,
@@ -353,6 +355,16 @@ class Engine:
     def close(self) -> None:
         """Lets the other ranks of a split go (a no-op for a whole model)."""
         self.runner.close()
+
+
+def wants_unpacked(model: Qwen35Model, asked: bool | None) -> bool:
+    """--unpacked-weights as asked; unset, on for a whole model on the CPU whose held weights
+    take at most SMALL_MODEL_BYTES (the demo's 4-bit file decodes ~2.5x faster held: its
+    products otherwise dequantize every weight every pass)."""
+    if asked is not None:
+        return asked
+    small = 0 < model.unpacked_bytes(held=False) <= SMALL_MODEL_BYTES
+    return model.device.type == "cpu" and model.group is None and small
 
 
 def hold_unpacked(model: Qwen35Model) -> None:

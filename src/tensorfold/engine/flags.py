@@ -47,10 +47,12 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
     )
     p.add_argument(
         "--unpacked-weights",
-        action="store_true",
-        help="also hold each packed weight dequantized to the model's dtype (about 2 bytes a "
-        "weight more; the same tokens): the products of many rows a pass (prompts, many lanes) "
-        "then skip dequantizing it every pass",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also hold each packed weight dequantized to the model's dtype (2 bytes a weight "
+        "more in bf16, 4 in float32; the same tokens): products that would dequantize a whole "
+        "weight every pass (the CPU's; a GPU's prompts and many lanes) read it instead "
+        "(default: on for a small model on the CPU)",
     )
     add_split_flag(p)
 
