@@ -80,3 +80,18 @@ def test_a_small_model_on_the_cpu_holds_them_unless_told_not_to(mlx_q4):
     assert not wants_unpacked(big, None) and wants_unpacked(big, True)
     dense = SimpleNamespace(device=cpu, group=None, unpacked_bytes=lambda held=True: 0)
     assert not wants_unpacked(dense, None)  # nothing packed to hold
+
+
+def test_a_held_weights_launch_shape_is_kept_in_the_tile_file(tmp_path):
+    """Held weights time their own choices (the dequantize-first shape costs them less); the
+    tile file keeps them apart from the packed weights' and admits the shape for 17-128 rows."""
+    tiles = pytest.importorskip("tensorfold.ops.triton.tiles")
+    packed_key, held_key = (4, 4096, 4096, 4, 64), (4, 4096, 4096, 4, 64, "held")
+    book = tiles.TileBook()
+    book.chosen = {held_key: tiles.HELD, packed_key: tiles.candidates(100, packed=True)[0]}
+    book.save(tmp_path / "tiles.json")
+    again = tiles.TileBook()
+    assert again.load(tmp_path / "tiles.json") == 2 and again.chosen == book.chosen
+    for m in (1, 16):  # few rows: the packed forms alone
+        assert tiles.HELD not in tiles.candidates(m, packed=True)
+    assert all(tiles.HELD in tiles.candidates(m, packed=True) for m in (17, 64, 100, 128))
