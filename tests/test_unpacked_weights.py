@@ -93,5 +93,7 @@ def test_a_held_weights_launch_shape_is_kept_in_the_tile_file(tmp_path):
     again = tiles.TileBook()
     assert again.load(tmp_path / "tiles.json") == 2 and again.chosen == book.chosen
     for m in (1, 16):  # few rows: the packed forms alone
+        assert tiles.HELD not in tiles.candidates(m, packed=True, held=True)
+    for m in (17, 64, 100, 128):  # offered to a held weight only
+        assert tiles.HELD in tiles.candidates(m, packed=True, held=True)
         assert tiles.HELD not in tiles.candidates(m, packed=True)
-    assert all(tiles.HELD in tiles.candidates(m, packed=True) for m in (17, 64, 100, 128))

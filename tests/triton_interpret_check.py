@@ -64,7 +64,7 @@ def main() -> None:
         )
     held = linear.dequantize(packed.view(torch.int32), s, b, 4, 32, wide.dtype)
     for m in (40, 80, 300):  # a weight held unpacked: the dequantize-first shape reads it
-        tiles = next(t for t in linear.candidates(m, packed=True) if t.dequant)
+        tiles = next(t for t in linear.candidates(m, packed=True, held=True) if t.dequant)
         run = (
             lambda w: linear.affine_matmul(  # noqa: E731
                 wide[7:8], packed, s, b, 4, 32, plan, tiles=tiles, unpacked=w

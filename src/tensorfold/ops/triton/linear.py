@@ -459,11 +459,12 @@ def matmul(
     if book is None:
         return run_on(x, candidates(m, packed)[0], keep)
     key = (rows_class(m), n, k, *((w.bits, w.group_size) if packed else (str(w.dtype),)))
-    if packed and w.unpacked(x.dtype) is not None:  # its dequantize-first shape costs less
-        key += ("held",)
+    held = packed and w.unpacked(x.dtype) is not None  # its dequantize-first shape costs less
+    key += ("held",) if held else ()
     timer, rows = None, timing_rows(m)
     fresh = key not in book.chosen and rows != m
     if fresh and x.is_cuda and not torch.cuda.is_current_stream_capturing():
         probe = x.new_zeros(rows, k)  # the class is timed at its own rows
         timer = lambda t: run_on(probe, t)  # noqa: E731
-    return run_on(x, book.pick(key, m, packed, lambda t: run_on(x, t), timer=timer), keep)
+    t = book.pick(key, m, packed, lambda t: run_on(x, t), timer=timer, held=held)
+    return run_on(x, t, keep)

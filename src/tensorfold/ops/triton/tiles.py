@@ -81,8 +81,8 @@ class Tiles:
         return k if plan.segment % k == 0 else plan.block_k
 
 
-# 17-128 packed rows may read the weight dequantized first too: slower than the packed forms
-# when each pass dequantizes it, but a weight held unpacked (`--unpacked-weights`) skips that
+# 17-128 rows of a packed weight held unpacked too (`--unpacked-weights`) may read it in the
+# dequantize-first shape: slower than the packed forms where each pass would dequantize it
 HELD = Tiles(64, 128, 4, 3, dequant=True)
 
 ROW_CLASSES = (1, 16, 32, 64, 128, 256, 512)  # the largest row count of each class but the last
@@ -106,10 +106,12 @@ def timing_rows(m: int) -> int:
     return ROW_CLASSES[c] if c < len(ROW_CLASSES) else m
 
 
-def candidates(m: int, packed: bool) -> list[Tiles]:
-    """Launch shapes worth timing for m rows; the first is the untimed default. (Measured on the
-    H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own layout,
-    few packed rows in the whole form, four blocks a step.)"""
+def candidates(m: int, packed: bool, held: bool = False) -> list[Tiles]:
+    """Launch shapes worth timing for m rows; the first is the untimed default (`held`: a packed
+    weight held unpacked too, whose dequantize-first shape is offered from 17 rows). (Measured on
+    the H200 and dropped: each 4-bit value gathered from its word, scaling in the words' own
+    layout, few packed rows in the whole form, four blocks a step.)"""
+    held_shape = [HELD] if held else []
     if m <= 16:
         shapes = [Tiles(16, n, 4, 4) for n in (32, 64, 128)]
         more = (
@@ -126,14 +128,14 @@ def candidates(m: int, packed: bool) -> list[Tiles]:
             _middle_packed()
             + [Tiles(64, 128, 8, 3, wide=2, swap=True, whole=True)]
             + _middle_gluon()
-            + [HELD]
+            + held_shape
             if packed
             else []
         )
     elif m <= SPLIT_MAX_ROWS:  # the split form (more programs) or the whole; 64- and 128-row tiles
         shapes = [Tiles(64, n, 4, 3) for n in (64, 128)] + [Tiles(128, 128, 8, 3)]
         shapes += [Tiles(64, 128, 4, 3, whole=True), Tiles(128, 128, 8, 3, whole=True)]
-        more = _middle_packed() + _pieces() + [HELD] if packed else []
+        more = _middle_packed() + _pieces() + held_shape if packed else []
     else:
         shapes = [Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 3), Tiles(64, 128, 4, 3)]
         # many rows: the wider step, or each weight unpacked once to bf16 rather than once per row tile
@@ -261,13 +263,16 @@ class TileBook:
         run,
         options: list[Tiles] | None = None,
         timer=None,
+        held: bool = False,
     ):
         """The launch shape for a product of m rows; `key` names the product and its rows class
         (`options`: the candidates when they are not a linear product's; `timer`: the product
-        run at the rows class's timing rows, when they are not the pass's own)."""
+        run at the rows class's timing rows, when they are not the pass's own; `held`: a packed
+        weight held unpacked too)."""
         if key in self.chosen:
             return self.chosen[key]
-        options = options or candidates(m, packed) + (untried(m) if packed and self.untried else [])
+        extra = untried(m) if packed and self.untried else []
+        options = options or candidates(m, packed, held) + extra
         if len(options) == 1 or torch.cuda.is_current_stream_capturing():
             return options[0]
         times, timed = {}, timer or run
@@ -321,7 +326,8 @@ def _class_candidates(key: tuple) -> list[Tiles]:
         return grouped_candidates(key[1]) if key[1] in (16, 64) else []
     if not key or key[0] not in _CLASS_ROWS:
         return []
-    return candidates(_CLASS_ROWS[key[0]], packed=len(key) >= 5)  # a held weight's: 6
+    held = len(key) == 6 and key[5] == "held"
+    return candidates(_CLASS_ROWS[key[0]], packed=len(key) >= 5, held=held)
 
 
 def _tiles_from(entry) -> Tiles | None:
