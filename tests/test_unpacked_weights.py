@@ -97,3 +97,21 @@ def test_a_held_weights_launch_shape_is_kept_in_the_tile_file(tmp_path):
     for m in (17, 64, 100, 128):  # offered to a held weight only
         assert tiles.HELD in tiles.candidates(m, packed=True, held=True)
         assert tiles.HELD not in tiles.candidates(m, packed=True)
+
+
+def test_a_gpu_holds_them_unasked_for_many_lanes_with_room_to_spare(monkeypatch):
+    from tensorfold.engine import engine as engine_mod
+
+    gib = 1 << 30
+    model = SimpleNamespace(
+        device=torch.device("cuda"),
+        group=None,
+        unpacked_bytes=lambda held=True: 0 if held else 10 * gib,
+    )
+    monkeypatch.setattr(engine_mod, "free_bytes", lambda device: 40 * gib)
+    assert engine_mod.wants_unpacked(model, None, parallel=256, pools=12 * gib)
+    assert not engine_mod.wants_unpacked(model, None, parallel=128, pools=12 * gib)  # few lanes
+    assert not engine_mod.wants_unpacked(model, None, parallel=256, pools=25 * gib)  # 35 > 0.8 x 40
+    assert not engine_mod.wants_unpacked(model, False, parallel=256)
+    monkeypatch.setattr(engine_mod, "free_bytes", lambda device: None)  # unknown: not unasked
+    assert not engine_mod.wants_unpacked(model, None, parallel=256)

@@ -85,11 +85,19 @@ class PoolPlan:
             tail_rows=self.tail_rows,
         )
 
+    @property
+    def state_bytes(self) -> int:
+        return self.states(torch.device("meta")).nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """The two pools' bytes, before they are allocated."""
+        return self.pages * self.page_bytes + self.state_bytes
+
     def build(self, device: torch.device, lanes: int, context: int) -> ModelCaches:
         """The pools, once CacheTooLarge has been ruled out (it names --parallel and
         --context: `lanes` and `context`)."""
-        state_bytes = self.states(torch.device("meta")).nbytes
-        check_fits(self.pages * self.page_bytes, state_bytes, lanes, context, device)
+        check_fits(self.pages * self.page_bytes, self.state_bytes, lanes, context, device)
         return self.allocate(device)
 
     def allocate(self, device: torch.device) -> ModelCaches:

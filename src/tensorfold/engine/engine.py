@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..cache.budget import check_unpacked_fits
+from ..cache.budget import check_unpacked_fits, free_bytes
 from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
 from ..drafters.choice import DraftConfig
@@ -37,6 +37,10 @@ if TYPE_CHECKING:  # the engine takes any loaded model; only the type is named
     from ..models.qwen3_5 import Qwen35Model
 
 PAGE_SIZE = 16
+# past this many lanes a decode pass's products take the dequantize-first shape on a GPU, each
+# weight dequantized every step unless held (wants_unpacked)
+MANY_LANES = 128
+FREE_SHARE = 0.8  # of the free memory, what held weights and the pools may take unasked
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class EngineConfig(SchedulerConfig):
     # GPU for a whole model that does not draft
     overlap: bool | None = None
     # hold each packed weight dequantized too: faster products (~2 bytes a weight more on a
-    # GPU, 4 in a float32 CPU run); None: on for a whole small model on the CPU (wants_unpacked)
+    # GPU, 4 in a float32 CPU run); None: where it pays and fits (wants_unpacked)
     unpacked_weights: bool | None = None
 
 
@@ -65,8 +69,6 @@ class Engine:
         cfg = model.config
         # a whole model's decode graphs come in lane-count buckets, padded with scratch lanes
         buckets = model.group is None and config.cuda_graphs and model.device.type == "cuda"
-        if wants_unpacked(model, config.unpacked_weights):
-            hold_unpacked(model)
         plan = PoolPlan.for_model(
             model,
             config.parallel,
@@ -77,6 +79,8 @@ class Engine:
             chunk_form=grid_chunked(config.gdn_form),
             padding=buckets,
         )
+        if wants_unpacked(model, config.unpacked_weights, config.parallel, plan.nbytes):
+            hold_unpacked(model)
         self.caches = plan.build(model.device, config.parallel, config.context)
         model.set_gdn_form(config.gdn_form)
         self.prefix_cache = PrefixCache(self.caches.kv, config.prompt_cache_bytes)
@@ -357,14 +361,23 @@ class Engine:
         self.runner.close()
 
 
-def wants_unpacked(model: Qwen35Model, asked: bool | None) -> bool:
-    """--unpacked-weights as asked; unset, on for a whole model on the CPU whose held weights
-    take at most SMALL_MODEL_BYTES (the demo's 4-bit file decodes ~2.5x faster held: its
-    products otherwise dequantize every weight every pass)."""
+def wants_unpacked(
+    model: Qwen35Model, asked: bool | None, parallel: int = 1, pools: int = 0
+) -> bool:
+    """--unpacked-weights as asked; unset, on for a whole model with packed weights where every
+    pass would otherwise dequantize them: on the CPU when they take at most SMALL_MODEL_BYTES
+    held (the demo's 4-bit file decodes ~2.5x faster), on a GPU past MANY_LANES lanes when they
+    and the `pools` (bytes) fit in FREE_SHARE of the free memory (+36% at 256 lanes, 9B)."""
     if asked is not None:
         return asked
-    small = 0 < model.unpacked_bytes(held=False) <= SMALL_MODEL_BYTES
-    return model.device.type == "cpu" and model.group is None and small
+    need = model.unpacked_bytes(held=False) - model.unpacked_bytes()
+    if model.group is not None or model.unpacked_bytes(held=False) == 0:
+        return False
+    if model.device.type == "cpu":
+        return model.unpacked_bytes(held=False) <= SMALL_MODEL_BYTES
+    room = free_bytes(model.device)
+    fits = room is not None and need + pools <= FREE_SHARE * room
+    return parallel > MANY_LANES and fits
 
 
 def hold_unpacked(model: Qwen35Model) -> None:

@@ -52,7 +52,7 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
         help="also hold each packed weight dequantized to the model's dtype (2 bytes a weight "
         "more in bf16, 4 in float32; the same tokens): products that would dequantize a whole "
         "weight every pass (the CPU's; a GPU's prompts and many lanes) read it instead "
-        "(default: on for a small model on the CPU)",
+        "(default: on for a small model on the CPU, and on a GPU past 128 lanes when it fits)",
     )
     add_split_flag(p)
 
