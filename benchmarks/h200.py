@@ -70,7 +70,7 @@ class Run:
     untried: bool = False  # the tile book times the shapes not yet offered (tiles.untried) too
     overlap: bool | None = None  # the engine's overlapped passes (None: its default)
     own_shared: bool = False  # MoE: the shared expert in launches of its own (not the grouped)
-    unpacked: bool = False  # packed weights held dequantized too (--unpacked-weights)
+    unpacked: bool | None = None  # packed weights held dequantized too (None: the engine's call)
     plans: dict = field(default_factory=dict)  # folder -> RandomPlan of an in-memory checkpoint
 
     def engine(self, model, parallel: int, context: int, chunk: int) -> Engine:
@@ -86,6 +86,7 @@ class Run:
                 cuda_graphs=self.graphs,
                 gdn_form=self.gdn_form,
                 overlap=self.overlap,
+                unpacked_weights=self.unpacked,
             ),
         )
 
@@ -388,8 +389,10 @@ def main() -> None:
     )
     p.add_argument(
         "--unpacked-weights",
-        action="store_true",
-        help="packed weights held dequantized too (the same bits; more memory)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="packed weights held dequantized too (the same bits; more memory; default: the "
+        "engine's choice, on past 128 lanes where they fit)",
     )
     p.add_argument(
         "--plot",

@@ -24,8 +24,8 @@ from tensorfold.engine.request import SamplingParams
 from tensorfold.ops.gated_delta import FORMS
 
 
-def decoding_engine(model, lanes: int, graphs: bool) -> Engine:
-    eng = Run(graphs=graphs).engine(model, lanes, 512, 128)
+def decoding_engine(model, lanes: int, graphs: bool, unpacked: bool | None = None) -> Engine:
+    eng = Run(graphs=graphs, unpacked=unpacked).engine(model, lanes, 512, 128)
     start_decoding(eng, lanes, SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
     return eng
 
@@ -118,7 +118,12 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
     p.add_argument("--gdn-form", choices=FORMS, default="recurrence")
-    p.add_argument("--unpacked-weights", action="store_true", help="as h200.py's")
+    p.add_argument(
+        "--unpacked-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="as h200.py's",
+    )
     p.add_argument(
         "--graphed",
         action="store_true",
@@ -132,12 +137,12 @@ def main() -> None:
         path = run.checkpoint(Path(args.out) / f"{args.shape}-{name}", args.shape, name)
         model = run.load(path)
         for lanes in (int(x) for x in args.lanes.split(",") if x):
-            eng = decoding_engine(model, lanes, graphs=False)
+            eng = decoding_engine(model, lanes, graphs=False, unpacked=args.unpacked_weights)
             eager = step_time(eng)
             if not args.graphed:
                 report.append(f"## {name}, {lanes} lanes\n{kernel_table(eng)}")
             del eng
-            eng = decoding_engine(model, lanes, graphs=True)
+            eng = decoding_engine(model, lanes, graphs=True, unpacked=args.unpacked_weights)
             graphed = step_time(eng)
             if args.graphed:
                 report.append(f"## {name}, {lanes} lanes, graph steps\n{kernel_table(eng)}")
