@@ -1,6 +1,9 @@
 """How big a model's pools are: pages for `lanes` whole contexts plus the prompt cache's budget,
 a state slot per lane (and a spare per lane when drafting forks), sized from the model's shape
-and checked against the device before anything is allocated."""
+and checked against the device before anything is allocated. Where the lanes' whole contexts do
+not fit but one does, the lanes share the pages that fit (`PoolPlan.fitted`): a request is
+admitted once the pages its prompt and reply can reach are free, so a running lane still never
+waits for memory."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..batch import CHUNK
-from . import KVPool, ModelCaches, StatePool
+from . import KVPool, ModelCaches, StatePool, budget
 from .budget import check_fits
 
 
@@ -84,6 +87,21 @@ class PoolPlan:
             device,
             tail_rows=self.tail_rows,
         )
+
+    def fitted(self, device: torch.device, context: int) -> PoolPlan:
+        """This plan if its pools fit the device's free memory; else the same with as many KV
+        pages as fit beside the states, shared by the lanes, when that is at least one whole
+        context (else unchanged, for `build` to refuse by name)."""
+        room = budget.free_bytes(torch.device(device))
+        if room is None or self.nbytes <= room:
+            return self
+        pages = (room - self.state_bytes) // max(1, self.page_bytes)
+        return replace(self, pages=pages) if pages >= self.context_pages(context) else self
+
+    def context_pages(self, context: int) -> int:
+        """The pages one lane's whole context can reach (a partial page copied on a resume, the
+        scratch page of graphs' padding lanes)."""
+        return -(-context // self.page_size) + 2
 
     @property
     def state_bytes(self) -> int:

@@ -81,6 +81,8 @@ class Engine:
         )
         if wants_unpacked(model, config.unpacked_weights, config.parallel, plan.nbytes):
             hold_unpacked(model)
+        plan = plan.fitted(model.device, config.context)
+        self.kv_contexts = plan.pages // -(-config.context // plan.page_size)  # whole contexts
         self.caches = plan.build(model.device, config.parallel, config.context)
         model.set_gdn_form(config.gdn_form)
         self.prefix_cache = PrefixCache(self.caches.kv, config.prompt_cache_bytes)
@@ -353,8 +355,9 @@ class Engine:
         d = self.drafting
         in_pool = d.lanes * self.caches.states.slot_nbytes if d.fork else 0
         return memory_report(
-            self.model, self.caches, self.prefix_cache, d.spare_bytes, ranks, in_pool
-        )
+            self.model, self.caches, self.prefix_cache, d.spare_bytes, ranks, in_pool,
+            self.kv_contexts,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Lets the other ranks of a split go (a no-op for a whole model)."""

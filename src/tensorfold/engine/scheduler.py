@@ -2,8 +2,10 @@
 from each lane that is generating (with drafting: its uncomputed committed rows, then its drafted
 tokens) and up to `chunk` prompt rows from each lane still reading its prompt, under a token
 budget; while any lane decodes, a pass takes at most `mixed_chunk` prompt rows in all, so a
-running stream's next token waits for a short pass, not a long prompt's. Lanes reserve their KV pages and state slot at admission,
-so a running lane never waits for memory and is never preempted."""
+running stream's next token waits for a short pass, not a long prompt's. Lanes reserve their KV
+pages (those the prompt and the reply can reach) and state slot at admission, so a running lane
+never waits for memory and is never preempted; a request waits until they are free (lanes may
+share a pool smaller than their whole contexts: cache/sizing.py)."""
 
 from __future__ import annotations
 

@@ -74,6 +74,8 @@ class MemoryReport:
     device_peak_bytes: int | None
     ranks: tuple = ()  # a tensor split: every rank's bytes (runner/distributed.py RankMemory)
     unpacked_bytes: int = 0  # packed weights held dequantized too (--unpacked-weights)
+    # whole --context spans the KV pool holds; fewer than --parallel: the lanes share its pages
+    kv_contexts: int = 0
 
 
 def engine_stats(
@@ -109,6 +111,7 @@ def memory_report(
     draft_bytes: int = 0,
     ranks: tuple = (),
     spares_in_pool: int = 0,
+    kv_contexts: int = 0,
 ) -> MemoryReport:
     """`spares_in_pool`: bytes of the state pool that are drafting's spare slots (counted in
     draft_bytes, not as the lanes' state)."""
@@ -128,4 +131,5 @@ def memory_report(
         device_peak_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
         ranks=ranks,
         unpacked_bytes=model.unpacked_bytes(),
+        kv_contexts=kv_contexts,
     )
