@@ -8,7 +8,7 @@ import torch
 from engine_util import sample_prompt
 
 from tensorfold.cache import budget
-from tensorfold.cache.sizing import PoolPlan
+from tensorfold.cache.sizing import SHARED, PoolPlan
 from tensorfold.engine.engine import Engine, EngineConfig
 from tensorfold.engine.request import SamplingParams
 from tensorfold.errors import CacheTooLarge
@@ -26,7 +26,7 @@ def model(hf_tiny):
 def _room_for(monkeypatch, model, pages: int) -> None:
     """Free memory for the lanes' states and `pages` KV pages."""
     plan = PoolPlan.for_model(model, LANES, CONTEXT, 16)
-    free = plan.state_bytes + pages * plan.page_bytes
+    free = int((plan.state_bytes + pages * plan.page_bytes + 1) / SHARED)
     monkeypatch.setattr(budget, "free_bytes", lambda device: free)
 
 

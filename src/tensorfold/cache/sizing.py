@@ -15,6 +15,10 @@ from ..batch import CHUNK
 from . import KVPool, ModelCaches, StatePool, budget
 from .budget import check_fits
 
+# of the free memory, what shared KV pages and the states take: a drafter's own KV pages (as
+# many as the pool's, for its own layers) are made after the pools, outside their check
+SHARED = 0.85
+
 
 def chunk_tail(chunk_form: bool) -> int:
     """Rows of a state slot's tail: the chunk form keeps a lane's rows since its last boundary."""
@@ -95,7 +99,7 @@ class PoolPlan:
         room = budget.free_bytes(torch.device(device))
         if room is None or self.nbytes <= room:
             return self
-        pages = (room - self.state_bytes) // max(1, self.page_bytes)
+        pages = int(SHARED * room - self.state_bytes) // max(1, self.page_bytes)
         return replace(self, pages=pages) if pages >= self.context_pages(context) else self
 
     def context_pages(self, context: int) -> int:
