@@ -19,7 +19,6 @@ TAIL=${TAIL:-12}
 source "$(dirname "$0")/serve_lib.sh"  # phase, card_start, base_tree
 card_start || exit 1
 base_tree "${BASE:-HEAD~1}" /tmp/base || exit 1
-new=$PYTHONPATH
 old=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
 sweep=(benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit}" --lanes "${LANES:-1,16,64}"
        --sizes "" --in-memory)
@@ -32,9 +31,10 @@ for p in $PHASES; do
         norms)    phase norms 120 $py benchmarks/norm_warps.py --warps 4,8,16,32 ;;
         tests)    phase tests 300 $py -m pytest -q -x tests/test_gpu.py -k \
                       "concurrent_equals_solo_9b or decode_equals_prefill or cuda_graph_decode" ;;
-        lanes)    for way in new old; do
-                      (export PYTHONPATH=${!way}; phase "lanes-$way" 200 $py "${sweep[@]}")
-                  done ;;
+        lanes)    (phase lanes-new 200 $py "${sweep[@]}")
+                  # the base tree's own script: a newer one may import what the old tree lacks
+                  (export PYTHONPATH=$old; phase lanes-old 200 $py /tmp/base/"${sweep[0]}" \
+                      "${sweep[@]:1}") ;;
         pdl)      for on in 0 1; do  # dependent launch off, then on, the same tree and card
                       (export TENSORFOLD_PDL=$on; phase "lanes-pdl$on" 200 $py "${sweep[@]}")
                   done ;;
