@@ -77,3 +77,19 @@ def test_no_room_for_one_context_is_refused_by_name(model, monkeypatch):
     _room_for(monkeypatch, model, 20)  # fewer pages than one context
     with pytest.raises(CacheTooLarge, match=r"--parallel 6 x --context 512"):
         _engine(model)
+
+
+def test_shared_pages_beside_the_prompt_cache(model, monkeypatch):
+    """The prompt cache's pages come out of the shared pool too: it keeps what room allows and
+    gives it back when a lane needs the pages, and resumed requests still reply as alone."""
+    asks = _asks(model.config.vocab_size)
+    solo = [generate_once(_engine(model), ids, params)[0].output_ids for ids, params in asks]
+    _room_for(monkeypatch, model, 56)  # one context and 24 pages, the cache's among them
+    config = EngineConfig(parallel=LANES, context=CONTEXT, chunk=64, prompt_cache_bytes=1 << 20)
+    eng = Engine(model, None, config)
+    assert eng.memory().kv_contexts == 1
+    short, long = asks[1:], asks[:1]
+    assert _run(eng, short)[0] == _run(eng, short)[0] == solo[1:]
+    assert eng.stats().cache_hits > 0  # the second time, from what the cache kept
+    assert _run(eng, long)[0] == solo[:1]
+    assert eng.stats().cache_evictions > 0  # given back for the long lane's pages
