@@ -191,6 +191,14 @@ def _build(args: argparse.Namespace):
         memory.state_pool_bytes / MIB,
         defaults,
     )
+    if memory.kv_contexts < args.parallel:
+        log.warning(
+            "the KV pool holds %d whole contexts of %d tokens for %d lanes: they share its pages, "
+            "and a request starts once the pages its prompt and max_tokens reach are free",
+            memory.kv_contexts,
+            args.context,
+            args.parallel,
+        )
     name = args.served_model_name or served_name(path)
     fingerprint = system_fingerprint(path, dtype, device, gdn_form=args.gdn_form)
     log.info("system_fingerprint %s", fingerprint)
