@@ -373,14 +373,14 @@ def wants_unpacked(
     and the `pools` (bytes) fit in FREE_SHARE of the free memory (+36% at 256 lanes, 9B)."""
     if asked is not None:
         return asked
-    need = model.unpacked_bytes(held=False) - model.unpacked_bytes()
-    if model.group is not None or model.unpacked_bytes(held=False) == 0:
+    total = model.unpacked_bytes(held=False)
+    if model.group is not None or total == 0:
         return False
     if model.device.type == "cpu":
-        return model.unpacked_bytes(held=False) <= SMALL_MODEL_BYTES
+        return total <= SMALL_MODEL_BYTES
     room = free_bytes(model.device)
-    fits = room is not None and need + pools <= FREE_SHARE * room
-    return parallel > MANY_LANES and fits
+    need = total - model.unpacked_bytes()
+    return parallel > MANY_LANES and room is not None and need + pools <= FREE_SHARE * room
 
 
 def hold_unpacked(model: Qwen35Model) -> None:
