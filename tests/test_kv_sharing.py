@@ -93,3 +93,29 @@ def test_shared_pages_beside_the_prompt_cache(model, monkeypatch):
     assert eng.stats().cache_hits > 0  # the second time, from what the cache kept
     assert _run(eng, long)[0] == solo[:1]
     assert eng.stats().cache_evictions > 0  # given back for the long lane's pages
+
+
+def test_a_drafters_pages_are_fitted_beside_the_lanes(hf_tiny_b, tmp_path, monkeypatch):
+    """A drafter's own KV pool spans the target's pages: its weights are read first and the
+    shared pages are fitted to the room left for both pools, and drafted replies still equal
+    plain ones."""
+    from test_drafting_mtp import with_head
+
+    model = load_model(with_head(hf_tiny_b, tmp_path / "mtp"), dtype=torch.float32)
+    asks = _asks(model.config.vocab_size)
+    plain = [generate_once(_engine(model), ids, params)[0].output_ids for ids, params in asks]
+    spares = PoolPlan.for_model(model, LANES, CONTEXT, 16, spares=True)
+    free = int((spares.state_bytes + 100 * spares.page_bytes) / SHARED)
+    monkeypatch.setattr(budget, "free_bytes", lambda device: free)
+    config = EngineConfig(parallel=LANES, context=CONTEXT, chunk=64, draft="mtp")
+    eng = Engine(model, None, config)
+    kv, own = eng.caches.kv, eng.drafting.default.kv
+    assert own.num_pages == kv.num_pages < 100  # fewer than the target's pages alone
+    assert own.page_bytes > 0
+    assert kv.num_pages == int(SHARED * free - spares.state_bytes) // (
+        kv.page_bytes + own.page_bytes
+    )
+    assert kv.nbytes + own.nbytes + eng.caches.states.nbytes <= SHARED * free
+    drafted, _ = _run(eng, asks)
+    assert drafted == plain
+    assert eng.stats().draft_proposed > 0

@@ -1,9 +1,9 @@
 """Per-layer-kind caches: paged K/V for attention layers, state slots for Gated DeltaNet layers."""
 
-from .kv_pool import KVPool
+from .kv_pool import KVPool, KVShape
 from .state_pool import StatePool, StateSnapshot
 
-__all__ = ["KVPool", "StatePool", "StateSnapshot", "ModelCaches"]
+__all__ = ["KVPool", "KVShape", "StatePool", "StateSnapshot", "ModelCaches"]
 
 
 class ModelCaches:

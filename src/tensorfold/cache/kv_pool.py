@@ -6,9 +6,31 @@ positions to cache rows: row = page * page_size + position % page_size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .lazy import zeros
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """A pool's layers and row width: what a page costs before the pool is made."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def page_bytes(self, page_size: int) -> int:
+        """K and V of one page in every layer."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.layers * page_size * self.kv_heads * self.head_dim * item
+
+    def pool(self, num_pages: int, page_size: int, device: torch.device) -> KVPool:
+        return KVPool(
+            self.layers, num_pages, page_size, self.kv_heads, self.head_dim, self.dtype, device
+        )
 
 
 class KVPool:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..batch import CHUNK
-from . import KVPool, ModelCaches, StatePool, budget
+from . import KVShape, ModelCaches, StatePool, budget
 from .budget import check_fits
 
-# of the free memory, what shared KV pages and the states take: a drafter's own KV pages (as
-# many as the pool's, for its own layers) are made after the pools, outside their check
+# of the free memory, what shared KV pages (a drafter's over the same pages too) and the states
+# take: the rest is for activations and CUDA graphs
 SHARED = 0.85
 
 
@@ -38,6 +38,7 @@ class PoolPlan:
     page_size: int
     slots: int
     tail_rows: int  # CHUNK for the chunk form of the gated delta rule, else 0
+    draft_page_bytes: int = 0  # what a page costs a drafter's own KV pool over the same pages
 
     @classmethod
     def for_model(
@@ -50,10 +51,12 @@ class PoolPlan:
         spares: bool = False,
         chunk_form: bool = False,
         padding: bool = False,
+        draft_page_bytes: int = 0,
     ) -> PoolPlan:
         """Lanes reserve whole contexts; the prompt cache's pages come on top, within its
         budget; `spares`: a spare state slot per lane in the same pool (verify passes fork);
-        `padding`: one more slot and page, the scratch of CUDA graphs' padding lanes."""
+        `padding`: one more slot and page, the scratch of CUDA graphs' padding lanes;
+        `draft_page_bytes`: a drafter's KV bytes a page (drafters.lookup.load_drafter)."""
         w = model.cache_widths
         plan = cls(
             model.config,
@@ -65,17 +68,25 @@ class PoolPlan:
             page_size,
             lanes * (2 if spares else 1) + padding,
             chunk_tail(chunk_form),
+            draft_page_bytes,
         )
-        pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_bytes)
+        pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_cost)
         pages += padding
         return replace(plan, pages=pages)
 
     @property
+    def kv_shape(self) -> KVShape:
+        return KVShape(len(self.cfg.full_layers), self.kv_heads, self.cfg.head_dim, self.dtype)
+
+    @property
     def page_bytes(self) -> int:
         """K and V of one page in every attention layer."""
-        item = torch.empty((), dtype=self.dtype).element_size()
-        rows = len(self.cfg.full_layers) * self.page_size
-        return 2 * rows * self.kv_heads * self.cfg.head_dim * item
+        return self.kv_shape.page_bytes(self.page_size)
+
+    @property
+    def page_cost(self) -> int:
+        """What a page costs in all: the target's K and V and a drafter's over the same page."""
+        return self.page_bytes + self.draft_page_bytes
 
     def states(self, device: torch.device) -> StatePool:
         c = self.cfg
@@ -99,7 +110,7 @@ class PoolPlan:
         room = budget.free_bytes(torch.device(device))
         if room is None or self.nbytes <= room:
             return self
-        pages = int(SHARED * room - self.state_bytes) // max(1, self.page_bytes)
+        pages = int(SHARED * room - self.state_bytes) // max(1, self.page_cost)
         return replace(self, pages=pages) if pages >= self.context_pages(context) else self
 
     def context_pages(self, context: int) -> int:
@@ -113,24 +124,15 @@ class PoolPlan:
 
     @property
     def nbytes(self) -> int:
-        """The two pools' bytes, before they are allocated."""
-        return self.pages * self.page_bytes + self.state_bytes
+        """The two pools' bytes (and a drafter's KV pool), before they are allocated."""
+        return self.pages * self.page_cost + self.state_bytes
 
     def build(self, device: torch.device, lanes: int, context: int) -> ModelCaches:
         """The pools, once CacheTooLarge has been ruled out (it names --parallel and
         --context: `lanes` and `context`)."""
-        check_fits(self.pages * self.page_bytes, self.state_bytes, lanes, context, device)
+        check_fits(self.pages * self.page_cost, self.state_bytes, lanes, context, device)
         return self.allocate(device)
 
     def allocate(self, device: torch.device) -> ModelCaches:
-        c = self.cfg
-        kv = KVPool(
-            len(c.full_layers),
-            self.pages,
-            self.page_size,
-            self.kv_heads,
-            c.head_dim,
-            self.dtype,
-            device,
-        )
+        kv = self.kv_shape.pool(self.pages, self.page_size, device)
         return ModelCaches(kv, self.states(device))

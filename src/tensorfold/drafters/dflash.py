@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import KVPool, ModelCaches
+from ..cache import KVShape, ModelCaches
 from ..models.dflash import DFlashModel, load_dflash
 from ..models.qwen3_5 import Qwen35Model
 from .base import Drafter, LaneDrafter
@@ -23,19 +23,18 @@ class DFlashDrafter(Drafter):
     reads_states = True
 
     def __init__(self, target: Qwen35Model, caches: ModelCaches, path, model=None) -> None:
+        """`model`: read beforehand (load_dflash), so that the pools were fitted beside it."""
         self.target = target
-        self.model: DFlashModel = model or load_dflash(path, target)
+        self.model: DFlashModel = model if model is not None else load_dflash(path, target)
         c, kv = self.model.config, caches.kv
-        self.kv = KVPool(
-            c.num_layers,
-            kv.num_pages,
-            kv.page_size,
-            c.num_kv_heads,
-            c.head_dim,
-            target.dtype,
-            target.device,
-        )
+        self.kv = self.kv_shape(target, self.model).pool(kv.num_pages, kv.page_size, target.device)
         target.taps = c.taps
+
+    @staticmethod
+    def kv_shape(target: Qwen35Model, model: DFlashModel) -> KVShape:
+        """Its own KV pool over the target's pages: every drafter layer's keys and values."""
+        c = model.config
+        return KVShape(c.num_layers, c.num_kv_heads, c.head_dim, target.dtype)
 
     def features(self, target: Qwen35Model) -> torch.Tensor:
         return target.tapped

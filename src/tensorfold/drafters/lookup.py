@@ -12,6 +12,7 @@ token (engine/drafting.py), so a drafter changes speed, never output.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DraftForAnotherTarget, NotStockDrafter  # noqa: F401 (re-exported)
@@ -76,19 +77,46 @@ class PredictionDrafter(Drafter, LaneDrafter):
         return self.index.follow(output, self.prediction, k)
 
 
-def make_drafter(method: str, target=None, caches=None) -> Drafter:
-    """The engine's drafter by name (`target` and `caches` given once the target is loaded);
-    refused by name before any weight is read."""
+@dataclass(frozen=True)
+class DrafterWeights:
+    """A drafter's weights read before the engine fits its pools to the memory left (the MTP
+    head, a DFlash model; None for ngram), and what a KV page costs its own pool, which spans
+    the target's pages."""
+
+    weights: object | None = None
+    page_bytes: int = 0
+
+
+def load_drafter(method: str, target, page_size: int) -> DrafterWeights:
+    """`method`'s weights for `target` (refused by name before any is read)."""
+    if method == "ngram":
+        return DrafterWeights()
+    if method == "mtp":
+        from .mtp import MTPDrafter as kind
+
+        weights = kind.load_head(target)
+    else:
+        check_drafter_path(method, target.config)
+        from ..models.dflash import load_dflash
+        from .dflash import DFlashDrafter as kind
+
+        weights = load_dflash(method, target)
+    return DrafterWeights(weights, kind.kv_shape(target, weights).page_bytes(page_size))
+
+
+def make_drafter(method: str, target=None, caches=None, weights=None) -> Drafter:
+    """The engine's drafter by name (`target` and `caches` given once the target is loaded;
+    `weights` read by load_drafter, else read here); refused by name before any weight is read."""
     if method == "ngram":
         return NgramDrafter()
     if method == "mtp":
         from .mtp import MTPDrafter
 
-        return MTPDrafter(target, caches)
+        return MTPDrafter(target, caches, weights)
     check_drafter_path(method, target.config if target is not None else None)
     from .dflash import DFlashDrafter
 
-    return DFlashDrafter(target, caches, Path(method))
+    return DFlashDrafter(target, caches, Path(method), weights)
 
 
 def check_drafter_path(method: str, target=None) -> None:

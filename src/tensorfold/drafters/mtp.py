@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import KVPool, ModelCaches
+from ..cache import KVShape, ModelCaches
 from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
@@ -38,21 +38,23 @@ class MTPDrafter(Drafter):
     holds_states = True  # rows wait for a proposal: each pass's rows copied once for all lanes
 
     def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
-        if head is None:
-            head = load_mtp(target, target.path, head_dtype(target))
-        self.target, self.head = target, head
-        kv, cfg = caches.kv, target.config
-        self.kv = KVPool(
-            1,
-            kv.num_pages,
-            kv.page_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            head.fc.weight.dtype,
-            target.device,
-        )
+        """`head`: read beforehand (`load_head`), so that the pools were fitted beside it."""
+        self.target = target
+        self.head = head if head is not None else self.load_head(target)
+        kv = caches.kv
+        self.kv = self.kv_shape(target, self.head).pool(kv.num_pages, kv.page_size, target.device)
         target.keep_hidden = True
         self.graphs: MTPGraphs | None = None  # the head's steps as CUDA graphs (use_graphs)
+
+    @staticmethod
+    def load_head(target: Qwen35Model) -> MTPHead:
+        return load_mtp(target, target.path, head_dtype(target))
+
+    @staticmethod
+    def kv_shape(target: Qwen35Model, head: MTPHead) -> KVShape:
+        """Its own KV pool over the target's pages: the head's one attention layer."""
+        cfg = target.config
+        return KVShape(1, cfg.num_kv_heads, cfg.head_dim, head.fc.weight.dtype)
 
     def use_graphs(self, context: int, most: int) -> None:
         """Drafts of up to `most` tokens replay the head's steps from CUDA graphs (the engine

@@ -62,11 +62,13 @@ class Drafting:
         target=None,
         allowed: bool = True,
         writes: bool = False,
+        weights=None,
     ) -> None:
         """`allowed` False (a tensor split, whose other ranks do not keep spare state slots):
         nothing drafts, a request's `prediction` included; its tokens are the same either way.
         `writes`: the pass's kernels can leave a lane's state in another slot than the one they
-        read (the per-token recurrence's: LaneIndex.writes)."""
+        read (the per-token recurrence's: LaneIndex.writes). `weights`: the drafter's, read
+        before the pools (drafters.lookup.load_drafter)."""
         if config.method and not allowed:
             raise SplitRefused(refuse_split_draft())
         self.config, self.states, self.lanes = config, caches.states, lanes
@@ -75,7 +77,9 @@ class Drafting:
         self.fork = self.states.num_slots >= 2 * lanes
         self.spares: StatePool | None = self.states if self.fork else None  # else made on use
         self.writes = writes
-        self.default = make_drafter(config.method, target, caches) if config.method else None
+        self.default = (
+            make_drafter(config.method, target, caches, weights) if config.method else None
+        )
         self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
         self.prices = PassPrices()  # the engine's measured passes: what a verify costs the gate

@@ -16,6 +16,7 @@ from ..cache.budget import check_unpacked_fits, free_bytes
 from ..cache.prefix_cache import PrefixCache
 from ..cache.sizing import PoolPlan
 from ..drafters.choice import DraftConfig
+from ..drafters.lookup import DrafterWeights, load_drafter
 from ..errors import ConfigError, QueueFull
 from ..ops.gated_delta import grid_chunked
 from ..runner.cuda_graph import lane_buckets
@@ -69,6 +70,10 @@ class Engine:
         cfg = model.config
         # a whole model's decode graphs come in lane-count buckets, padded with scratch lanes
         buckets = model.group is None and config.cuda_graphs and model.device.type == "cuda"
+        # a drafter's weights are read first: the pools fit beside them and its KV pool
+        drafter = DrafterWeights()
+        if config.draft and model.group is None:
+            drafter = load_drafter(config.draft, model, config.page_size)
         plan = PoolPlan.for_model(
             model,
             config.parallel,
@@ -78,6 +83,7 @@ class Engine:
             spares=bool(config.draft) and model.group is None,
             chunk_form=grid_chunked(config.gdn_form),
             padding=buckets,
+            draft_page_bytes=drafter.page_bytes,
         )
         if wants_unpacked(model, config.unpacked_weights, config.parallel, plan.nbytes):
             hold_unpacked(model)
@@ -97,6 +103,7 @@ class Engine:
             model,
             allowed=model.group is None,
             writes=not grid_chunked(config.gdn_form),  # the forms whose kernels take it
+            weights=drafter.weights,
         )
         if model.group is None:  # verify passes (1 + K rows a lane) and recomputing ones too
             self.runner.graph_rows = frozenset(range(1, 2 + config.draft_tokens))
