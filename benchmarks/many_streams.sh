@@ -8,7 +8,9 @@
 #   bash benchmarks/many_streams.sh OUT [phases]
 #
 # phases, in the order given: peerbuild (llama.cpp's build and GGUF in the background; `peer`
-# waits for it), profile, lanes, admit, ckpt (a random 4-bit checkpoint on disk for the served
+# waits for it), tests (tests/test_gpu_lanes.py: concurrent = solo up to 256 lanes, graph =
+# eager, a stream beside a long prompt), profile, lanes, packed (the widest lane count again
+# with the weights left packed, `--no-unpacked-weights`), admit, ckpt (a random 4-bit checkpoint on disk for the served
 # runs; ckptbg writes it in the background while the next phases run, `served` waits for it),
 # served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
 # same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, SERVE_ARGS (more
@@ -61,10 +63,15 @@ for p in $PHASES; do
                     LCP_BUDGET=${LCP_BUILD_BUDGET:-420} bash .peers/llamacpp/run.sh "$OUT/peer" build \
                         > "$OUT/peerbuild.log" 2>&1) &
                    PEER_BUILD=$! ;;
+        tests)   phase tests 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_lanes.py \
+                     --durations=8 ;;
         profile) phase profile 240 $py benchmarks/profile_decode.py --out /tmp/prof --in-memory \
                      --models "${MODELS:-4bit,bf16}" --lanes "${PROFILE_LANES:-64}" ;;
         lanes)   phase lanes 300 $py benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit,bf16}" \
                      --lanes "${LANES:-64,128,256}" --sizes "" --in-memory ;;
+        packed)  widest=${LANES:-64,128,256}
+                 phase packed 200 $py benchmarks/h200.py --out /tmp/bench --models 4bit \
+                     --lanes "${widest##*,}" --sizes "" --in-memory --no-unpacked-weights ;;
         admit)   phase admit 300 $py benchmarks/admit_gap.py --models "${ADMIT_MODELS:-4bit}" \
                      --lanes "${ADMIT_LANES:-1,16}" --prompt "${ADMIT_PROMPT:-32768}" \
                      --mixed "${ADMIT_MIXED:-0,128,256,512}" ;;
