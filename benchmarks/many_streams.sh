@@ -14,7 +14,7 @@
 # runs; ckptbg writes it in the background while the next phases run, `served` waits for it),
 # served (ours), peer (llama-bench, llama-batched-bench, then llama-server under the
 # same bench serve). Settings: MODELS, LANES, PROFILE_LANES, CONC, SERVE_PARALLEL, SERVE_ARGS (more
-# `tensorfold serve` flags, e.g. --mixed-chunk 256), BENCH_ARGS (more `bench serve` flags),
+# `tensorfold serve` flags, e.g. --mixed-chunk 256), LANES_LIMIT (s), BENCH_ARGS (more `bench serve` flags),
 # TEMPERATURE, ADMIT_*.
 set -u
 OUT=${1:?usage: many_streams.sh OUT [phases]}
@@ -67,7 +67,7 @@ for p in $PHASES; do
                      --durations=8 ;;
         profile) phase profile 240 $py benchmarks/profile_decode.py --out /tmp/prof --in-memory \
                      --models "${MODELS:-4bit,bf16}" --lanes "${PROFILE_LANES:-64}" ;;
-        lanes)   phase lanes 300 $py benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit,bf16}" \
+        lanes)   phase lanes "${LANES_LIMIT:-300}" $py benchmarks/h200.py --out /tmp/bench --models "${MODELS:-4bit,bf16}" \
                      --lanes "${LANES:-64,128,256}" --sizes "" --in-memory ;;
         packed)  widest=${LANES:-64,128,256}
                  phase packed 200 $py benchmarks/h200.py --out /tmp/bench --models 4bit \
@@ -88,3 +88,4 @@ for p in $PHASES; do
         peer)    peer ;;
     esac
 done
+wait  # background phases (peerbuild, ckptbg) end inside the call
