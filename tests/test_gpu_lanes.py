@@ -2,9 +2,8 @@
 at 64 and 256 lanes with lanes of different lengths and sampling rules mixed, decode passes
 replayed from CUDA graphs of bucketed lane counts with padding lanes, graph = eager at a padded
 count, and a stream's tokens unchanged while a long prompt is read beside it in capped passes
-(mixed graphs).
-(Grammars need a tokenizer, which the random checkpoint lacks: tests/test_gpu.py's server-free
-rules and the CPU's structured tests cover them.)"""
+(mixed graphs). Grammar lanes read the bundled demo's tokenizer (its 2,048 tokens are the first
+of the 9B's vocabulary; the rest are never allowed under a grammar)."""
 
 import dataclasses
 
@@ -16,30 +15,37 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from engine_util import finish_prints, sample_prompt  # noqa: E402
+from llguidance import LLMatcher  # noqa: E402
 
+from tensorfold.engine.constraints import Grammar  # noqa: E402
 from tensorfold.engine.engine import Engine, EngineConfig  # noqa: E402
 from tensorfold.engine.request import SamplingParams  # noqa: E402
 from tensorfold.runner.cuda_graph import lane_buckets, piece_room  # noqa: E402
+from tensorfold.tokenizer import Tokenizer  # noqa: E402
+from tensorfold.util import default_checkpoint  # noqa: E402
 
 VOCAB = 248320
+GRAMMAR = Grammar(LLMatcher.grammar_from_lark('start: "{" /[a-z ]{1,12}/ "}"'))
 
 
 def _engine(model, parallel: int, **kw) -> Engine:
     # every prompt in the first pass, so all lanes decode together before the first one ends
     config = {"parallel": parallel, "context": 640, "chunk": 128, "max_queue": 512}
     config |= {"token_budget": 128 * parallel, **kw}
-    return Engine(model, None, EngineConfig(**config))
+    return Engine(model, Tokenizer(default_checkpoint(None)), EngineConfig(**config))
 
 
 def _params(i: int) -> SamplingParams:
-    """Lane i's rules: greedy, seeded, penalised or biased, ending after 6 to 21 tokens."""
+    """Lane i's rules: greedy, seeded, penalised, biased or under a grammar (which ends it when
+    its reply is complete), ending after 6 to 21 tokens."""
     rules = [
         dict(temperature=0.0),
         dict(temperature=0.8, seed=i),
         dict(temperature=0.7, seed=i, top_p=0.9, presence_penalty=0.5),
         dict(temperature=0.0, repetition_penalty=1.2, logit_bias={7: 30.0}),
+        dict(temperature=0.8, seed=i, grammar=GRAMMAR, ignore_eos=False),
     ]
-    return SamplingParams(max_tokens=6 + i % 16, ignore_eos=True, **rules[i % 4])
+    return SamplingParams(**{"max_tokens": 6 + i % 16, "ignore_eos": True, **rules[i % 5]})
 
 
 def _jobs(n: int) -> list[tuple[list[int], SamplingParams]]:
@@ -63,7 +69,7 @@ def test_many_lanes_concurrent_equals_solo_9b(nine_b, parallel):
     buckets = lane_buckets(parallel)
     recorded = {lanes for lanes, rows in eng.runner.replays}
     assert recorded <= set(buckets) and parallel in recorded and len(recorded) > 3
-    for i in sorted({0, 1, 2, 3, parallel // 2 + 1, parallel - 1}):
+    for i in sorted({0, 1, 2, 3, 4, parallel // 2 + 1, parallel - 1}):  # 4: a grammar
         assert _run(_engine(nine_b, 1), [jobs[i]]) == [together[i]], f"lane {i}"
 
 
@@ -88,7 +94,8 @@ def test_overlapped_equals_sequential_9b(nine_b):
             streamed[e.request_id].append((e.token_ids, e.logprobs, e.finish_reason))
         outs.append([(r.output_ids, streamed[r.request_id]) for r in reqs])
     assert outs[0] == outs[1]
-    assert [len(ids) for ids, _ in outs[0]] == [p.max_tokens for _, p in jobs]
+    ran = [(len(ids), p.max_tokens, p.grammar is None) for (ids, _), (_, p) in zip(outs[0], jobs)]
+    assert all(n == most if plain else n <= most for n, most, plain in ran)  # a grammar may end
 
 
 def test_padded_graph_equals_eager_9b(nine_b):
