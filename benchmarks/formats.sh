@@ -31,10 +31,7 @@ peer() {
 
 for p in $PHASES; do
     case $p in
-        peerbuild) (renice -n 19 $BASHPID > /dev/null
-                    LCP_BUDGET=${LCP_BUILD_BUDGET:-420} bash .peers/llamacpp/run.sh "$OUT/peer" build \
-                        > "$OUT/peerbuild.log" 2>&1) &
-                   PEER_BUILD=$! ;;
+        peerbuild) peer_build ;;
         ours)     phase ours 300 $py benchmarks/h200.py --out /tmp/bench --models \
                       "${FORMATS:-4bit,mixed45,mixed,8bit}" --lanes 1,4 --sizes 2048,8192 --in-memory ;;
         big)      phase big 200 $py benchmarks/h200.py --out /tmp/bench --models 4bit --lanes 1 \

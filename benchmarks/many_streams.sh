@@ -59,10 +59,7 @@ peer() {
 
 for p in $PHASES; do
     case $p in
-        peerbuild) (renice -n 19 $BASHPID > /dev/null
-                    LCP_BUDGET=${LCP_BUILD_BUDGET:-420} bash .peers/llamacpp/run.sh "$OUT/peer" build \
-                        > "$OUT/peerbuild.log" 2>&1) &
-                   PEER_BUILD=$! ;;
+        peerbuild) peer_build ;;
         tests)   phase tests 300 $py -m pytest -q -x -p no:cacheprovider tests/test_gpu_lanes.py \
                      --durations=8 ;;
         profile) phase profile 240 $py benchmarks/profile_decode.py --out /tmp/prof --in-memory \

@@ -66,3 +66,12 @@ ways() {
 base_tree() {
     [ -d "$2/src" ] || { mkdir -p "$2" && git archive "$1" src tests benchmarks | tar -x -C "$2"; }
 }
+
+# peer_build: the llama.cpp kit in .peers/llamacpp builds (and writes its bf16 GGUF) in the
+# background at low priority, its log in $OUT/peerbuild.log; $PEER_BUILD is its job to wait for.
+peer_build() {
+    (renice -n 19 $BASHPID > /dev/null
+     LCP_BUDGET=${LCP_BUILD_BUDGET:-420} bash .peers/llamacpp/run.sh "$OUT/peer" build \
+         > "$OUT/peerbuild.log" 2>&1) &
+    PEER_BUILD=$!
+}
