@@ -16,7 +16,9 @@ from tensorfold.runner.cuda_graph import GraphShape, graph_shape, lane_buckets, 
 from tensorfold.runner.plan import PassPlan, padded
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-PIECE = 80  # two attention tiles of 64: a short piece leaves the second empty
+# the graphs' piece: beside 1 or 4 decoding rows its room is 127 or 124 rows (the pass ends on
+# 128), two attention tiles of 64: a short piece leaves the second empty
+PIECE = 128
 
 
 def plan(*lanes) -> PassPlan:
@@ -104,7 +106,7 @@ def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
     # the plan's rows in order, as Drafting.observe reads them (past them, the piece's padding)
     rows = eager.num_rows
     assert torch.equal(kept[0][:rows], fake.hidden) and torch.equal(kept[1][:rows], fake.tapped)
-    assert kept[0].shape[0] == rows + PIECE - work.lanes[-1].rows
+    assert kept[0].shape[0] == rows + shape.prompt - work.lanes[-1].rows
     runner.model = real
 
 
@@ -112,17 +114,19 @@ def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
 def test_mixed_graph_batch_and_rows_match_the_eager_pass(hf_tiny_b, recording, decoding):
     eng, reqs, reader = _streams(hf_tiny_b, decoding, 2 * PIECE + 30)
     runner = eng.runner
-    middle = plan(*((r, 1) for r in reqs), (reader, PIECE))
+    room = piece_room(PIECE, next(b for b in runner.buckets if b >= decoding))
+    assert 64 < room < PIECE
+    middle = plan(*((r, 1) for r in reqs), (reader, room))
     assert len(middle.lanes[-1].logits) == 0  # a piece inside the prompt wants no logits
-    _check(runner, middle, GraphShape(decoding, 1, PIECE))
+    _check(runner, middle, GraphShape(decoding, 1, room))
     short = plan(*((r, 1) for r in reqs), (reader, 21))  # 21 real rows: the second tile empty
-    _check(runner, short, GraphShape(decoding, 1, PIECE))
+    _check(runner, short, GraphShape(decoding, 1, room))
     reader.lane.computed = 2 * PIECE  # the prompt's last piece (30 rows): its last row's logits
     last = plan(*((r, 1) for r in reqs), (reader, 30))
     assert last.lanes[-1].logits == range(29, 30)
-    _check(runner, last, GraphShape(decoding, 1, PIECE))
+    _check(runner, last, GraphShape(decoding, 1, room))
     reader.lane.computed = 2 * PIECE + 28  # two rows: the conv keeps a row of its old state
-    _check(runner, plan(*((r, 1) for r in reqs), (reader, 2)), GraphShape(decoding, 1, PIECE))
+    _check(runner, plan(*((r, 1) for r in reqs), (reader, 2)), GraphShape(decoding, 1, room))
     reader.lane.computed = 2 * PIECE + 29  # the prompt's last row: as another decoding lane
     one_row = plan(*((r, 1) for r in reqs), (reader, 1))
     assert graph_shape(one_row, runner.graph_rows, PIECE) == GraphShape(decoding + 1, 1)
@@ -135,10 +139,11 @@ def test_mixed_graph_shapes(hf_tiny_b):
     one = frozenset({1})
     a, b = reqs
     assert graph_shape(plan((a, 1), (b, 1)), one, PIECE) == GraphShape(2, 1)
-    assert graph_shape(plan((a, 1), (reader, PIECE)), one, PIECE) == GraphShape(1, 1, PIECE)
-    assert graph_shape(plan((a, 1), (reader, 7)), one, PIECE) == GraphShape(1, 1, PIECE)
-    assert graph_shape(plan((a, 1), (reader, PIECE)), one, 0) is None  # no mixed graphs
-    assert graph_shape(plan((a, 1), (reader, PIECE + 1)), one, PIECE) is None  # too long
+    room = piece_room(PIECE, 1)  # beside one decoding row
+    assert graph_shape(plan((a, 1), (reader, room)), one, PIECE) == GraphShape(1, 1, room)
+    assert graph_shape(plan((a, 1), (reader, 7)), one, PIECE) == GraphShape(1, 1, room)
+    assert graph_shape(plan((a, 1), (reader, room)), one, 0) is None  # no mixed graphs
+    assert graph_shape(plan((a, 1), (reader, room + 1)), one, PIECE) is None  # too long
     assert graph_shape(plan((reader, PIECE)), one, PIECE) is None  # no decoding lane
     assert graph_shape(plan((reader, PIECE), (a, 1)), one, PIECE) is None  # prompt not last
     assert graph_shape(plan((a, 1), (b, 2), (reader, PIECE)), one, PIECE) is None  # rows differ
@@ -152,12 +157,19 @@ def test_mixed_graph_shapes(hf_tiny_b):
 
 
 def test_a_piece_ends_the_pass_on_a_product_tile():
-    """A piece's room beside `decode` rows (padding lanes' included) ends the pass's rows on a
-    multiple of 128 rows, unless that leaves less than half the piece."""
+    """A piece's room beside `decode` rows (padding lanes' included) ends the pass's rows on the
+    top of a products' rows class (64, 128, 256, 512; past them a multiple of 128 rows), unless
+    that leaves less than half the piece."""
     assert [piece_room(128, d) for d in (0, 1, 16, 64, 100, 128, 136)] == [
         128, 127, 112, 64, 128, 128, 120,
     ]  # fmt: skip
-    assert piece_room(256, 16) == 240 and piece_room(80, 4) == 80 and piece_room(8, 3) == 8
+    assert piece_room(256, 16) == 240 and piece_room(8, 3) == 8
+    # 16 streams and a 64-row piece: a 64-row pass, not an 80-row one in the 65-128 rows class
+    assert piece_room(64, 16) == 48 and piece_room(64, 1) == 63 and piece_room(80, 4) == 60
+    assert piece_room(512, 256) == 512 and piece_room(512, 300) == 468  # 768 rows both
+    for piece, decode in [(64, 16), (128, 1), (48, 8), (512, 300), (100, 100)]:
+        room = piece_room(piece, decode)
+        assert piece // 2 <= room <= piece
 
 
 def test_the_scheduler_cuts_pieces_to_the_mixed_graphs_room(hf_tiny_b):

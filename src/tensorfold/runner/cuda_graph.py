@@ -32,6 +32,7 @@ from ..batch import CHUNK, ForwardBatch, LaneIndex, Segment
 from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
 from ..ops.gated_delta import grid_chunked
+from ..ops.triton.tiles import ROW_CLASSES
 from ..util import capturing
 from .plan import PassPlan, same_lanes
 
@@ -272,17 +273,21 @@ def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:
     return n
 
 
-# the products' largest row tile: a pass whose rows end just past a multiple of it pays for a
-# whole tile more (on the H200, 16 streams and a 128-row piece: 144 rows, 28.4 ms a pass; with a
-# 112-row piece, 128 rows: 23.3 ms)
+# the products' largest row tile: past the last rows class, a pass whose rows end just past a
+# multiple of it pays for a whole tile more (on the H200, 16 streams and a 128-row piece: 144
+# rows, 28.4 ms a pass; with a 112-row piece, 128 rows: 23.3 ms)
 PIECE_ALIGN = 128
 
 
 def piece_room(piece: int, decode_rows: int) -> int:
     """The rows of a mixed graph's prompt lane beside `decode_rows` rows (padding lanes'
-    included): `piece` cut so that the pass's rows end on a multiple of PIECE_ALIGN, unless that
-    leaves less than half of it."""
-    room = piece - (decode_rows + piece) % PIECE_ALIGN
+    included): `piece` cut so that the pass's rows end on the top of a products' rows class
+    (tiles.ROW_CLASSES: 64, 128, 256, ...; past them a multiple of PIECE_ALIGN), whose launch
+    shape a few rows more would leave for the next class's, unless that leaves less than half
+    of it."""
+    total = decode_rows + piece
+    tops = [top for top in ROW_CLASSES if top <= total] + [total - total % PIECE_ALIGN]
+    room = max(tops) - decode_rows
     return room if room >= max(1, piece // 2) else piece
 
 
