@@ -184,10 +184,10 @@ def _overlapped(path, draft: str, lane_cls, overlap: bool, monkeypatch):
         seen["reads"] += seen["inside"]
         return observe(lane, *args)
 
-    def step():
+    def step(proposed=False):
         seen["inside"], seen["overlapped"] = 1, seen["overlapped"] + 1
         try:
-            return overlapped()
+            return overlapped(proposed)
         finally:
             seen["inside"] = 0
 

@@ -354,9 +354,9 @@ def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_ti
     eng.drafting.default = Script(replies, lambda p: True)
     steps, overlapped, record = [], eng._overlapped_step, eng.drafting.prices.record
 
-    def step():
+    def step(proposed=False):
         steps.append([eng._chosen is not None, 0])
-        return overlapped()
+        return overlapped(proposed)
 
     def priced(lanes, rows, seconds):
         if steps and rows == 1:
@@ -402,7 +402,12 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
         eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
         eng.drafting.default = Sparse(replies)
         overlapped, step = [], eng._overlapped_step
-        eng._overlapped_step = lambda: overlapped.append(1) or step()
+        eng._overlapped_step = lambda proposed=False: (
+            (  # counted when it waited for no read
+                overlapped.append(1) if not proposed else None
+            )
+            or step(proposed)
+        )
         got, steps = [eng.add_request(ids, params) for ids in prompts], 0
         while eng.has_work():
             eng.step()

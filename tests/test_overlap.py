@@ -239,7 +239,11 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     eng.drafting.default = Script(replies, wrong.get(pattern, lambda p: False))
     overlapped, step = [], eng._overlapped_step
-    monkeypatch.setattr(eng, "_overlapped_step", lambda: overlapped.append(1) or step())
+    monkeypatch.setattr(  # counted when it waited for no read: not after an ask's
+        eng,
+        "_overlapped_step",
+        lambda proposed=False: (overlapped.append(1) if not proposed else None) or step(proposed),
+    )
     got, steps = [eng.add_request(ids, params) for ids in prompts], 0
     while eng.has_work():
         eng.step()
@@ -265,10 +269,33 @@ def test_a_drafting_engine_overlaps_the_passes_that_read_prompts(hf_tiny_b, monk
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True, chunk=64)
     eng.drafting.default = Script(replies)
     reading, step = [], eng._overlapped_step
-    eng._overlapped_step = lambda: (
-        reading.append(any(r.in_prompt for r in eng.scheduler.running)) or step()
+    eng._overlapped_step = lambda proposed=False: (
+        reading.append(any(r.in_prompt for r in eng.scheduler.running)) or step(proposed)
     )
     got = [eng.add_request(ids, params) for ids in prompts]
     eng.run_until_done()
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
     assert eng.drafting.stats.accepted > 0 and sum(reading) >= 3, reading
+
+
+def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkeypatch):
+    """A lane whose gate asks has its last tokens read first; when its drafter finds nothing,
+    the pass is launched as an overlapped one (its tokens chosen on the device and read in the
+    next step), not as a plain step that waits for its own pass. The replies are plain's."""
+    from tensorfold.drafters.lookup import NgramDrafter
+
+    prompts = [sample_prompt(500 + i, n, 300) for i, n in enumerate((12, 31, 7))]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=3, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, output, k: [])
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+    plain_steps, asked = [], []
+    step, overlapped = eng._step, eng._overlapped_step
+    eng._step = lambda proposed=False: plain_steps.append(1) or step(proposed)
+    eng._overlapped_step = lambda proposed=False: asked.append(proposed) or overlapped(proposed)
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert not plain_steps and 0 < sum(asked) < len(asked) // 4, (sum(asked), len(asked))

@@ -193,15 +193,16 @@ class Drafting:
         """Committed rows an aligned lane feeds again after a rejection."""
         return req.num_tokens - req.lane.computed - 1
 
-    def quiet(self, lanes: list[Request]) -> bool:
+    def quiet(self, lanes: list[Request], asking: bool = True) -> bool:
         """Whether a pass of `lanes` needs nothing of drafting that waits for the host to know
-        the last tokens: no lane has drafts in flight or rows behind, and no drafting lane
-        proposes at this chance (`propose` only counts a closed gate's chance): then the
-        engine may overlap the pass. A closed gate's drafter may still read the target's states
-        of an overlapped pass: `observe` after the pass's tokens are chosen on the device."""
+        the last tokens: no lane has drafts in flight or rows behind, and (`asking`) no
+        drafting lane proposes at this chance (`propose` only counts a closed gate's chance):
+        then the engine may overlap the pass. A closed gate's drafter may still read the
+        target's states of an overlapped pass: `observe` after the pass's tokens are chosen on
+        the device."""
         for req in lanes:
             d = req.lane.draft
-            if d is not None and (d.proposal or self.behind(req) or self.asks(req)):
+            if d is not None and (d.proposal or self.behind(req) or (asking and self.asks(req))):
                 return False
         return True
 

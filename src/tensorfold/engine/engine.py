@@ -179,22 +179,33 @@ class Engine:
         events = self._take_inbox()
         if self._overlapping():
             return events + self._overlapped_step()
+        if self._overlapping(asking=False):  # a gate asks: its drafter reads the last tokens
+            events += self._settle()
+            self.scheduler.admit()
+            self.drafting.propose(self.scheduler.running)
+            if not any(req.drafting for req in self.scheduler.running):  # it found nothing
+                return events + self._overlapped_step(proposed=True)
+            return events + self._step(proposed=True)
         return events + self._settle() + self._step()
 
-    def _overlapping(self) -> bool:
+    def _overlapping(self, asking: bool = True) -> bool:
         """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps, and
         so does a pass in which a lane may draft or its drafter read the target's states
-        (Drafting.quiet: overlapped steps only while every drafting lane rests)."""
+        (Drafting.quiet: overlapped steps only while every drafting lane rests). `asking`
+        False: a lane whose gate asks at this chance does not count (`step` reads the last
+        tokens for its drafter first, and overlaps again when it proposes nothing)."""
         if not self.overlap:
             return False
         lanes = list(itertools.chain(self.scheduler.running, self.scheduler.waiting))
-        return all(req.watch is None for req in lanes) and self.drafting.quiet(lanes)
+        return all(req.watch is None for req in lanes) and self.drafting.quiet(lanes, asking)
 
-    def _overlapped_step(self) -> list[TokenEvent]:
+    def _overlapped_step(self, proposed: bool = False) -> list[TokenEvent]:
+        """`proposed`: the lanes were admitted and have proposed for it already (nothing)."""
         start = time.perf_counter()
         waits = self._chosen is not None  # on the pass before: the step lasts a pass's period
-        self.scheduler.admit()
-        self.drafting.propose(self.scheduler.running)  # a closed gate counts its chance
+        if not proposed:
+            self.scheduler.admit()
+            self.drafting.propose(self.scheduler.running)  # a closed gate counts its chance
         if any(req.drafting for req in self.scheduler.running):  # not quiet after all
             return self._settle() + self._step(proposed=True)
         work = self.scheduler.schedule()
