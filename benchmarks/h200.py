@@ -24,7 +24,7 @@ from inexact import make_inexact
 from tqdm import tqdm
 
 from tensorfold.engine.engine import Engine, EngineConfig, hold_unpacked
-from tensorfold.engine.flags import add_overlap_flag
+from tensorfold.engine.flags import add_overlap_flag, add_unpacked_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.ops.gated_delta import FORMS
@@ -387,13 +387,7 @@ def main() -> None:
         action="store_true",
         help="no weight files: the random tensors drawn as the loader reads them (the 122B)",
     )
-    p.add_argument(
-        "--unpacked-weights",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="packed weights held dequantized too (the same bits; more memory; default: the "
-        "engine's choice, on past 128 lanes where they fit)",
-    )
+    add_unpacked_flag(p)
     p.add_argument(
         "--plot",
         default=None,

@@ -20,6 +20,7 @@ from h200 import Run, start_decoding  # this folder's benchmark: the same engine
 from torch.profiler import ProfilerActivity, profile
 
 from tensorfold.engine.engine import Engine
+from tensorfold.engine.flags import add_unpacked_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.ops.gated_delta import FORMS
 
@@ -118,12 +119,7 @@ def main() -> None:
     p.add_argument("--shape", default="9b")
     p.add_argument("--in-memory", action="store_true", help="no weight files (h200.py's)")
     p.add_argument("--gdn-form", choices=FORMS, default="recurrence")
-    p.add_argument(
-        "--unpacked-weights",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="as h200.py's",
-    )
+    add_unpacked_flag(p)
     p.add_argument(
         "--graphed",
         action="store_true",

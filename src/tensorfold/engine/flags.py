@@ -45,6 +45,12 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
         "of 128, the ones its card checks cover); each keeps every invariant, and each rounds "
         "its own way on a GPU (on the CPU chunk = grid)",
     )
+    add_unpacked_flag(p)
+    add_split_flag(p)
+
+
+def add_unpacked_flag(p: argparse.ArgumentParser) -> None:
+    """--unpacked-weights / --no-unpacked-weights (default: the engine's choice, None)."""
     p.add_argument(
         "--unpacked-weights",
         action=argparse.BooleanOptionalAction,
@@ -54,7 +60,6 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
         "weight every pass (the CPU's; a GPU's prompts and many lanes) read it instead "
         "(default: on for a small model on the CPU, and on a GPU past 128 lanes when it fits)",
     )
-    add_split_flag(p)
 
 
 def add_overlap_flag(p: argparse.ArgumentParser) -> None:
