@@ -29,6 +29,9 @@ from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
 from .request import Request, TokenEvent
 
+# what a pass needs of drafting before the engine may overlap it (Drafting.stillness)
+BUSY, ASKS, QUIET = "busy", "asks", "quiet"
+
 
 @dataclass
 class DraftStats:
@@ -193,18 +196,23 @@ class Drafting:
         """Committed rows an aligned lane feeds again after a rejection."""
         return req.num_tokens - req.lane.computed - 1
 
-    def quiet(self, lanes: list[Request], asking: bool = True) -> bool:
-        """Whether a pass of `lanes` needs nothing of drafting that waits for the host to know
-        the last tokens: no lane has drafts in flight or rows behind, and (`asking`) no
-        drafting lane proposes at this chance (`propose` only counts a closed gate's chance):
-        then the engine may overlap the pass. A closed gate's drafter may still read the
+    def stillness(self, lanes: list[Request]) -> str:
+        """Whether a pass of `lanes` needs drafting to wait for the host to know the last
+        tokens: BUSY when a lane has drafts in flight or rows behind; else ASKS when a drafting
+        lane proposes at this chance (`propose` only counts a closed gate's chance); else QUIET,
+        and the engine may overlap the pass. A closed gate's drafter may still read the
         target's states of an overlapped pass: `observe` after the pass's tokens are chosen on
         the device."""
+        mode = QUIET
         for req in lanes:
             d = req.lane.draft
-            if d is not None and (d.proposal or self.behind(req) or (asking and self.asks(req))):
-                return False
-        return True
+            if d is None:
+                continue
+            if d.proposal or self.behind(req):
+                return BUSY
+            if self.asks(req):
+                mode = ASKS
+        return mode
 
     def asks(self, req: Request) -> bool:
         """Whether the lane proposes at this chance (as `propose` decides): its gate open, its

@@ -24,7 +24,7 @@ from ..runner.launch import make_runner
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from .admission import make_request
 from .constraints import GrammarBook
-from .drafting import Drafting
+from .drafting import ASKS, BUSY, QUIET, Drafting
 from .inbox import Inbox
 from .output import Output
 from .overlap import Chosen, fed
@@ -177,30 +177,32 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         """One pass; with overlap, the tokens of the pass before are committed while it runs."""
         events = self._take_inbox()
-        if self._overlapping():
+        mode = self._overlap_mode()
+        if mode == QUIET:
             return events + self._overlapped_step()
-        if self._overlapping(asking=False):  # a gate asks: its drafter reads the last tokens
+        if mode == ASKS:  # its drafter proposes from the last tokens: read them first
             events += self._settle()
             self.scheduler.admit()
             self.drafting.propose(self.scheduler.running)
-            if not any(req.drafting for req in self.scheduler.running):  # it found nothing
-                return events + self._overlapped_step(proposed=True)
-            return events + self._step(proposed=True)
+            return events + self._overlapped_step(proposed=True)  # plain if a lane drafts
         return events + self._settle() + self._step()
 
-    def _overlapping(self, asking: bool = True) -> bool:
+    def _overlap_mode(self) -> str:
         """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps, and
-        so does a pass in which a lane may draft or its drafter read the target's states
-        (Drafting.quiet: overlapped steps only while every drafting lane rests). `asking`
-        False: a lane whose gate asks at this chance does not count (`step` reads the last
-        tokens for its drafter first, and overlaps again when it proposes nothing)."""
+        so does a pass in which a lane has drafts in flight or rows behind (BUSY); a lane
+        whose gate asks (ASKS) has the last tokens read first, and overlaps again when it
+        proposes nothing (Drafting.stillness: overlapped steps while every drafting lane
+        rests)."""
         if not self.overlap:
-            return False
+            return BUSY
         lanes = list(itertools.chain(self.scheduler.running, self.scheduler.waiting))
-        return all(req.watch is None for req in lanes) and self.drafting.quiet(lanes, asking)
+        if any(req.watch is not None for req in lanes):
+            return BUSY
+        return self.drafting.stillness(lanes)
 
     def _overlapped_step(self, proposed: bool = False) -> list[TokenEvent]:
-        """`proposed`: the lanes were admitted and have proposed for it already (nothing)."""
+        """`proposed`: the lanes were admitted and have proposed for it already; a lane that
+        drafts makes it a plain step."""
         start = time.perf_counter()
         waits = self._chosen is not None  # on the pass before: the step lasts a pass's period
         if not proposed:
