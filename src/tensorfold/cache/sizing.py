@@ -70,7 +70,7 @@ class PoolPlan:
             chunk_tail(chunk_form),
             draft_page_bytes,
         )
-        pages = lanes * -(-context // page_size) + prompt_cache_bytes // max(1, plan.page_cost)
+        pages = lanes * plan.span(context) + prompt_cache_bytes // max(1, plan.page_cost)
         pages += padding
         return replace(plan, pages=pages)
 
@@ -113,10 +113,18 @@ class PoolPlan:
         pages = int(SHARED * room - self.state_bytes) // max(1, self.page_cost)
         return replace(self, pages=pages) if pages >= self.context_pages(context) else self
 
+    def span(self, context: int) -> int:
+        """The pages `context` tokens fill."""
+        return -(-context // self.page_size)
+
+    def whole_contexts(self, context: int) -> int:
+        """How many lanes' whole contexts the pool holds (fewer than the lanes: they share it)."""
+        return self.pages // self.span(context)
+
     def context_pages(self, context: int) -> int:
         """The pages one lane's whole context can reach (a partial page copied on a resume, the
         scratch page of graphs' padding lanes)."""
-        return -(-context // self.page_size) + 2
+        return self.span(context) + 2
 
     @property
     def state_bytes(self) -> int:

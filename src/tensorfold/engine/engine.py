@@ -88,7 +88,7 @@ class Engine:
         if wants_unpacked(model, config.unpacked_weights, config.parallel, plan.nbytes):
             hold_unpacked(model)
         plan = plan.fitted(model.device, config.context)
-        self.kv_contexts = plan.pages // -(-config.context // plan.page_size)  # whole contexts
+        self.kv_contexts = plan.whole_contexts(config.context)
         self.caches = plan.build(model.device, config.parallel, config.context)
         model.set_gdn_form(config.gdn_form)
         self.prefix_cache = PrefixCache(self.caches.kv, config.prompt_cache_bytes)

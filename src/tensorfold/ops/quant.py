@@ -107,6 +107,8 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.packed.device
 
+    # the held values are a cache beside the frozen fields (as single_rounding's below): kept in
+    # the instance's __dict__, outside equality and the dataclass's fields
     def unpacked(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The whole weight dequantized to `dtype`, when it is held so (`hold_unpacked`)."""
         held = self.__dict__.get("held_unpacked")
