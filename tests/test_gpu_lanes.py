@@ -139,7 +139,8 @@ def test_padded_mixed_graph_equals_eager_9b(nine_b, form):
     100 rows in the same graph, its padding rows writing a scratch row) give the eager passes'
     bytes, every lane's fingerprint included, in the per-token form and the grid form (whose
     kernel reads the piece's real rows from its bounds, set on the device)."""
-    jobs = [(ids, dataclasses.replace(p, max_tokens=30)) for ids, p in _jobs(5)]
+    # lane 4's grammar would end it mid-prompt and move the last piece to the 4-lane bucket
+    jobs = [(ids, dataclasses.replace(p, max_tokens=30)) for ids, p in _jobs(6) if not p.grammar]
     prompt = (sample_prompt(33, 700, VOCAB), SamplingParams(max_tokens=8, temperature=0.0))
 
     def run(**kw):
