@@ -12,7 +12,13 @@ from graph_util import stand_in_recording
 
 from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
-from tensorfold.runner.cuda_graph import GraphShape, graph_shape, lane_buckets, piece_room
+from tensorfold.runner.cuda_graph import (
+    LONE_PIECES,
+    GraphShape,
+    graph_shape,
+    lane_buckets,
+    piece_room,
+)
 from tensorfold.runner.plan import PassPlan, padded
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -88,14 +94,15 @@ def _tiled_rows(tiles) -> dict[int, tuple[int, list[int]]]:
 
 
 def _check(runner, work: PassPlan, want_shape: GraphShape) -> None:
-    shape = graph_shape(work, runner.graph_rows, runner.piece_rows, runner.buckets)
+    shape = runner.shape(work)
     assert shape == want_shape
     real = runner.model
     fake = runner.model = _Tagged(real)
     runner.graphs.clear()  # a new graph each time: its recorded pass runs for real here
     got = runner._replay(work, shape)
     graph_batch, kept = fake.batch, (fake.hidden, fake.tapped)
-    lanes = next(b for b in runner.buckets if b >= shape.lanes)
+    # a prompt piece alone has no padding lane
+    lanes = next(b for b in runner.buckets if b >= shape.lanes) if shape.lanes else 0
     full = padded(work, len(work) + lanes - shape.lanes, runner.pad_lane(1), at=shape.lanes)
     _same_batch(graph_batch, runner.batch(full)[0], int(runner.pad[1][0]))
     eager, owners = runner.batch(work)
@@ -130,6 +137,40 @@ def test_mixed_graph_batch_and_rows_match_the_eager_pass(hf_tiny_b, recording, d
     reader.lane.computed = 2 * PIECE + 29  # the prompt's last row: as another decoding lane
     one_row = plan(*((r, 1) for r in reqs), (reader, 1))
     assert graph_shape(one_row, runner.graph_rows, PIECE) == GraphShape(decoding + 1, 1)
+
+
+def test_a_prompt_alone_replays_the_smallest_lone_graph_it_fits(hf_tiny_b, recording):
+    """A prompt piece read alone replays a mixed graph with no decoding lane: the smallest of
+    LONE_PIECES (each the top of a products' rows class) it fits, its rows past the real ones
+    padding; its graph batch equals the eager batch on the real rows and it gets the eager
+    pass's logits row. A longer piece, one wanting every row's logits, or a runner without
+    padding lanes (no scratch row) reads it eagerly."""
+    eng = make_engine(hf_tiny_b, parallel=3, context=512, chunk=64)
+    runner = eng.runner
+    runner.pad_lanes(lane_buckets(3))
+    runner.lone_pieces = LONE_PIECES
+    reader = eng.add_request(sample_prompt(81, 300, 300), GREEDY)
+    eng.step()  # the first 64 rows, eagerly (no graphs on the CPU)
+    assert reader.lane.computed == 64
+    for rows, piece in [(6, 16), (15, 16), (16, 16), (17, 32), (33, 64), (40, 64)]:
+        reader.lane.computed = 300 - rows  # the prompt's last piece: its last row's logits
+        work = plan((reader, rows))
+        assert work.lanes[-1].logits == range(rows - 1, rows)
+        _check(runner, work, GraphShape(0, 1, piece))
+    # a last piece of 1 to 1 + K rows is a lane of a decode or verify graph, as before
+    reader.lane.computed = 300 - 3
+    assert runner.shape(plan((reader, 3))) == GraphShape(1, 3)
+    reader.lane.computed = 0  # a first piece inside the prompt wants no logits
+    _check(runner, plan((reader, 64)), GraphShape(0, 1, 64))
+    assert runner.shape(plan((reader, 65))) == GraphShape(0, 1, 128)
+    assert runner.shape(plan((reader, 129))) is None  # past the largest piece: eager
+    one = frozenset({1})
+    assert graph_shape(plan((reader, 40)), one, 64) is None  # no padding lanes: no scratch row
+    runner.lone_pieces = ()
+    assert runner.shape(plan((reader, 40))) is None
+    watched = eng.add_request(sample_prompt(82, 40, 300), GREEDY, watch=Watch(keep_logits=True))
+    eng.step()
+    assert graph_shape(plan((watched, 8)), one, 64, runner.buckets) is None  # every row's logits
 
 
 def test_mixed_graph_shapes(hf_tiny_b):

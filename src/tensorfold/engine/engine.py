@@ -19,7 +19,7 @@ from ..drafters.choice import DraftConfig
 from ..drafters.lookup import DrafterWeights, load_drafter
 from ..errors import ConfigError, QueueFull
 from ..ops.gated_delta import grid_chunked
-from ..runner.cuda_graph import lane_buckets
+from ..runner.cuda_graph import LONE_PIECES, lane_buckets
 from ..runner.launch import make_runner
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from .admission import make_request
@@ -111,11 +111,14 @@ class Engine:
                 self.runner.pad_lanes(lane_buckets(config.parallel))
                 self.drafting.use_graphs(config.context)
                 self.scheduler.lookahead = config.draft_tokens if config.draft else 0
-                # prompt pieces beside decoding lanes, in graphs; fla's graph layout needs as
-                # many rows in every lane, the other forms read each lane's rows from its bounds
-                if config.mixed_chunk and config.gdn_form != "chunk":
-                    self.runner.piece_rows = config.mixed_chunk
-                    self.scheduler.mixed_room = self.runner.mixed_room
+                # prompt pieces alone and beside decoding lanes, in graphs; fla's graph layout
+                # needs as many rows in every lane, the other forms read each lane's rows from
+                # its bounds
+                if config.gdn_form != "chunk":
+                    self.runner.lone_pieces = LONE_PIECES
+                    if config.mixed_chunk:
+                        self.runner.piece_rows = config.mixed_chunk
+                        self.scheduler.mixed_room = self.runner.mixed_room
         self.eos_ids = set(cfg.eos_token_ids) | set(getattr(tokenizer, "eos_ids", ()))
         self.grammars = GrammarBook(tokenizer, cfg.vocab_size, sorted(self.eos_ids))
         self.sampler = Sampler(self.runner.greedy, self.eos_ids, self.grammars)

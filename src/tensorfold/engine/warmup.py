@@ -6,8 +6,8 @@ Triton compiles each kernel variant on first use; a decode pass of each lane-cou
 recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
 `parallel` lanes, half of them sampled; prompt chunks of 16, 32, 64, 128, 256, 512 and `chunk` rows;
-with `--mixed-chunk`, a prompt read beside lanes falling through every bucket) with the prompt
-cache off, then keeps the tile book's choices in a small file keyed by the card and the versions,
+with `--mixed-chunk`, a prompt read beside lanes falling through every bucket; a prompt alone in
+each lone piece's graph) with the prompt cache off, then keeps the tile book's choices in a small file keyed by the card and the versions,
 so the next start times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
 stale file can change a token: they only change how soon the first one comes.
 """
@@ -83,6 +83,23 @@ def _run_mixed(engine: Engine, vocab: int) -> None:
     engine.run_until_done()
 
 
+def wants_lone(engine: Engine) -> bool:
+    """Lone prompt graphs to record: a short prompt read alone replays one (runner.shape)."""
+    return bool(engine.runner.lone_pieces)
+
+
+def _run_lone(engine: Engine, vocab: int, pieces: tuple[int, ...]) -> None:
+    """The lone graphs put back, a prompt alone that fills each one's room."""
+    runner = engine.runner
+    runner.lone_pieces = pieces
+    for piece in pieces:
+        n = min(piece, engine.config.context - 1)
+        ids = [(3 + 13 * i) % vocab for i in range(n)]
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        engine.add_request(ids, params, f"warmup-lone-{piece}")
+        engine.run_until_done()
+
+
 def _tile_book(engine: Engine):
     return next((lin.book for lin in engine.model.linears() if lin.book is not None), None)
 
@@ -148,7 +165,7 @@ def warm_up(
     steps = warmup_steps(c.parallel, c.chunk, c.context)
     start = time.monotonic()
     done = run_steps(engine, steps, budget_s, progress)
-    planned = len(steps) + wants_mixed(engine)
+    planned = len(steps) + wants_mixed(engine) + wants_lone(engine)
     if book is not None and path is not None:
         book.save(path)
     chosen = len(book.chosen) if book is not None else 0
@@ -160,16 +177,22 @@ def warm_up(
 def run_steps(
     engine: Engine, steps: list[tuple[int, int]], budget_s: float, progress: bool = False
 ) -> int:
-    """Runs the steps (and the mixed step, when the engine has mixed graphs) with the prompt
-    cache off (nothing of the warm-up is kept); stops starting new steps past `budget_s` (what
-    is left is chosen on first use, as without a warm-up)."""
+    """Runs the steps (and the mixed and lone steps, when the engine has such graphs) with the
+    prompt cache off (nothing of the warm-up is kept); stops starting new steps past `budget_s`
+    (what is left is chosen on first use, as without a warm-up). The steps' prompts are read
+    eagerly, the lone graphs set aside, so that every rows class of an eager pass is met."""
     start, done = time.monotonic(), 0
     budget, engine.prefix_cache.budget_bytes = engine.prefix_cache.budget_bytes, 0
+    runner = engine.runner
+    lone = runner.lone_pieces
     try:
         vocab = engine.model.config.vocab_size
         runs = [lambda p=p, n=n: _run_step(engine, p, n, vocab) for p, n in steps]
         if wants_mixed(engine):
             runs.append(lambda: _run_mixed(engine, vocab))
+        runner.lone_pieces = ()
+        if lone:
+            runs.append(lambda: _run_lone(engine, vocab, lone))
         bar = _progress(len(runs), progress)
         for run in runs:
             if time.monotonic() - start > budget_s:
@@ -180,6 +203,7 @@ def run_steps(
         bar.close()
     finally:
         engine.prefix_cache.budget_bytes = budget
+        runner.lone_pieces = lone
     return done
 
 

@@ -19,7 +19,9 @@ A mixed graph adds one prompt lane of up to `--mixed-chunk` rows after the decod
 their padding (PromptPiece: the rows past a piece's real ones are padding): a prompt read
 beside running streams in capped pieces then costs its rows' device time, not an eager pass's
 launches. It returns the decoding rows' logits and the piece's last real row's (wanted when the
-piece ends the prompt).
+piece ends the prompt). A prompt piece read alone replays a mixed graph with no decoding lane
+(LONE_PIECES: 16 to 128 rows), so a short prompt, a chat's next turn after the prompt cache,
+does not pay an eager pass's launches either.
 """
 
 from __future__ import annotations
@@ -278,6 +280,11 @@ def graph_rows(plan: PassPlan, allowed: frozenset[int]) -> int | None:
 # rows, 28.4 ms a pass; with a 112-row piece, 128 rows: 23.3 ms)
 PIECE_ALIGN = 128
 
+# the pieces of a prompt read alone from graphs (mixed graphs with no decoding lane), each the
+# top of a products' rows class, so a piece replays in the class an eager pass of it would take;
+# from Python a short prompt's eager kernels cost more to launch than to run
+LONE_PIECES = (16, 32, 64, 128)
+
 
 def piece_room(piece: int, decode_rows: int) -> int:
     """The rows of a mixed graph's prompt lane beside `decode_rows` rows (padding lanes'
@@ -300,16 +307,22 @@ def mixed_room(piece: int, lanes: int, rows: int, buckets=()) -> int:
 def graph_shape(plan: PassPlan, allowed: frozenset[int], piece: int = 0, buckets=()):
     """The GraphShape of a pass a graph can replay, or None: lanes of equal rows (graph_rows),
     or (`piece` rows > 0) such lanes and then one prompt lane of at most piece_room rows beside
-    their bucket's, wanting no logits or its last row's: a mixed graph of that many rows."""
+    their bucket's, wanting no logits or its last row's: a mixed graph of that many rows. A
+    prompt piece alone is such a pass with no decoding lanes (its padding rows write the
+    padding lanes' scratch row: `buckets` given): a short prompt then costs its rows' device
+    time, not an eager pass's launches."""
     rows = graph_rows(plan, allowed)
     if rows is not None:
         return GraphShape(len(plan), rows)
-    if not piece or len(plan) < 2:
+    if not piece or not len(plan) or (len(plan) == 1 and not buckets):
         return None
     last = plan.lanes[-1]
     wants = last.logits
     if len(wants) and wants != range(last.rows - 1, last.rows):
         return None
+    if len(plan) == 1:
+        room = piece_room(piece, 0)
+        return GraphShape(0, 1, room) if last.rows <= room else None
     rows = graph_rows(PassPlan(plan.lanes[:-1]), allowed)
     if rows is None:
         return None

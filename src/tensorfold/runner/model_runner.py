@@ -77,6 +77,8 @@ class ModelRunner:
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
         # the most rows of a prompt piece a mixed graph takes after them (engine: --mixed-chunk)
         self.piece_rows = 0
+        # a prompt alone replays the smallest of these pieces' one-lane mixed graphs it fits
+        self.lone_pieces: tuple[int, ...] = ()
         # (lanes, rows) or (lanes, rows, prompt rows) -> passes run from graphs
         self.replays: dict[tuple[int, ...], int] = {}
         self.pool = None  # the graphs' shared memory pool, made with the first graph
@@ -87,11 +89,7 @@ class ModelRunner:
     def execute(self, plan: PassPlan) -> dict[int, torch.Tensor]:
         """Returns {index in plan: logits [r, V]} of the rows each lane asks for (its `logits`
         offsets), for the lanes that ask for any."""
-        shape = (
-            graph_shape(plan, self.graph_rows, self.piece_rows, self.buckets)
-            if self.use_graphs
-            else None
-        )
+        shape = self.shape(plan) if self.use_graphs else None
         if shape is not None:
             return self._replay(plan, shape)
         batch, owners = self.batch(plan)
@@ -101,6 +99,17 @@ class ModelRunner:
         for r, owner in enumerate(owners):
             out.setdefault(owner, []).append(logits[r])
         return {i: torch.stack(rows) for i, rows in out.items()}
+
+    def shape(self, plan: PassPlan) -> GraphShape | None:
+        """The graph that replays `plan`, or None (eager): a prompt piece alone takes the
+        smallest of the lone pieces it fits, so that the pass stays in the rows class an eager
+        pass of it would take (the products' launch shape)."""
+        pieces = self.lone_pieces if len(plan) == 1 else (self.piece_rows,)
+        for piece in pieces or (0,):
+            shape = graph_shape(plan, self.graph_rows, piece, self.buckets)
+            if shape is not None:
+                return shape
+        return None
 
     def batch(self, plan: PassPlan) -> tuple[ForwardBatch, list[int]]:
         """The eager pass of `plan`, and the index in plan of each logits row it returns."""
@@ -157,7 +166,7 @@ class ModelRunner:
         """The pass from its bucket's graph: padding lanes after the decoding lanes, before a
         mixed graph's prompt lane."""
         n, rows = shape.lanes, shape.rows
-        lanes = bucket(n, self.buckets)
+        lanes = bucket(n, self.buckets) if n else 0  # a prompt piece alone: no padding lane
         pads = lanes > n
         full = padded(plan, len(plan) + lanes - n, self.pad_lane(rows), at=n) if pads else plan
         key = GraphShape(lanes, rows, shape.prompt).key
