@@ -67,7 +67,7 @@ def test_many_lanes_concurrent_equals_solo_9b(nine_b, parallel):
     eng = _engine(nine_b, parallel)
     together = _run(eng, jobs)
     buckets = lane_buckets(parallel)
-    recorded = {lanes for lanes, rows in eng.runner.replays}
+    recorded = {key[0] for key in eng.runner.replays if len(key) == 2}  # decode graphs
     assert recorded <= set(buckets) and parallel in recorded and len(recorded) > 3
     for i in sorted({0, 1, 2, 3, 4, parallel // 2 + 1, parallel - 1}):  # 4: a grammar
         assert _run(_engine(nine_b, 1), [jobs[i]]) == [together[i]], f"lane {i}"
@@ -157,3 +157,21 @@ def test_padded_mixed_graph_equals_eager_9b(nine_b, form):
     assert graphed == run(cuda_graphs=False)[0]
     # pieces of 120 rows beside the 8-lane bucket (a 128-row pass): 5, and the last 100 rows
     assert eng.runner.replays.get((8, 1, piece_room(128, 8)), 0) >= 6
+
+
+def test_prompts_alone_from_graphs_equal_eager_9b(nine_b):
+    """Prompts read alone from the lone pieces' graphs (16, 32, 64 and 128 rows, the rows past
+    a piece's real ones padding; a 300-token prompt's first 128-row chunk too, and its last 44
+    rows from the 64-row graph) give the eager engine's bytes: token ids and fingerprints,
+    under every sampling rule of the lanes tests."""
+    lengths = [6, 16, 17, 40, 64, 100, 128, 300]
+    jobs = [(sample_prompt(500 + n, n, VOCAB), _params(i)) for i, n in enumerate(lengths)]
+
+    def run(**kw):
+        eng = _engine(nine_b, 2, **kw)
+        return [_run(eng, [job]) for job in jobs], eng  # one at a time: each prompt alone
+
+    graphed, eng = run()
+    assert graphed == run(cuda_graphs=False)[0]
+    alone = {key for key in eng.runner.replays if len(key) == 3 and key[0] == 0}
+    assert alone == {(0, 1, 16), (0, 1, 32), (0, 1, 64), (0, 1, 128)}
