@@ -36,7 +36,7 @@ def engine(name: str, out: Path) -> Engine:
     else:
         run = Run(in_memory=True)
         model = run.load(run.checkpoint(out / name, "9b", name.split("-")[1]))
-    return Engine(model, None, EngineConfig(parallel=4, context=2048, chunk=2048))
+    return Engine(model, None, EngineConfig(parallel=4, context=2048, chunk=2048, lone_graphs=True))
 
 
 def main() -> None:

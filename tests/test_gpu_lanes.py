@@ -168,7 +168,7 @@ def test_prompts_alone_from_graphs_equal_eager_9b(nine_b):
     jobs = [(sample_prompt(500 + n, n, VOCAB), _params(i)) for i, n in enumerate(lengths)]
 
     def run(**kw):
-        eng = _engine(nine_b, 2, **kw)
+        eng = _engine(nine_b, 2, lone_graphs=True, **kw)
         return [_run(eng, [job]) for job in jobs], eng  # one at a time: each prompt alone
 
     graphed, eng = run()

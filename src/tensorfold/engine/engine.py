@@ -60,6 +60,9 @@ class EngineConfig(SchedulerConfig):
     # hold each packed weight dequantized too: faster products (~2 bytes a weight more on a
     # GPU, 4 in a float32 CPU run); None: where it pays and fits (wants_unpacked)
     unpacked_weights: bool | None = None
+    # a prompt piece alone replays a graph of no decoding lane (cuda_graph.LONE_PIECES); off
+    # until tests/test_gpu_lanes.py's lone-prompt case has passed on a card
+    lone_graphs: bool = False
 
 
 class Engine:
@@ -115,7 +118,7 @@ class Engine:
                 # needs as many rows in every lane, the other forms read each lane's rows from
                 # its bounds
                 if config.gdn_form != "chunk":
-                    self.runner.lone_pieces = LONE_PIECES
+                    self.runner.lone_pieces = LONE_PIECES if config.lone_graphs else ()
                     if config.mixed_chunk:
                         self.runner.piece_rows = config.mixed_chunk
                         self.scheduler.mixed_room = self.runner.mixed_room
