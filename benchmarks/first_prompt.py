@@ -24,6 +24,11 @@ VOCAB = 248320
 
 def ttft(eng: Engine, n: int, seed: int) -> float:
     ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return ttft_of(eng, ids)
+
+
+def ttft_of(eng: Engine, ids: list[int]) -> float:
+    """Seconds from a request's arrival to its first token, the engine otherwise idle."""
     torch.cuda.synchronize()
     t = time.perf_counter()
     req = eng.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0))

@@ -8,26 +8,15 @@ the best of `--rounds` requests of each length, after one of each to compile and
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
+from first_prompt import ttft_of
 from h200 import Run
 
 from tensorfold.engine.engine import Engine, EngineConfig
-from tensorfold.engine.request import SamplingParams
 from tensorfold.models.loader import load_model
 from tensorfold.util import default_checkpoint
-
-
-def ttft(eng: Engine, ids: list[int]) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    req = eng.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0))
-    eng.run_until_done()
-    torch.cuda.synchronize()
-    assert req.output_ids
-    return time.perf_counter() - t
 
 
 def engine(name: str, out: Path) -> Engine:
@@ -57,7 +46,7 @@ def main() -> None:
             times = {}
             for label, pieces in (("eager", ()), ("graph", lone)):
                 eng.runner.lone_pieces = pieces
-                times[label] = min(ttft(eng, ids) for _ in range(args.rounds + 1))
+                times[label] = min(ttft_of(eng, ids) for _ in range(args.rounds + 1))
             rows.append((name, n, times["eager"], times["graph"]))
             print(rows[-1], flush=True)
         eng.runner.lone_pieces = lone
