@@ -6,9 +6,9 @@ Triton compiles each kernel variant on first use; a decode pass of each lane-cou
 recorded as a CUDA graph on first use. Done inside a user's request, that took an 8k prompt on the 9B from 0.46 s
 to 1.61 s. The warm-up runs throwaway requests that reach every rows class (decode steps of 1 to
 `parallel` lanes, half of them sampled; prompt chunks of 16, 32, 64, 128, 256, 512 and `chunk` rows;
-with `--mixed-chunk`, a prompt read beside lanes falling through every bucket; a prompt alone in
-each lone piece's graph) with the prompt cache off, then keeps the tile book's choices in a small file keyed by the card and the versions,
-so the next start times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
+with `--mixed-chunk`, a prompt read beside lanes falling through every bucket; with lone graphs,
+a prompt alone in each lone piece's graph) with the prompt cache off, then keeps the tile book's
+choices in a small file keyed by the card and the versions, so the next start times nothing. Launch shapes never change a bit (docs/exactness.md), so neither the warm-up nor a
 stale file can change a token: they only change how soon the first one comes.
 """
 

@@ -77,7 +77,8 @@ class ModelRunner:
         self.graph_rows = frozenset({1})  # rows per lane a graph may have (engine: 1..1+K)
         # the most rows of a prompt piece a mixed graph takes after them (engine: --mixed-chunk)
         self.piece_rows = 0
-        # a prompt alone replays the smallest of these pieces' one-lane mixed graphs it fits
+        # a prompt piece alone replays the smallest of these mixed graphs of no decoding lane
+        # that it fits (engine: lone_graphs)
         self.lone_pieces: tuple[int, ...] = ()
         # (lanes, rows) or (lanes, rows, prompt rows) -> passes run from graphs
         self.replays: dict[tuple[int, ...], int] = {}
