@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVShape, ModelCaches
-from ..models.dflash import DFlashModel, load_dflash
+from ..models.dflash import DFlashModel
 from ..models.qwen3_5 import Qwen35Model
 from .base import Drafter, LaneDrafter
 
@@ -22,10 +22,10 @@ from .base import Drafter, LaneDrafter
 class DFlashDrafter(Drafter):
     reads_states = True
 
-    def __init__(self, target: Qwen35Model, caches: ModelCaches, path, model=None) -> None:
-        """`model`: read beforehand (load_dflash), so that the pools were fitted beside it."""
-        self.target = target
-        self.model: DFlashModel = model if model is not None else load_dflash(path, target)
+    def __init__(self, target: Qwen35Model, caches: ModelCaches, model: DFlashModel) -> None:
+        """`model`: read beforehand (drafters.lookup.load_drafter), so that the pools were
+        fitted beside its KV pool."""
+        self.target, self.model = target, model
         c, kv = self.model.config, caches.kv
         self.kv = self.kv_shape(target, self.model).pool(kv.num_pages, kv.page_size, target.device)
         target.taps = c.taps

@@ -105,8 +105,8 @@ def load_drafter(method: str, target, page_size: int) -> DrafterWeights:
 
 
 def make_drafter(method: str, target=None, caches=None, weights=None) -> Drafter:
-    """The engine's drafter by name (`target` and `caches` given once the target is loaded;
-    `weights` read by load_drafter, else read here); refused by name before any weight is read."""
+    """The engine's drafter by name (`target`, `caches` and the `weights` load_drafter read
+    given once the target is loaded); refused by name before any weight is read."""
     if method == "ngram":
         return NgramDrafter()
     if method == "mtp":
@@ -116,7 +116,7 @@ def make_drafter(method: str, target=None, caches=None, weights=None) -> Drafter
     check_drafter_path(method, target.config if target is not None else None)
     from .dflash import DFlashDrafter
 
-    return DFlashDrafter(target, caches, Path(method), weights)
+    return DFlashDrafter(target, caches, weights)
 
 
 def check_drafter_path(method: str, target=None) -> None:

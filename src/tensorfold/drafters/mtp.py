@@ -37,10 +37,10 @@ class MTPDrafter(Drafter):
     reads_states = True
     holds_states = True  # rows wait for a proposal: each pass's rows copied once for all lanes
 
-    def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead | None = None):
-        """`head`: read beforehand (`load_head`), so that the pools were fitted beside it."""
-        self.target = target
-        self.head = head if head is not None else self.load_head(target)
+    def __init__(self, target: Qwen35Model, caches: ModelCaches, head: MTPHead):
+        """`head`: read beforehand (`load_head`, by drafters.lookup.load_drafter), so that the
+        pools were fitted beside its KV pool."""
+        self.target, self.head = target, head
         kv = caches.kv
         self.kv = self.kv_shape(target, self.head).pool(kv.num_pages, kv.page_size, target.device)
         target.keep_hidden = True
