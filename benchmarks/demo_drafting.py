@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=12)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--lone-graphs", action="store_true", help="short prompts from CUDA graphs")
     args = p.parse_args()
     tok = Tokenizer(args.checkpoint)
     sets = prompt_sets(tok, args.tasks)
@@ -73,7 +74,7 @@ def main() -> None:
         for label, draft, k in configs:
             llm = LLM(
                 args.checkpoint, device=args.device, parallel=1, context=2048,
-                draft=draft, draft_tokens=k,
+                draft=draft, draft_tokens=k, lone_graphs=args.lone_graphs,
             )  # fmt: skip
             timed(llm, prompts, args.max_tokens)  # warm-up
             llm.engine.drafting.stats = type(llm.engine.drafting.stats)()
