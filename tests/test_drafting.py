@@ -264,6 +264,28 @@ def test_ngram_proposes_what_followed():
     assert d.propose([7, 8], [], 3) == []
 
 
+def test_a_blind_lookup_finds_nothing_whatever_the_next_token():
+    """`blind` (the chance taken without reading the token on the device) only where every next
+    token's lookup is empty; and not always: some sequences find drafts."""
+    gen = torch.Generator().manual_seed(3)
+    blind = seen = 0
+    for trial in range(60):
+        known = torch.randint(
+            0, 6, (int(torch.randint(1, 14, (1,), generator=gen)),), generator=gen
+        )
+        known = known.tolist()
+        d = NgramDrafter().for_request()
+        for n in range(1, len(known) + 1):  # one lane's chances, its tokens growing
+            if d.blind(known[:n]):
+                blind += 1
+                assert all(
+                    NgramDrafter().propose(known[:n] + [x], [], 3) == [] for x in range(6)
+                ), known[:n]
+            else:
+                seen += any(NgramDrafter().propose(known[:n] + [x], [], 3) for x in range(6))
+    assert blind > 20 and seen > 20, (blind, seen)
+
+
 def test_refusals_by_name(tmp_path):
     with pytest.raises(NotStockDrafter):
         make_drafter(str(tmp_path))

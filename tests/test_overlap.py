@@ -290,6 +290,7 @@ def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkey
     want = [plain.add_request(ids, params) for ids in prompts]
     plain.run_until_done()
     monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, output, k: [])
+    monkeypatch.setattr(NgramDrafter, "blind", lambda self, known: False)  # every chance asks
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     plain_steps, asked = [], []
     step, overlapped = eng._step, eng._overlapped_step
@@ -299,3 +300,34 @@ def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkey
     eng.run_until_done()
     assert [r.output_ids for r in got] == [r.output_ids for r in want]
     assert not plain_steps and 0 < sum(asked) < len(asked) // 4, (sum(asked), len(asked))
+
+
+def test_a_blind_lookup_takes_its_chance_overlapped(monkeypatch):
+    """A lane whose n-gram lookup cannot find anything whatever its unread token (its last read
+    token never occurred before) takes its chance without reading that token: the same
+    proposals, verify passes and replies as when every chance reads it, fewer steps that wait
+    (the demo model: a reply that copies its prompt, and ones that do not)."""
+    from tensorfold.drafters.lookup import NgramDrafter
+
+    tok = Tokenizer(DEMO)
+    asks = ("Copy this line: a small red boat sails past the old stone bridge", "What is 17 × 23?")
+    prompts = [tok.chat([{"role": "user", "content": q}]) for q in asks]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    plain = make_engine(DEMO, parallel=2, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+
+    def run():
+        eng = make_engine(DEMO, parallel=2, draft="ngram", overlap=True)
+        asked, overlapped = [], eng._overlapped_step
+        eng._overlapped_step = lambda proposed=False: asked.append(proposed) or overlapped(proposed)
+        got = [eng.add_request(ids, params) for ids in prompts]
+        eng.run_until_done()
+        assert [r.output_ids for r in got] == [r.output_ids for r in want]
+        return eng.drafting.stats, sum(asked)
+
+    stats, waits = run()
+    monkeypatch.setattr(NgramDrafter, "blind", lambda self, known: False)
+    stats_reading, waits_reading = run()
+    assert stats == stats_reading and stats.accepted > 0
+    assert waits < waits_reading, (waits, waits_reading)

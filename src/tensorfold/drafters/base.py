@@ -20,6 +20,12 @@ class LaneDrafter:
     def observe(self, start: int, hidden) -> None:
         """The lane's rows of the target's states from position `start` (read by mtp, dflash)."""
 
+    def blind(self, known: list[int]) -> bool:
+        """Whether it proposes nothing after `known` and the one token still on the device,
+        whatever that token is: the lane's chance is then a lookup that found nothing, taken
+        without reading the token (the engine's passes stay overlapped). False: it must see it."""
+        return False
+
 
 class Drafter:
     """The engine's drafter: makes each request's `LaneDrafter`. `reads_states`: it reads the

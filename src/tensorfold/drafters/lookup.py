@@ -50,6 +50,8 @@ class NgramDrafter(Drafter, LaneDrafter):
     def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
         self.max_n, self.min_n = max_n, min_n
         self.index = NgramIndex(range(min_n, max_n + 1))
+        self.followed: set[int] = set()  # tokens with a next one: known[:counted]
+        self.counted = 0
 
     def for_request(self, req=None) -> NgramDrafter:
         return NgramDrafter(self.max_n, self.min_n)
@@ -59,6 +61,15 @@ class NgramDrafter(Drafter, LaneDrafter):
             tokens
         )  # the n-gram that ends `tokens` has no next token yet: not indexed
         return self.index.follow(tokens, tokens, k)
+
+    def blind(self, known: list[int]) -> bool:
+        """Every n-gram it looks up (n >= 2) ends with the unread token x after known[-1]; one
+        indexed has a next token, so known[-1] occurred before with one after it."""
+        if self.min_n < 2 or not known:
+            return False
+        self.followed.update(known[self.counted : len(known) - 1])
+        self.counted = max(self.counted, len(known) - 1)
+        return known[-1] not in self.followed
 
 
 class PredictionDrafter(Drafter, LaneDrafter):

@@ -115,7 +115,10 @@ class Drafting:
             if d is None or req.in_prompt or d.proposal:
                 continue
             room = self.room(req)
-            if room > 0 and d.gate.open():
+            unread = req.lane.pending >= 0  # its last token still on the device
+            if room <= 0 or (unread and d.gate.skip == 0 and not self.blind(req)):
+                continue  # (stillness reads an asking lane's token first: never met)
+            if d.gate.open():
                 ready.append((req, room))
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
@@ -125,6 +128,8 @@ class Drafting:
                 return
         asks = []  # lanes the engine's drafter proposes for, all in one call
         for req, room in ready:
+            if req.lane.pending >= 0:  # blind: its chance finds nothing, its token unread
+                continue
             d = req.lane.draft
             for drafter in d.drafters:
                 if self.default is not None and drafter is d.drafters[-1]:
@@ -216,8 +221,20 @@ class Drafting:
 
     def asks(self, req: Request) -> bool:
         """Whether the lane proposes at this chance (as `propose` decides): its gate open, its
-        prompt read, room for a draft. A lane reading its prompt or at its end asks nothing."""
-        return req.lane.draft.gate.skip == 0 and not req.in_prompt and self.room(req) > 0
+        prompt read, room for a draft, and a drafter that may find something whatever its
+        token on the device is. A lane reading its prompt or at its end asks nothing."""
+        d = req.lane.draft
+        if d.gate.skip > 0 or req.in_prompt or self.room(req) <= 0:
+            return False
+        return req.lane.pending < 0 or not self.blind(req)
+
+    @staticmethod
+    def blind(req: Request) -> bool:
+        """Every drafter of the lane proposes nothing after its read tokens and the one still
+        on the device (`LaneDrafter.blind`: an n-gram lookup whose last read token never
+        occurred before): its chance is taken overlapped, as a lookup that found nothing."""
+        known = req.all_ids
+        return all(drafter.blind(known) for drafter in req.lane.draft.drafters)
 
     @property
     def flip(self) -> bool:
