@@ -1,7 +1,8 @@
 """One stream of the bundled demo model, plain against drafted: tokens per second, acceptance
 length and drafted = plain (token ids), on held-out demo tasks with thinking on and on the
 bench's code and chat prompts. Each configuration is timed over the same prompts, one request
-at a time, after a warm-up pass over them (compiles, CUDA graphs); the best of --rounds.
+at a time, after a warm-up pass over them (compiles, CUDA graphs); the best of --rounds, the
+configurations' rounds interleaved.
 "tok/s" counts the whole request (its prompt pass included); "generation tok/s" the tokens
 after the first over the time after it (the same prompts run with max_tokens=1 give that time),
 as generation speed is usually reported.
@@ -70,27 +71,45 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, prompts in sets.items():
-        plain_rate, plain_gen, plain_out = 0.0, 0.0, None
-        for label, draft, k in configs:
-            llm = LLM(
-                args.checkpoint, device=args.device, parallel=1, context=2048,
-                draft=draft, draft_tokens=k, lone_graphs=args.lone_graphs,
+        llms = {
+            label: LLM(
+                args.checkpoint,
+                device=args.device,
+                parallel=1,
+                context=2048,
+                draft=draft,
+                draft_tokens=k,
+                lone_graphs=args.lone_graphs,
             )  # fmt: skip
+            for label, draft, k in configs
+        }
+        for llm in llms.values():
             timed(llm, prompts, args.max_tokens)  # warm-up
             llm.engine.drafting.stats = type(llm.engine.drafting.stats)()
-            best, outs = min(timed(llm, prompts, args.max_tokens) for _ in range(args.rounds))
-            first = min(timed(llm, prompts, 1)[0] for _ in range(args.rounds))
-            n = sum(map(len, outs))
-            rate, gen = n / best, (n - len(prompts)) / max(1e-9, best - first)
-            if draft is None:
-                plain_rate, plain_gen, plain_out = rate, gen, outs
-            same = "yes" if outs == plain_out else "NO"
-            accept = f"{llm.engine.drafting.stats.acceptance_length:.2f}" if draft else "1"
+        whole = {label: [] for label in llms}
+        first = {label: [] for label in llms}
+        outs = {}
+        for _ in range(args.rounds):  # interleaved: a drift of the clock reaches every config
+            for label, llm in llms.items():
+                seconds, outs[label] = timed(llm, prompts, args.max_tokens)
+                whole[label].append(seconds)
+                first[label].append(timed(llm, prompts, 1)[0])
+        plain = configs[0][0]
+        rates = {}
+        for label, llm in llms.items():
+            n = sum(map(len, outs[label]))
+            best = min(whole[label])
+            rates[label] = (n / best, (n - len(prompts)) / max(1e-9, best - min(first[label])))
+            rate, gen = rates[label]
+            same = "yes" if outs[label] == outs[plain] else "NO"
+            stats = llm.engine.drafting.stats
+            accept = f"{stats.acceptance_length:.2f}" if label != plain else "1"
             print(
-                f"| {name} | {label} | {n} | {rate:,.1f} | {rate / plain_rate:.2f}x | "
-                f"{gen:,.1f} | {gen / plain_gen:.2f}x | {accept} | {same} |",
+                f"| {name} | {label} | {n} | {rate:,.1f} | {rate / rates[plain][0]:.2f}x | "
+                f"{gen:,.1f} | {gen / rates[plain][1]:.2f}x | {accept} | {same} |",
                 flush=True,
             )
+        for llm in llms.values():
             llm.close()
 
 
