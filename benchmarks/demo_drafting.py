@@ -57,7 +57,10 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=12)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--lone-graphs", action="store_true", help="short prompts from CUDA graphs")
+    p.add_argument(
+        "--no-lone-graphs", dest="lone_graphs", action="store_false",
+        help="short prompts read eagerly, not from CUDA graphs (the engine's default)",
+    )  # fmt: skip
     args = p.parse_args()
     tok = Tokenizer(args.checkpoint)
     sets = prompt_sets(tok, args.tasks)

@@ -60,9 +60,9 @@ class EngineConfig(SchedulerConfig):
     # hold each packed weight dequantized too: faster products (~2 bytes a weight more on a
     # GPU, 4 in a float32 CPU run); None: where it pays and fits (wants_unpacked)
     unpacked_weights: bool | None = None
-    # a prompt piece alone replays a graph of no decoding lane (cuda_graph.LONE_PIECES); off
-    # until tests/test_gpu_lanes.py's lone-prompt case has passed on a card
-    lone_graphs: bool = False
+    # a prompt piece alone replays a graph of no decoding lane (cuda_graph.LONE_PIECES); False:
+    # such a piece runs eagerly
+    lone_graphs: bool = True
 
 
 class Engine:

@@ -19,7 +19,7 @@ A mixed graph adds one prompt lane of up to `--mixed-chunk` rows after the decod
 their padding (PromptPiece: the rows past a piece's real ones are padding): a prompt read
 beside running streams in capped pieces then costs its rows' device time, not an eager pass's
 launches. It returns the decoding rows' logits and the piece's last real row's (wanted when the
-piece ends the prompt). With the engine's `lone_graphs`, a prompt piece read alone replays a
+piece ends the prompt). With the engine's `lone_graphs` (the default), a prompt piece read alone replays a
 mixed graph with no decoding lane (LONE_PIECES: 16 to 128 rows), so a short prompt, a chat's
 next turn after the prompt cache, does not pay an eager pass's launches either.
 """
