@@ -115,10 +115,7 @@ class Drafting:
             if d is None or req.in_prompt or d.proposal:
                 continue
             room = self.room(req)
-            unread = req.lane.pending >= 0  # its last token still on the device
-            if room <= 0 or (unread and d.gate.skip == 0 and not self.blind(req)):
-                continue  # (stillness reads an asking lane's token first: never met)
-            if d.gate.open():
+            if room > 0 and d.gate.open():
                 ready.append((req, room))
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
@@ -128,8 +125,8 @@ class Drafting:
                 return
         asks = []  # lanes the engine's drafter proposes for, all in one call
         for req, room in ready:
-            if req.lane.pending >= 0:  # blind: its chance finds nothing, its token unread
-                continue
+            if req.lane.pending >= 0:  # blind (stillness reads any other asking lane's token
+                continue  # first): its chance finds nothing, its token unread
             d = req.lane.draft
             for drafter in d.drafters:
                 if self.default is not None and drafter is d.drafters[-1]:

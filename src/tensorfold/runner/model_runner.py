@@ -11,7 +11,15 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
-from .cuda_graph import GraphShape, PassGraph, bucket, graph_shape, lane_logits, mixed_room
+from .cuda_graph import (
+    GraphShape,
+    PassGraph,
+    bucket,
+    graph_shape,
+    lane_logits,
+    mixed_room,
+    piece_room,
+)
 from .plan import LaneRows, PassPlan, padded
 
 SMALL_MODEL_BYTES = 512 << 20
@@ -105,12 +113,11 @@ class ModelRunner:
         """The graph that replays `plan`, or None (eager): a prompt piece alone takes the
         smallest of the lone pieces it fits, so that the pass stays in the rows class an eager
         pass of it would take (the products' launch shape)."""
-        pieces = self.lone_pieces if len(plan) == 1 else (self.piece_rows,)
-        for piece in pieces or (0,):
-            shape = graph_shape(plan, self.graph_rows, piece, self.buckets)
-            if shape is not None:
-                return shape
-        return None
+        piece = self.piece_rows if len(plan) > 1 else 0
+        if len(plan) == 1 and self.lone_pieces:
+            rows = plan.lanes[0].rows
+            piece = next((p for p in self.lone_pieces if rows <= piece_room(p, 0)), 0)
+        return graph_shape(plan, self.graph_rows, piece, self.buckets)
 
     def batch(self, plan: PassPlan) -> tuple[ForwardBatch, list[int]]:
         """The eager pass of `plan`, and the index in plan of each logits row it returns."""
