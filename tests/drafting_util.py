@@ -26,10 +26,15 @@ class Script(Drafter, LaneDrafter):
     def for_request(self, req=None):
         return self
 
+    guesses = True  # it knows the reply: the unread token too
+
     def propose(self, tokens, output, k):
         prompt = tuple(tokens[: len(tokens) - len(output)])
         reply, n = self.replies[prompt], len(output)
         return [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
+
+    def guess(self, tokens, output, k):
+        return self.propose(tokens, output, k + 1)[1:]
 
 
 def add_mtp_head(path: Path, seed: int = 0, device: str = "cpu") -> Path:

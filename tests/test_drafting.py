@@ -264,26 +264,29 @@ def test_ngram_proposes_what_followed():
     assert d.propose([7, 8], [], 3) == []
 
 
-def test_a_blind_lookup_finds_nothing_whatever_the_next_token():
-    """`blind` (the chance taken without reading the token on the device) only where every next
-    token's lookup is empty; and not always: some sequences find drafts."""
+def test_a_guess_drafts_what_followed_the_guessed_token():
+    """`guess` (drafts after the lane's unread token): the lookup's match of the read tokens,
+    its next token taken as the unread one's guess and the drafts those after it, all from the
+    sequence itself; nothing where the last read token never occurred before (where no lookup
+    after any next token could match either)."""
     gen = torch.Generator().manual_seed(3)
-    blind = seen = 0
+    empty = found = 0
     for trial in range(60):
-        known = torch.randint(
-            0, 6, (int(torch.randint(1, 14, (1,), generator=gen)),), generator=gen
-        )
-        known = known.tolist()
+        length = int(torch.randint(2, 16, (1,), generator=gen))
+        seq = torch.randint(0, 6, (length,), generator=gen).tolist()
         d = NgramDrafter().for_request()
-        for n in range(1, len(known) + 1):  # one lane's chances, its tokens growing
-            if d.blind(known[:n]):
-                blind += 1
-                assert all(
-                    NgramDrafter().propose(known[:n] + [x], [], 3) == [] for x in range(6)
-                ), known[:n]
-            else:
-                seen += any(NgramDrafter().propose(known[:n] + [x], [], 3) for x in range(6))
-    assert blind > 20 and seen > 20, (blind, seen)
+        for n in range(1, len(seq) + 1):  # one lane's chances, its tokens growing
+            known = seq[:n]
+            g = d.guess(known, [], 3)
+            if known[-1] not in known[:-1]:
+                empty += 1
+                assert g == [] and all(NgramDrafter().propose(known + [x], [], 3) == []
+                                       for x in range(6)), known  # fmt: skip
+            elif g:  # the guessed token at e, after an earlier place of the last two
+                found += 1
+                ends = [e for e in range(2, n - 1) if known[e - 2 : e] == known[-2:]]
+                assert any(known[e + 1 : e + 1 + len(g)] == g for e in ends), (known, g)
+    assert empty > 20 and found > 20, (empty, found)
 
 
 def test_refusals_by_name(tmp_path):

@@ -388,13 +388,15 @@ def test_a_lookup_that_finds_nothing_skips_a_few_chances():
 
 
 def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypatch):
-    """A drafter that finds nothing for most positions (an n-gram lookup on a chat reply): its
-    lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a gate
-    that asks at every chance leaves no pass overlapped."""
+    """A drafter that must read each lane's last token and finds nothing for most positions:
+    its lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a
+    gate that asks at every chance leaves no pass overlapped."""
     prompts, params, want, replies = _plain_replies(hf_tiny_b, 400, (9, 30, 14), 80)
     fixed_price(monkeypatch)
 
     class Sparse(Script):  # right drafts at one position in 20, nothing elsewhere
+        guesses = False  # it reads the token first (a guessing one never waits for it)
+
         def propose(self, tokens, output, k):
             return super().propose(tokens, output, k) if len(output) % 20 == 5 else []
 
@@ -419,4 +421,5 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
     assert overlapped >= steps // 2, (overlapped, steps)
     monkeypatch.setattr(Gate, "found", lambda self, proposed: None)
     overlapped, steps = run()
-    assert overlapped <= steps // 10, (overlapped, steps)
+    # only the steps after a verify pass overlap: no token of theirs is on the device to read
+    assert overlapped <= steps // 5, (overlapped, steps)

@@ -290,7 +290,7 @@ def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkey
     want = [plain.add_request(ids, params) for ids in prompts]
     plain.run_until_done()
     monkeypatch.setattr(NgramDrafter, "propose", lambda self, tokens, output, k: [])
-    monkeypatch.setattr(NgramDrafter, "blind", lambda self, known: False)  # every chance asks
+    monkeypatch.setattr(NgramDrafter, "guesses", False)  # every chance reads its token first
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     plain_steps, asked = [], []
     step, overlapped = eng._step, eng._overlapped_step
@@ -302,11 +302,11 @@ def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkey
     assert not plain_steps and 0 < sum(asked) < len(asked) // 4, (sum(asked), len(asked))
 
 
-def test_a_blind_lookup_takes_its_chance_overlapped(monkeypatch):
-    """A lane whose n-gram lookup cannot find anything whatever its unread token (its last read
-    token never occurred before) takes its chance without reading that token: the same
-    proposals, verify passes and replies as when every chance reads it, fewer steps that wait
-    (the demo model: a reply that copies its prompt, and ones that do not)."""
+def test_a_guessing_lookup_takes_its_chances_overlapped(monkeypatch):
+    """An n-gram lookup drafts while the lane's last token is still on the device (its guess of
+    that token is the lookup's first): no chance waits for a read, the verify passes are
+    launched before the token is read (fed from the device), and the replies are the plain
+    engine's (the demo model: a reply that copies its prompt, and one that does not)."""
     from tensorfold.drafters.lookup import NgramDrafter
 
     tok = Tokenizer(DEMO)
@@ -321,13 +321,116 @@ def test_a_blind_lookup_takes_its_chance_overlapped(monkeypatch):
         eng = make_engine(DEMO, parallel=2, draft="ngram", overlap=True)
         asked, overlapped = [], eng._overlapped_step
         eng._overlapped_step = lambda proposed=False: asked.append(proposed) or overlapped(proposed)
+        fed_drafts, execute = [], eng.runner.execute
+
+        def spy(plan):  # a lane whose first row is unread and whose drafts follow it
+            fed_drafts.append(any(lane.token_ids[0] == PENDING and len(lane.token_ids) > 1
+                                  for lane in plan))  # fmt: skip
+            return execute(plan)
+
+        eng.runner.execute = spy
         got = [eng.add_request(ids, params) for ids in prompts]
         eng.run_until_done()
         assert [r.output_ids for r in got] == [r.output_ids for r in want]
-        return eng.drafting.stats, sum(asked)
+        return eng.drafting.stats, sum(asked), sum(fed_drafts)
 
-    stats, waits = run()
-    monkeypatch.setattr(NgramDrafter, "blind", lambda self, known: False)
-    stats_reading, waits_reading = run()
-    assert stats == stats_reading and stats.accepted > 0
-    assert waits < waits_reading, (waits, waits_reading)
+    stats, waits, guessed = run()
+    assert waits == 0 and guessed > 0 and stats.accepted > 0, (waits, guessed, stats)
+    monkeypatch.setattr(NgramDrafter, "guesses", False)
+    stats_reading, waits_reading, guessed_reading = run()
+    assert waits_reading > 0 and guessed_reading == 0 and stats_reading.accepted > 0
+
+
+@pytest.mark.parametrize("cache", [0, 64 << 20])
+def test_a_lane_ending_on_its_unread_token_drops_the_verify_pass(hf_tiny_b, monkeypatch, cache):
+    """A verify pass drafted while the lane's last token was unread, and that token ends the
+    reply (a stop token): the lane drops its rows of the pass. Its reply equals the plain
+    engine's, and with the prompt cache on, the next turn resumed from its cut equals a fresh
+    read of the same ids (the cut holds the state before the pass, not its drafts)."""
+    from drafting_util import Script
+
+    prompts = [sample_prompt(700 + i, n, 300) for i, n in enumerate((11, 29))]
+    free = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=2, overlap=False)
+    replies = {tuple(ids): plain.add_request(ids, free) for ids in prompts}
+    plain.run_until_done()
+    replies = {ids: r.output_ids for ids, r in replies.items()}
+
+    class Guesser(Script):  # a read finds nothing; a guess drafts the reply
+        def propose(self, tokens, output, k):
+            return []
+
+        def guess(self, tokens, output, k):
+            return Script.propose(self, tokens, output, k + 1)[1:]
+
+    def run(params):
+        eng = make_engine(
+            hf_tiny_b, parallel=2, draft="ngram", overlap=True, prompt_cache_bytes=cache
+        )
+        eng.drafting.default = Guesser(replies)
+        unread, before = [], eng.drafting.before_pass
+
+        def spy(work):  # the reply positions of unread tokens that drafts follow
+            for w in work:
+                req = w.request
+                if req.lane.pending >= 0 and req.drafting:
+                    unread.append((tuple(req.prompt_ids), req.num_tokens - 1 - len(req.prompt_ids)))
+            return before(work)
+
+        eng.drafting.before_pass = spy
+        got = [eng.add_request(ids, params) for ids in prompts]
+        eng.run_until_done()
+        return eng, got, unread
+
+    fixed_price(monkeypatch)
+    first = replies[tuple(prompts[0])]
+    _, _, unread = run(free)
+    at = next(  # the stop's first place: past the first few tokens, drafts after it
+        j for ids, j in unread if ids == tuple(prompts[0]) and j > 4 and first[j] not in first[:j]
+    )
+    params = SamplingParams(max_tokens=30, temperature=0.0, stop_token_ids=(first[at],))
+    plain = make_engine(hf_tiny_b, parallel=2, overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    eng, got, _ = run(params)
+    assert [(r.output_ids, r.finish_reason) for r in got] == [
+        (r.output_ids, r.finish_reason) for r in want
+    ]
+    assert got[0].output_ids == first[: at + 1] and got[0].finish_reason == "stop"
+    if not cache:
+        return
+    turn = prompts[0] + got[0].output_ids + sample_prompt(9, 12, 300)
+    fresh_eng = make_engine(hf_tiny_b, parallel=1, overlap=False)
+    fresh = fresh_eng.add_request(turn, free)
+    fresh_eng.run_until_done()
+    replies[tuple(turn)] = fresh.output_ids  # the drafter's script for the next turn
+    resumed = eng.add_request(turn, free)
+    eng.run_until_done()
+    assert resumed.cached_tokens == len(prompts[0]) + at  # all but the stop, which was unread
+    assert resumed.output_ids == fresh.output_ids
+
+
+def test_a_predicted_reply_drafts_overlapped(hf_tiny_b):
+    """A client's prediction (Predicted Outputs) guesses the unread token too: its verify passes
+    are launched before the token is read, and the reply is the plain engine's."""
+    ids = sample_prompt(810, 23, 300)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_tiny_b, parallel=1, overlap=False)
+    want = plain.add_request(ids, params)
+    plain.run_until_done()
+    reply = want.output_ids
+    prediction = reply[:12] + [(t + 5) % 300 for t in reply[12:15]] + reply[15:]
+    eng = make_engine(hf_tiny_b, parallel=1, overlap=True)
+    fed_drafts, execute = [], eng.runner.execute
+
+    def spy(plan):
+        fed_drafts.append(any(len(lane.token_ids) > 1 and lane.token_ids[0] == PENDING
+                              for lane in plan))  # fmt: skip
+        return execute(plan)
+
+    eng.runner.execute = spy
+    got = eng.add_request(ids, params, prediction=prediction)
+    eng.run_until_done()
+    assert got.output_ids == reply
+    d = got.lane.draft
+    assert d.prediction_accepted > 10 and d.prediction_rejected > 0 and any(fed_drafts)

@@ -20,11 +20,16 @@ class LaneDrafter:
     def observe(self, start: int, hidden) -> None:
         """The lane's rows of the target's states from position `start` (read by mtp, dflash)."""
 
-    def blind(self, known: list[int]) -> bool:
-        """Whether it proposes nothing after `known` and the one token still on the device,
-        whatever that token is: the lane's chance is then a lookup that found nothing, taken
-        without reading the token (the engine's passes stay overlapped). False: it must see it."""
-        return False
+    # it drafts without reading the lane's last token (chosen on the device, not read back):
+    # the lane's chance is then taken in an overlapped step, its verify pass launched before
+    # that token is read. False: the engine reads the token first
+    guesses = False
+
+    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow `tokens` and the unread token after them, proposed from the
+        drafter's own guess of that token (a wrong guess only costs the drafts: the walk keeps
+        a draft only where the target chose it, whatever the unread token is)."""
+        raise NotImplementedError
 
 
 class Drafter:

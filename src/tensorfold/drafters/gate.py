@@ -163,7 +163,10 @@ class PassPrices:
 
     def record(self, lanes: int, rows: int, seconds: float) -> None:
         key = (lane_bucket(lanes), rows)
-        self.seconds.setdefault(key, deque(maxlen=WINDOW)).append(seconds)
+        kept = self.seconds.get(key)
+        if kept is None:  # made once: a plain step records a pass every step
+            kept = self.seconds[key] = deque(maxlen=WINDOW)
+        kept.append(seconds)
 
     def ratio(self, lanes: int, rows: int) -> float | None:
         """A pass of `rows` rows a lane over a plain one at this lane count; None until both

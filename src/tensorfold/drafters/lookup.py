@@ -47,29 +47,24 @@ class NgramIndex:
 
 
 class NgramDrafter(Drafter, LaneDrafter):
+    guesses = True
+
     def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
         self.max_n, self.min_n = max_n, min_n
         self.index = NgramIndex(range(min_n, max_n + 1))
-        self.followed: set[int] = set()  # tokens with a next one: known[:counted]
-        self.counted = 0
 
     def for_request(self, req=None) -> NgramDrafter:
         return NgramDrafter(self.max_n, self.min_n)
 
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        self.index.update(
-            tokens
-        )  # the n-gram that ends `tokens` has no next token yet: not indexed
+        # the n-gram that ends `tokens` has no next token yet: not indexed
+        self.index.update(tokens)
         return self.index.follow(tokens, tokens, k)
 
-    def blind(self, known: list[int]) -> bool:
-        """Every n-gram it looks up (n >= 2) ends with the unread token x after known[-1]; one
-        indexed has a next token, so known[-1] occurred before with one after it."""
-        if self.min_n < 2 or not known:
-            return False
-        self.followed.update(known[self.counted : len(known) - 1])
-        self.counted = max(self.counted, len(known) - 1)
-        return known[-1] not in self.followed
+    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        """The lookup's continuation of the read tokens: its first token is the guess of the
+        unread one, the rest the drafts after it."""
+        return self.propose(tokens, output, k + 1)[1:]
 
 
 class PredictionDrafter(Drafter, LaneDrafter):
@@ -84,8 +79,13 @@ class PredictionDrafter(Drafter, LaneDrafter):
     def for_request(self, req=None) -> PredictionDrafter:
         return self
 
+    guesses = True
+
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
         return self.index.follow(output, self.prediction, k)
+
+    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+        return self.index.follow(output, self.prediction, k + 1)[1:]
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,8 @@ class Drafting:
             room = self.room(req)
             if room > 0 and d.gate.open():
                 ready.append((req, room))
+        if not ready:  # chances counted, nothing to propose (the usual step)
+            return
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
@@ -125,14 +127,19 @@ class Drafting:
                 return
         asks = []  # lanes the engine's drafter proposes for, all in one call
         for req, room in ready:
-            if req.lane.pending >= 0:  # blind (stillness reads any other asking lane's token
-                continue  # first): its chance finds nothing, its token unread
             d = req.lane.draft
+            unread = req.lane.pending >= 0  # its last token on the device: its drafters guess it
             for drafter in d.drafters:
-                if self.default is not None and drafter is d.drafters[-1]:
+                if unread:
+                    if not drafter.guesses:  # stillness read the token of any lane that asks
+                        continue
+                    found = drafter.guess(req.all_ids, req.output_ids, room)
+                elif self.default is not None and drafter is d.drafters[-1]:
                     asks.append((req, room))
                     break
-                d.proposal = list(drafter.propose(req.all_ids, req.output_ids, room))[:room]
+                else:
+                    found = drafter.propose(req.all_ids, req.output_ids, room)
+                d.proposal = list(found)[:room]
                 if d.proposal:
                     d.source = drafter
                     break
@@ -217,21 +224,14 @@ class Drafting:
         return mode
 
     def asks(self, req: Request) -> bool:
-        """Whether the lane proposes at this chance (as `propose` decides): its gate open, its
-        prompt read, room for a draft, and a drafter that may find something whatever its
-        token on the device is. A lane reading its prompt or at its end asks nothing."""
+        """Whether the lane's chance needs its last token read first (as `propose` decides):
+        its gate open, its prompt read, room for a draft, that token still on the device, and
+        a drafter that must see it (drafters that `guess` it take the chance overlapped). A
+        lane reading its prompt or at its end asks nothing."""
         d = req.lane.draft
         if d.gate.skip > 0 or req.in_prompt or self.room(req) <= 0:
             return False
-        return req.lane.pending < 0 or not self.blind(req)
-
-    @staticmethod
-    def blind(req: Request) -> bool:
-        """Every drafter of the lane proposes nothing after its read tokens and the one still
-        on the device (`LaneDrafter.blind`: an n-gram lookup whose last read token never
-        occurred before): its chance is taken overlapped, as a lookup that found nothing."""
-        known = req.all_ids
-        return all(drafter.blind(known) for drafter in req.lane.draft.drafters)
+        return req.lane.pending >= 0 and not all(dr.guesses for dr in d.drafters)
 
     @property
     def flip(self) -> bool:
@@ -244,8 +244,9 @@ class Drafting:
         recomputes, and near its end as many as its KV rows reach (the scheduler's lookahead):
         drafts past its last token cost nothing in a graph's pass, the walk stops at the end.
         Eager: none past its last token."""
-        if not self.align:
-            return min(self.config.tokens, req.max_tokens - len(req.output_ids) - 1)
+        if not self.align:  # a token on the device, unread, is the reply's too
+            made = req.num_tokens - len(req.prompt_ids)
+            return min(self.config.tokens, req.max_tokens - made - 1)
         reach = req.lane.kv_rows.shape[0] - req.num_tokens  # positions num_tokens.. it may fill
         return min(self.config.tokens - self.recompute(req), reach)
 
@@ -353,7 +354,9 @@ class Drafting:
         d = lane.draft
         if d is None:
             return
-        kept = lane.computed == req.num_tokens - 1
+        # a pass not walked (the lane ended on the token read while it ran) keeps no row
+        walked = lane.computed != d.start
+        kept = walked and lane.computed == req.num_tokens - 1
         if lane.writes >= 0:  # the pass left the state in the spare: the lane's if it stands
             if kept:
                 lane.slot, d.spare = d.spare, lane.slot
@@ -430,7 +433,11 @@ class Drafting:
         return max(0, req.num_tokens - 1 - req.lane.computed)
 
     def release(self, req: Request) -> None:
+        """An ended lane: its gate's record learnt, its spare slot freed, and a proposal still
+        in flight dropped (the pass that carries it is not walked for the lane)."""
         d = req.lane.draft
+        if d is not None:
+            d.proposal = []
         if d is not None and d.proposed and not isinstance(d.drafters[0], PredictionDrafter):
             self.history.learn(d.gate)  # the drafter's record, not a client's guess
         if d is not None and d.spare >= 0:

@@ -214,8 +214,8 @@ class Engine:
         if not proposed:
             self.scheduler.admit()
             self.drafting.propose(self.scheduler.running)  # a closed gate counts its chance
-        if any(req.drafting for req in self.scheduler.running):  # not quiet after all
-            return self._settle() + self._step(proposed=True)
+        if any(req.drafting for req in self.scheduler.running):  # a verify pass: its lanes'
+            return self._step(proposed=True)  # unread tokens fed on the device, read meanwhile
         work = self.scheduler.schedule()
         ready, hidden = [], None
         if work:
@@ -253,24 +253,30 @@ class Engine:
 
     def _step(self, proposed: bool = False) -> list[TokenEvent]:
         """A plain step: the pass, then its tokens chosen and read (`proposed`: the lanes have
-        proposed for it already)."""
+        proposed for it already). Tokens of the pass before still on the device (a verify pass
+        drafted while they were unread) are fed from there and read while this pass runs; a
+        lane that ends on one of them drops its rows of this pass."""
         start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
-        events: list[TokenEvent] = []
         if not proposed:
             self.scheduler.admit()
             self.drafting.propose(self.scheduler.running)
         work = self.scheduler.schedule()
         if not work:
-            return events
+            return self._settle()
         shape = self.drafting.shape(work)
-        plan = plan_pass(work, self.drafting.before_pass(work))
+        plan = plan_pass(work, self.drafting.before_pass(work), fed(work, self._chosen))
         logits = self.runner.execute(plan)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
         self._passes += 1
+        launched = time.perf_counter()
+        events = self._settle()  # the price counts the host's launch and the wait on this pass
+        start += time.perf_counter() - launched
         verified = self.drafting.after_pass(work, logits, self.sampler, self.output)
         ready = []
         for i, w in enumerate(work):
             done = verified.get(i)
+            if w.request.status != Status.RUNNING:  # ended on the token read meanwhile
+                continue
             if done is not None:
                 events += done
                 if done[-1].finished:  # the row of the token that ended it

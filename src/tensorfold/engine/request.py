@@ -218,14 +218,15 @@ class Request:
 
     def fed(self, start: int, end: int) -> list[int]:
         """Positions [start, end) of what a pass feeds: the committed ids, then a token chosen
-        on the device (PENDING: the pass's Fed writes it) or the drafted tokens in flight
+        on the device (PENDING: the pass's Fed writes it), then the drafted tokens in flight
         (sliced part by part: a long context's list is never copied whole)."""
         p, o = len(self.prompt_ids), len(self.output_ids)
         ids = self.prompt_ids[start:end] + self.output_ids[max(0, start - p) : max(0, end - p)]
         if start <= p + o < end and self.lane.pending >= 0:
             ids.append(PENDING)
-        elif end > p + o and self.drafting:
-            ids += self.lane.draft.proposal[max(0, start - p - o) : end - p - o]
+        top = self.num_tokens  # drafts follow the pending token (drafted while it was unread)
+        if end > top and self.drafting:
+            ids += self.lane.draft.proposal[max(0, start - top) : end - top]
         return ids
 
     def rows(self, n: int = 0, logits: range = range(0)) -> LaneRows:
