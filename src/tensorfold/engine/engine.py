@@ -55,7 +55,7 @@ class EngineConfig(SchedulerConfig):
     gdn_form: str = "recurrence"  # the gated delta rule's exact form (ops.gated_delta.FORMS)
     max_tokens: int | None = None  # a request's reply limit when it sets none (None: the context)
     # plan and launch pass N+1 while pass N's tokens are chosen (engine/overlap.py); None: on a
-    # GPU for a whole model that does not draft
+    # GPU for a whole model
     overlap: bool | None = None
     # hold each packed weight dequantized too: faster products (~2 bytes a weight more on a
     # GPU, 4 in a float32 CPU run); None: where it pays and fits (wants_unpacked)
