@@ -201,10 +201,10 @@ class Engine:
         rests)."""
         if not self.overlap:
             return BUSY
-        lanes = list(itertools.chain(self.scheduler.running, self.scheduler.waiting))
-        if any(req.watch is not None for req in lanes):
+        running, waiting = self.scheduler.running, self.scheduler.waiting
+        if any(req.watch is not None for req in itertools.chain(running, waiting)):
             return BUSY
-        return self.drafting.stillness(lanes)
+        return self.drafting.stillness(running)  # a waiting request has no lane yet
 
     def _overlapped_step(self, proposed: bool = False) -> list[TokenEvent]:
         """`proposed`: the lanes were admitted and have proposed for it already; a lane that
@@ -232,9 +232,9 @@ class Engine:
             self._chosen = Chosen.pick(self.sampler, ready)
         if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
             self.drafting.observe(work, plan, hidden)
-        shape = self.drafting.shape(work) if work else None
-        if waits and shape is not None and self.drafting.default is not None:
-            # a plain pass's price; a step with no pass to wait on times the host's launch alone
+        # a plain pass's price; a step with no pass to wait on times the host's launch alone
+        shape = self.drafting.shape(work) if waits and self.drafting.default is not None else None
+        if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 
