@@ -112,10 +112,10 @@ class Drafting:
         ready = []
         for req in running:
             d = req.lane.draft
-            if d is None or req.in_prompt or d.proposal:
-                continue
+            if d is None or d.proposal or req.in_prompt or not d.gate.open():
+                continue  # a closed gate's chance is counted by open()
             room = self.room(req)
-            if room > 0 and d.gate.open():
+            if room > 0:
                 ready.append((req, room))
         if not ready:  # chances counted, nothing to propose (the usual step)
             return
@@ -306,10 +306,11 @@ class Drafting:
     def shape(work) -> tuple[int, int] | None:
         """(lanes, rows a lane) of a pass in which every lane generates and feeds the same rows:
         the passes whose time the engine records in `prices`; None for any other."""
-        rows = {w.rows for w in work}
-        if len(rows) != 1 or any(w.request.in_prompt for w in work):
-            return None
-        return len(work), rows.pop()
+        rows = work[0].rows
+        for w in work:  # every step asks: a plain loop, no sets
+            if w.rows != rows or w.request.in_prompt:
+                return None
+        return len(work), rows
 
     def verify(
         self, req: Request, logits, sampler, output, price, picks, restores

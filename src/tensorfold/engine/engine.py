@@ -233,7 +233,8 @@ class Engine:
         if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
             self.drafting.observe(work, plan, hidden)
         # a plain pass's price; a step with no pass to wait on times the host's launch alone
-        shape = self.drafting.shape(work) if waits and self.drafting.default is not None else None
+        priced = work and waits and self.drafting.default is not None
+        shape = self.drafting.shape(work) if priced else None
         if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
