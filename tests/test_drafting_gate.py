@@ -423,3 +423,41 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
     overlapped, steps = run()
     # only the steps after a verify pass overlap: no token of theirs is on the device to read
     assert overlapped <= steps // 5, (overlapped, steps)
+
+
+@pytest.mark.parametrize("overlap,guesses", [(False, False), (True, False), (True, True)])
+def test_a_verify_pass_is_priced_with_its_drafters_own_steps(
+    hf_tiny_b, monkeypatch, overlap, guesses
+):
+    """What a verify pass costs against a plain one includes the proposal that made it (the MTP
+    head's catch-up and chain are steps of their own): a drafter whose proposals take a second
+    of the engine's clock prices every verify shape at a second or more, and plain passes at
+    less, sequential or overlapped, guessed or read."""
+    import tensorfold.engine.engine as engine_module
+
+    clock = [0.0]
+
+    class Clock:  # the engine's clock, advanced by the drafter alone
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    prompts, params, want, replies = _plain_replies(hf_tiny_b, 950, (9, 21), 24)
+
+    class Slow(Script):  # overlapped, a chance reads its token first (an ask) or guesses it
+        def propose(self, tokens, output, k):
+            clock[0] += 1.0
+            return super().propose(tokens, output, k)
+
+    monkeypatch.setattr(engine_module, "time", Clock)
+    eng = make_engine(hf_tiny_b, parallel=2, draft="ngram", overlap=overlap)
+    eng.drafting.default = Slow(replies)
+    eng.drafting.default.guesses = guesses
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    seconds = eng.drafting.prices.seconds
+    verify = [min(v) for (_, rows), v in seconds.items() if rows > 1]
+    plain = [min(v) for (_, rows), v in seconds.items() if rows == 1]
+    assert verify and min(verify) >= 1.0, seconds
+    assert all(p < 1.0 for p in plain), seconds

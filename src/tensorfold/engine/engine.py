@@ -131,6 +131,7 @@ class Engine:
         if self.overlap and model.group is not None:
             raise ValueError("overlapped passes need a whole model (not a tensor split)")
         self._chosen: Chosen | None = None  # the last pass's tokens, not read back yet
+        self._proposing = 0.0  # seconds the last proposals took (the next verify's price)
         self.inbox = Inbox(config.max_queue)
         self.wakeup = self.inbox.wakeup  # the server's loop waits on it
         self._requests: dict[str, Request] = {}
@@ -189,7 +190,7 @@ class Engine:
         if mode == ASKS:  # its drafter proposes from the last tokens: read them first
             events += self._settle()
             self.scheduler.admit()
-            self.drafting.propose(self.scheduler.running)
+            self._propose()
             return events + self._overlapped_step(proposed=True)  # plain if a lane drafts
         return events + self._settle() + self._step()
 
@@ -213,7 +214,7 @@ class Engine:
         waits = self._chosen is not None  # on the pass before: the step lasts a pass's period
         if not proposed:
             self.scheduler.admit()
-            self.drafting.propose(self.scheduler.running)  # a closed gate counts its chance
+            self._propose()  # a closed gate counts its chance
         if any(req.drafting for req in self.scheduler.running):  # a verify pass: its lanes'
             return self._step(proposed=True)  # unread tokens fed on the device, read meanwhile
         work = self.scheduler.schedule()
@@ -239,6 +240,14 @@ class Engine:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 
+    def _propose(self) -> None:
+        """The lanes propose (Drafting.propose); how long it took is kept for the verify pass
+        that carries the drafts: a drafter's own steps (the MTP head's catch-up and chain) are
+        part of what that pass costs against a plain one."""
+        start = time.perf_counter()
+        self.drafting.propose(self.scheduler.running)
+        self._proposing = time.perf_counter() - start
+
     def _settle(self) -> list[TokenEvent]:
         """Commits the tokens chosen on the device and not read back yet (a lane that finished
         meanwhile, cancelled, drops its own)."""
@@ -260,10 +269,11 @@ class Engine:
         start = time.perf_counter()  # a generating pass's time prices drafting (its gate)
         if not proposed:
             self.scheduler.admit()
-            self.drafting.propose(self.scheduler.running)
+            self._propose()
         work = self.scheduler.schedule()
         if not work:
             return self._settle()
+        start -= self._proposing if proposed else 0.0  # its drafter's steps are its price too
         shape = self.drafting.shape(work)
         plan = plan_pass(work, self.drafting.before_pass(work), fed(work, self._chosen))
         logits = self.runner.execute(plan)
