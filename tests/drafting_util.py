@@ -33,9 +33,6 @@ class Script(Drafter, LaneDrafter):
         reply, n = self.replies[prompt], len(output)
         return [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
 
-    def guess(self, tokens, output, k):
-        return self.propose(tokens, output, k + 1)[1:]
-
 
 def add_mtp_head(path: Path, seed: int = 0, device: str = "cpu") -> Path:
     """Writes a random MTP head (bf16, published names and shapes) into `path` as its own file,

@@ -26,10 +26,10 @@ class LaneDrafter:
     guesses = False
 
     def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        """Up to k tokens to follow `tokens` and the unread token after them, proposed from the
-        drafter's own guess of that token (a wrong guess only costs the drafts: the walk keeps
-        a draft only where the target chose it, whatever the unread token is)."""
-        raise NotImplementedError
+        """Up to k tokens to follow `tokens` and the unread token after them: the proposal after
+        the read tokens, its first token taken as the guess of the unread one (a wrong guess
+        only costs the drafts: the walk keeps a draft only where the target chose it)."""
+        return self.propose(tokens, output, k + 1)[1:]
 
 
 class Drafter:

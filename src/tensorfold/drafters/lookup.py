@@ -61,15 +61,12 @@ class NgramDrafter(Drafter, LaneDrafter):
         self.index.update(tokens)
         return self.index.follow(tokens, tokens, k)
 
-    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        """The lookup's continuation of the read tokens: its first token is the guess of the
-        unread one, the rest the drafts after it."""
-        return self.propose(tokens, output, k + 1)[1:]
-
 
 class PredictionDrafter(Drafter, LaneDrafter):
     """Drafts from a predicted reply: what followed the reply's last tokens in the prediction
     (drafting starts after the first token, which the prompt's last row chooses)."""
+
+    guesses = True
 
     def __init__(self, prediction: tuple[int, ...], max_n: int = 4) -> None:
         self.prediction = list(prediction)
@@ -79,13 +76,8 @@ class PredictionDrafter(Drafter, LaneDrafter):
     def for_request(self, req=None) -> PredictionDrafter:
         return self
 
-    guesses = True
-
     def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
         return self.index.follow(output, self.prediction, k)
-
-    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        return self.index.follow(output, self.prediction, k + 1)[1:]
 
 
 @dataclass(frozen=True)

@@ -437,11 +437,12 @@ class Drafting:
         """An ended lane: its gate's record learnt, its spare slot freed, and a proposal still
         in flight dropped (the pass that carries it is not walked for the lane)."""
         d = req.lane.draft
-        if d is not None:
-            d.proposal = []
-        if d is not None and d.proposed and not isinstance(d.drafters[0], PredictionDrafter):
+        if d is None:
+            return
+        d.proposal = []
+        if d.proposed and not isinstance(d.drafters[0], PredictionDrafter):
             self.history.learn(d.gate)  # the drafter's record, not a client's guess
-        if d is not None and d.spare >= 0:
+        if d.spare >= 0:
             self.spares.release(d.spare)
             d.spare = -1
 
