@@ -302,6 +302,20 @@ def test_an_ask_that_finds_nothing_keeps_the_passes_overlapped(hf_tiny_b, monkey
     assert not plain_steps and 0 < sum(asked) < len(asked) // 4, (sum(asked), len(asked))
 
 
+def _count_guessed_passes(eng) -> list[bool]:
+    """Per pass of `eng`: whether a lane's first row is unread (fed from the device) and drafts
+    follow it."""
+    passes, execute = [], eng.runner.execute
+
+    def spy(plan):
+        passes.append(any(len(lane.token_ids) > 1 and lane.token_ids[0] == PENDING
+                          for lane in plan))  # fmt: skip
+        return execute(plan)
+
+    eng.runner.execute = spy
+    return passes
+
+
 def test_a_guessing_lookup_takes_its_chances_overlapped(monkeypatch):
     """An n-gram lookup drafts while the lane's last token is still on the device (its guess of
     that token is the lookup's first): no chance waits for a read, the verify passes are
@@ -321,14 +335,7 @@ def test_a_guessing_lookup_takes_its_chances_overlapped(monkeypatch):
         eng = make_engine(DEMO, parallel=2, draft="ngram", overlap=True)
         asked, overlapped = [], eng._overlapped_step
         eng._overlapped_step = lambda proposed=False: asked.append(proposed) or overlapped(proposed)
-        fed_drafts, execute = [], eng.runner.execute
-
-        def spy(plan):  # a lane whose first row is unread and whose drafts follow it
-            fed_drafts.append(any(lane.token_ids[0] == PENDING and len(lane.token_ids) > 1
-                                  for lane in plan))  # fmt: skip
-            return execute(plan)
-
-        eng.runner.execute = spy
+        fed_drafts = _count_guessed_passes(eng)
         got = [eng.add_request(ids, params) for ids in prompts]
         eng.run_until_done()
         assert [r.output_ids for r in got] == [r.output_ids for r in want]
@@ -421,14 +428,7 @@ def test_a_predicted_reply_drafts_overlapped(hf_tiny_b):
     reply = want.output_ids
     prediction = reply[:12] + [(t + 5) % 300 for t in reply[12:15]] + reply[15:]
     eng = make_engine(hf_tiny_b, parallel=1, overlap=True)
-    fed_drafts, execute = [], eng.runner.execute
-
-    def spy(plan):
-        fed_drafts.append(any(len(lane.token_ids) > 1 and lane.token_ids[0] == PENDING
-                              for lane in plan))  # fmt: skip
-        return execute(plan)
-
-    eng.runner.execute = spy
+    fed_drafts = _count_guessed_passes(eng)
     got = eng.add_request(ids, params, prediction=prediction)
     eng.run_until_done()
     assert got.output_ids == reply
