@@ -5,7 +5,9 @@ at a time, after a warm-up pass over them (compiles, CUDA graphs); the best of -
 configurations' rounds interleaved.
 "tok/s" counts the whole request (its prompt pass included); "generation tok/s" the tokens
 after the first over the time after it (the same prompts run with max_tokens=1 give that time),
-as generation speed is usually reported.
+as generation speed is usually reported. "step µs" is an engine step's mean wall time in the timed
+rounds and "waits µs" the part of it spent waiting for the card's tokens (an overlapped step's
+read, a plain step's choice): a step that hardly waits is bound by the host's work, not the card.
 
     PYTHONPATH=src python3 benchmarks/demo_drafting.py [--device cuda] [--drafts mtp:4,mtp:7,ngram:4]
 """
@@ -21,6 +23,7 @@ import torch
 
 from tensorfold import LLM, SamplingParams
 from tensorfold.demo.data import generate
+from tensorfold.engine import overlap, sampler
 from tensorfold.receipts.prompts import DECODE_PROMPTS
 from tensorfold.tokenizer import Tokenizer
 
@@ -49,6 +52,48 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     return time.perf_counter() - start, outs
 
 
+class StepClock:
+    """An engine's steps and the time they waited for the card's tokens (the reads that sync)."""
+
+    def __init__(self) -> None:
+        self.steps, self.seconds, self.waits = 0, 0.0, 0.0
+        self.on = False
+
+    def watch(self, engine) -> None:
+        step = engine.step
+
+        def timed():
+            t = time.perf_counter()
+            try:
+                return step()
+            finally:
+                if self.on:
+                    self.steps += 1
+                    self.seconds += time.perf_counter() - t
+
+        engine.step = timed
+
+
+def clock_waits(current: list[StepClock | None]) -> None:
+    """The syncs that wait for chosen tokens, timed into the StepClock in `current[0]`."""
+    for owner, name in (
+        (overlap.Chosen, "read"),
+        (sampler.Sampler, "choose"),
+        (sampler.Sampler, "greedy_picks"),
+    ):
+        fn = getattr(owner, name)
+
+        def timed(self, *args, _fn=fn, **kwargs):
+            t = time.perf_counter()
+            try:
+                return _fn(self, *args, **kwargs)
+            finally:
+                if current[0] is not None and current[0].on:
+                    current[0].waits += time.perf_counter() - t
+
+        setattr(owner, name, timed)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEMO)
@@ -64,15 +109,17 @@ def main() -> None:
     args = p.parse_args()
     tok = Tokenizer(args.checkpoint)
     sets = prompt_sets(tok, args.tasks)
+    current: list[StepClock | None] = [None]
+    clock_waits(current)
     configs = [("plain", None, 4)] + [
         (d, d.split(":")[0], int(d.split(":")[1])) for d in args.drafts.split(",") if d
     ]
     print(f"{args.checkpoint.name} on {args.device}, one stream, greedy", flush=True)
     print(
         "| prompts | drafter | tokens | tok/s | speed-up | generation tok/s | speed-up "
-        "| acceptance length | drafted = plain |"
+        "| acceptance length | step µs | waits µs | drafted = plain |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, prompts in sets.items():
         llms = {
             label: LLM(
@@ -86,7 +133,9 @@ def main() -> None:
             )  # fmt: skip
             for label, draft, k in configs
         }
-        for llm in llms.values():
+        clocks = {label: StepClock() for label in llms}
+        for label, llm in llms.items():
+            clocks[label].watch(llm.engine)
             timed(llm, prompts, args.max_tokens)  # warm-up
             llm.engine.drafting.stats = type(llm.engine.drafting.stats)()
         whole = {label: [] for label in llms}
@@ -94,7 +143,9 @@ def main() -> None:
         outs = {}
         for _ in range(args.rounds):  # interleaved: a drift of the clock reaches every config
             for label, llm in llms.items():
+                current[0], clocks[label].on = clocks[label], True
                 seconds, outs[label] = timed(llm, prompts, args.max_tokens)
+                clocks[label].on = False
                 whole[label].append(seconds)
                 first[label].append(timed(llm, prompts, 1)[0])
         plain = configs[0][0]
@@ -107,9 +158,12 @@ def main() -> None:
             same = "yes" if outs[label] == outs[plain] else "NO"
             stats = llm.engine.drafting.stats
             accept = f"{stats.acceptance_length:.2f}" if label != plain else "1"
+            c = clocks[label]
+            step, waits = (1e6 * x / max(1, c.steps) for x in (c.seconds, c.waits))
             print(
                 f"| {name} | {label} | {n} | {rate:,.1f} | {rate / rates[plain][0]:.2f}x | "
-                f"{gen:,.1f} | {gen / rates[plain][1]:.2f}x | {accept} | {same} |",
+                f"{gen:,.1f} | {gen / rates[plain][1]:.2f}x | {accept} | {step:.0f} | {waits:.0f} "
+                f"| {same} |",
                 flush=True,
             )
         for llm in llms.values():
