@@ -254,6 +254,45 @@ def test_drafting_engine_overlaps_while_its_gates_rest(hf_tiny_b, pattern, monke
         assert len(overlapped) >= steps * 3 // 4, (len(overlapped), steps)
 
 
+def test_the_rows_a_missed_verify_left_behind_are_read_overlapped(hf_tiny_b, monkeypatch):
+    """After a verify pass whose first draft missed, the lane's state is the one before the pass
+    and its committed rows are read again; that pass is an overlapped one (its token chosen on
+    the device, read in the next step), so a miss costs no sequential step beside the verify
+    pass itself. Seeded and greedy replies equal the plain engine's, every draft wrong."""
+    from drafting_util import Script
+
+    prompts = [sample_prompt(240 + i, n, 300) for i, n in enumerate((11, 35))]
+    params = [
+        SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=50, temperature=0.9, seed=4, ignore_eos=True),
+    ]
+    plain = make_engine(hf_tiny_b, parallel=2, overlap=False)
+    want = [plain.add_request(ids, p) for ids, p in zip(prompts, params)]
+    plain.run_until_done()
+    replies = {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+    fixed_price(monkeypatch)  # a miss closes the gate: the rows behind are read without drafts
+    eng = make_engine(hf_tiny_b, parallel=2, draft="ngram", overlap=True)
+    eng.drafting.default = Script(replies, lambda p: True)
+    sequential, step = [], eng._step
+    eng._step = lambda proposed=False: sequential.append(proposed) or step(proposed)
+    behind, execute = [], eng.runner.execute
+
+    def spy(plan):  # lanes fed two or more reply rows and no drafts
+        behind.extend(
+            lane.start >= len(prompts[0]) and lane.rows > 1 and len(lane.logits) == 1
+            for lane in plan
+            if lane.key == got[0].request_id  # its prompt's length known
+        )
+        return execute(plan)
+
+    eng.runner.execute = spy
+    got = [eng.add_request(ids, p) for ids, p in zip(prompts, params)]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert eng.drafting.stats.verifies > 4 and sum(behind) >= 2, (eng.drafting.stats, behind)
+    assert all(sequential), "a step waited for its own pass without drafts in it"
+
+
 def test_a_drafting_engine_overlaps_the_passes_that_read_prompts(hf_tiny_b, monkeypatch):
     """A lane reading its prompt proposes nothing, so its open gate does not keep the engine's
     prompt passes sequential: they overlap, and the replies are plain's (drafts all right)."""

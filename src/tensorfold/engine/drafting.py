@@ -207,9 +207,10 @@ class Drafting:
 
     def stillness(self, lanes: list[Request]) -> str:
         """Whether a pass of `lanes` needs drafting to wait for the host to know the last
-        tokens: BUSY when a lane has drafts in flight or rows behind; else ASKS when a drafting
-        lane proposes at this chance (`propose` only counts a closed gate's chance); else QUIET,
-        and the engine may overlap the pass. A closed gate's drafter may still read the
+        tokens: BUSY when a lane has drafts in flight; else ASKS when a drafting lane proposes
+        at this chance (`propose` only counts a closed gate's chance); else QUIET, and the
+        engine may overlap the pass. A lane whose verify missed has its committed rows read
+        again: their tokens are on the host, so that pass overlaps as any other. A closed gate's drafter may still read the
         target's states of an overlapped pass: `observe` after the pass's tokens are chosen on
         the device."""
         mode = QUIET
@@ -217,7 +218,7 @@ class Drafting:
             d = req.lane.draft
             if d is None:
                 continue
-            if d.proposal or self.behind(req):
+            if d.proposal:
                 return BUSY
             if self.asks(req):
                 mode = ASKS

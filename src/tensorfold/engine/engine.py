@@ -196,7 +196,7 @@ class Engine:
 
     def _overlap_mode(self) -> str:
         """A watched lane (a tool's seams, its fingerprint at the end) takes plain steps, and
-        so does a pass in which a lane has drafts in flight or rows behind (BUSY); a lane
+        so does a pass in which a lane has drafts in flight (BUSY); a lane
         whose gate asks (ASKS) has the last tokens read first, and overlaps again when it
         proposes nothing (Drafting.stillness: overlapped steps while every drafting lane
         rests)."""
