@@ -94,6 +94,18 @@ def clock_waits(current: list[StepClock | None]) -> None:
         setattr(owner, name, timed)
 
 
+def prices_line(label: str, llm: LLM, k: int) -> str:
+    """The engine's measured pass times at one lane (µs, the window kept) and the price of a
+    verify pass of 1 + k rows that its gates read."""
+    prices = llm.engine.drafting.prices
+    windows = {rows: prices.seconds.get((1, rows), ()) for rows in (1, k + 1)}
+    shown = "; ".join(
+        f"{rows} rows: " + " ".join(f"{1e6 * t:.0f}" for t in w) for rows, w in windows.items()
+    )
+    ratio = prices.ratio(1, k + 1)
+    return f"{label}: price {ratio if ratio is None else f'{ratio:.2f}'} ({shown})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEMO)
@@ -166,6 +178,8 @@ def main() -> None:
                 f"| {same} |",
                 flush=True,
             )
+        for (label, _, k), llm in zip(configs[1:], list(llms.values())[1:]):
+            print(prices_line(f"  {name}, {label}", llm, k), flush=True)
         for llm in llms.values():
             llm.close()
 
