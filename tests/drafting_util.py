@@ -157,6 +157,7 @@ def fixed_price(monkeypatch, ratio: float = 1.4) -> None:
     from tensorfold.drafters.gate import PassPrices
 
     monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: ratio)
+    monkeypatch.setattr(PassPrices, "plain_measured", lambda self: True)
 
 
 THREE = [list(range(5 + i, 17 + 3 * i)) for i in range(3)]

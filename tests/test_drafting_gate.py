@@ -461,3 +461,49 @@ def test_a_verify_pass_is_priced_with_its_drafters_own_steps(
     plain = [min(v) for (_, rows), v in seconds.items() if rows == 1]
     assert verify and min(verify) >= 1.0, seconds
     assert all(p < 1.0 for p in plain), seconds
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_drafter_that_wins_a_little_at_a_high_cost_is_priced_and_stops(
+    hf_tiny_b, monkeypatch, overlap
+):
+    """Unpriced, a gate stays open while each verify pass keeps some drafts; a drafter that
+    keeps one draft a pass and takes a second to propose it would then draft every chance and
+    the engine never time a plain pass. A lane's first chances are plain passes until the
+    engine has timed some, and at ten plain passes a verify the gate closes."""
+    import tensorfold.engine.engine as engine_module
+
+    clock = [0.0]
+
+    class Clock:  # the engine's clock: a pass takes 0.1 s, a proposal a second
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    prompts, params, want, replies = _plain_replies(hf_tiny_b, 970, (13,), 80)
+
+    class FirstRight(Script):  # reads the lane's last token first, as the MTP head does
+        guesses = False
+
+        def propose(self, tokens, output, k):
+            clock[0] += 1.0
+            drafts = super().propose(tokens, output, k)
+            return drafts[:1] + [(t + 1) % 300 for t in drafts[1:]]
+
+    monkeypatch.setattr(engine_module, "time", Clock)
+    eng = make_engine(hf_tiny_b, parallel=1, draft="ngram", overlap=overlap)
+    eng.drafting.default = FirstRight(replies)
+    execute = eng.runner.execute
+
+    def timed(plan):
+        clock[0] += 0.1
+        return execute(plan)
+
+    eng.runner.execute = timed
+    got = eng.add_request(prompts[0], params)
+    eng.run_until_done()
+    assert got.output_ids == want[0].output_ids
+    stats = eng.drafting.stats
+    assert stats.accepted == stats.verifies > 0  # every verify pass kept its first draft
+    assert eng.drafting.prices.ratio(1, 5) > 5.0
+    assert stats.verifies <= 8, stats  # the closed gate's retries: after 4, 8, 16, 32 chances

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import LaneHistory, PassPrices, verify_pays
+from ..drafters.gate import MEASURE, LaneHistory, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -99,10 +99,14 @@ class Drafting:
             drafters.append(self.default.for_request(req))
         if not enabled or watched or not drafters or not self.allowed:
             return None
-        if prediction:  # the client's own guess: hopeful, whatever the drafter did before
-            return LaneDraft(tuple(drafters))
         k = self.config.tokens
-        return LaneDraft(tuple(drafters), self.history.gate(k, self.prices.cheapest(k + 1)))
+        if prediction:  # the client's own guess: hopeful, whatever the drafter did before
+            draft = LaneDraft(tuple(drafters))
+        else:
+            draft = LaneDraft(tuple(drafters), self.history.gate(k, self.prices.cheapest(k + 1)))
+        if not self.prices.plain_measured():  # the passes a verify's price is against, first
+            draft.gate.skip = max(draft.gate.skip, MEASURE)
+        return draft
 
     def propose(self, running: list[Request]) -> None:
         """Each generating lane with nothing in flight proposes up to k tokens it may commit;
