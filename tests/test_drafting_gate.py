@@ -507,3 +507,40 @@ def test_a_drafter_that_wins_a_little_at_a_high_cost_is_priced_and_stops(
     assert stats.accepted == stats.verifies > 0  # every verify pass kept its first draft
     assert eng.drafting.prices.ratio(1, 5) > 5.0
     assert stats.verifies <= 8, stats  # the closed gate's retries: after 4, 8, 16, 32 chances
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_pass_that_records_its_graph_is_not_priced(hf_tiny_b, monkeypatch, overlap):
+    """The first pass of a graph's shape compiles and records it (or a drafter's first
+    proposal of a shape does), taking many replays' time; as the least of a window it would
+    stand for long, and as a shape's only price close the gates that would have measured
+    more. Such passes, and an overlapped step's wait on one, are not priced."""
+    import tensorfold.engine.engine as engine_module
+
+    clock = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    prompts, params, want, replies = _plain_replies(hf_tiny_b, 990, (9, 14), 40)
+    monkeypatch.setattr(engine_module, "time", Clock)
+    eng = make_engine(hf_tiny_b, parallel=2, draft="ngram", overlap=overlap)
+    eng.drafting.default = Script(replies, lambda p: p % 5 == 4)
+    execute, seen = eng.runner.execute, set()
+
+    def timed(plan):  # a shape's first pass "records its graph": a hundred seconds
+        shape = (len(plan), tuple(lane.rows for lane in plan))
+        clock[0] += 0.1 if shape in seen else 100.0
+        eng.runner.cold_passes += shape not in seen
+        seen.add(shape)
+        return execute(plan)
+
+    eng.runner.execute = timed
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    seconds = eng.drafting.prices.seconds
+    assert any(rows > 1 for _, rows in seconds) and any(rows == 1 for _, rows in seconds)
+    assert all(t < 50.0 for window in seconds.values() for t in window), seconds

@@ -60,6 +60,12 @@ class Drafter:
     def nbytes(self) -> int:
         return 0
 
+    @property
+    def cold_runs(self) -> int:
+        """Its steps so far that compiled or recorded a graph rather than replayed one (a
+        drafting gate does not price a pass whose proposal ran one)."""
+        return 0
+
 
 @dataclass
 class LaneDraft:

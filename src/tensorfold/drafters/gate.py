@@ -20,7 +20,9 @@ WINDOW = 8  # passes of one shape a price is the least of
 EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
 WAKE = 8  # chances before a closed gate's retry from which its drafter reads the target again
 MOST_IDLE = 8  # a lookup that found nothing skips 1, 2, 4 ... at most this many chances
-MEASURE = 2  # plain passes timed before any lane drafts: a verify's price is against them
+# a new lane's chances skipped while no plain pass is timed: a verify's price is against them
+# (the first pass after a prompt waits for it, the next for a first graph's recording)
+MEASURE = 3
 
 
 @dataclass
@@ -170,12 +172,11 @@ class PassPrices:
         kept.append(seconds)
 
     def plain_measured(self) -> bool:
-        """Whether MEASURE plain passes were timed at some lane count. Until then a new lane's
-        gate skips its first MEASURE chances: a lane whose drafts keep winning a little never
-        lets the engine time a plain pass, and unpriced it would draft on at any cost (the
-        first overlapped pass after a prompt also waits for the prompt's pass: one is not
-        enough)."""
-        return any(rows == 1 and len(v) >= MEASURE for (_, rows), v in self.seconds.items())
+        """Whether two plain passes were timed at some lane count (the first after a prompt
+        waits for the prompt's pass: one is not enough). Until then a new lane's gate skips
+        its first MEASURE chances: a lane whose drafts keep winning a little never lets the
+        engine time a plain pass, and unpriced it would draft on at any cost."""
+        return any(rows == 1 and len(v) >= 2 for (_, rows), v in self.seconds.items())
 
     def ratio(self, lanes: int, rows: int) -> float | None:
         """A pass of `rows` rows a lane over a plain one at this lane count; None until both

@@ -82,6 +82,10 @@ class MTPDrafter(Drafter):
     def nbytes(self) -> int:
         return self.kv.nbytes
 
+    @property
+    def cold_runs(self) -> int:
+        return self.graphs.cold_runs if self.graphs is not None else 0
+
     def for_request(self, req) -> MTPLane:
         return MTPLane(self, req)
 

@@ -132,6 +132,8 @@ class Engine:
             raise ValueError("overlapped passes need a whole model (not a tensor split)")
         self._chosen: Chosen | None = None  # the last pass's tokens, not read back yet
         self._proposing = 0.0  # seconds the last proposals took (the next verify's price)
+        # cold runs (runner and drafter) counted as the step before and this one proposed
+        self._cold_marks = (0, 0)
         self.inbox = Inbox(config.max_queue)
         self.wakeup = self.inbox.wakeup  # the server's loop waits on it
         self._requests: dict[str, Request] = {}
@@ -234,7 +236,7 @@ class Engine:
         if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
             self.drafting.observe(work, plan, hidden)
         # a plain pass's price; a step with no pass to wait on times the host's launch alone
-        priced = work and waits and self.drafting.default is not None
+        priced = work and waits and self.drafting.default is not None and self._warm(waits)
         shape = self.drafting.shape(work) if priced else None
         if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
@@ -244,9 +246,20 @@ class Engine:
         """The lanes propose (Drafting.propose); how long it took is kept for the verify pass
         that carries the drafts: a drafter's own steps (the MTP head's catch-up and chain) are
         part of what that pass costs against a plain one."""
+        self._cold_marks = (self._cold_marks[1], self._cold_runs())
         start = time.perf_counter()
         self.drafting.propose(self.scheduler.running)
         self._proposing = time.perf_counter() - start
+
+    def _cold_runs(self) -> int:
+        d = self.drafting.default
+        return self.runner.cold_passes + (d.cold_runs if d is not None else 0)
+
+    def _warm(self, waited: bool) -> bool:
+        """Whether no pass or proposal compiled or recorded a graph since this step proposed
+        (`waited`: since the step before it proposed, whose pass this one waited on): its time
+        is then a replay's, not a first run's, which a gate's price would carry for long."""
+        return self._cold_runs() == self._cold_marks[0 if waited else 1]
 
     def _settle(self) -> list[TokenEvent]:
         """Commits the tokens chosen on the device and not read back yet (a lane that finished
@@ -298,7 +311,7 @@ class Engine:
             events.append(self._commit(req, row, token))
         if self.drafting.wants_hidden:
             self.drafting.observe(work, plan, hidden)
-        if shape is not None:
+        if shape is not None and self._warm(False):
             self.drafting.prices.record(*shape, time.perf_counter() - start)
         return events
 

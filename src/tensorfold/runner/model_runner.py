@@ -90,6 +90,9 @@ class ModelRunner:
         self.lone_pieces: tuple[int, ...] = ()
         # (lanes, rows) or (lanes, rows, prompt rows) -> passes run from graphs
         self.replays: dict[tuple[int, ...], int] = {}
+        # passes that recorded their graph (after an eager run that compiled its kernels): a
+        # drafting gate's prices leave them out, as nothing like a replay's time
+        self.cold_passes = 0
         self.pool = None  # the graphs' shared memory pool, made with the first graph
         self.buckets: tuple[int, ...] = ()  # lane counts graphs are recorded for (pad_lanes)
         self.pad: tuple[int, torch.Tensor] | None = None  # padding lanes' state slot, KV rows
@@ -186,6 +189,7 @@ class ModelRunner:
             graph = self.graphs[key] = PassGraph(
                 self.model, self.caches, lanes, rows, self.context, self.pool, shape.prompt, scratch
             )
+        self.cold_passes += graph.graph is None
         # the graph's output buffer is rewritten by the next replay; padding rows are dropped
         out = graph.run(full)
         if shape.prompt and pads:  # one copy of the real rows

@@ -35,6 +35,11 @@ class _Recorded:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.runs = 0
 
+    @property
+    def cold(self) -> bool:
+        """Whether its next run compiles or records rather than replays."""
+        return self.graph is None
+
     def __call__(self) -> None:
         self.runs += 1
         if self.graph is not None:
@@ -61,6 +66,7 @@ class MTPGraphs:
         self.drafts = torch.zeros(most, dtype=torch.long, device=dev)  # [0]: the first draft
         self.pool = torch.cuda.graph_pool_handle()
         self.member: tuple = ()  # (key, KV rows) of the lane whose table is loaded
+        self.cold_runs = 0  # runs that compiled or recorded rather than replayed
         self.catch_ups: dict[int, tuple[StaticLanes, _Recorded]] = {}
         self.chains: dict[int, tuple[list[StaticLanes], _Recorded]] = {}
 
@@ -86,6 +92,7 @@ class MTPGraphs:
         self._load(place)
         lane.inputs.copy_(torch.tensor([ids, list(range(start, start + n))]), non_blocking=True)
         self.hidden[:n].copy_(rows)
+        self.cold_runs += run.cold
         with torch.inference_mode():
             run()
 
@@ -112,6 +119,7 @@ class MTPGraphs:
         self._load(place)
         if lanes:
             lanes[0].inputs[1].fill_(position)
+            self.cold_runs += run.cold
             with torch.inference_mode():
                 run()
         return self.drafts[:k].tolist()
