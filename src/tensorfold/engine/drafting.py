@@ -330,14 +330,17 @@ class Drafting:
         proposal, k = d.proposal, len(d.proposal)
         req.lane.computed = req.num_tokens + k  # the state covers every fed row for now
         accepted = 0
+        lazy = output.defers_text(req)  # the run's text decoded once, at its end
         for j in range(k + 1):
             token = picks[j] if picks else sampler.choose_token(req, logits[j])
-            event = output.commit(req, logits[j], token)
+            event = output.commit(req, logits[j], token, text=not lazy)
             events.append(event)
             if j < k and accepts(proposal[j], token):
                 accepted += 1
             if event.finished or j == k or not accepts(proposal[j], token):
                 break
+        if lazy and not events[-1].finished:  # a finishing token decoded the whole run
+            output.flush(req, events[-1])
         if d.source is not None:  # a rider's repeated token is no drafter's: nothing to hear
             d.proposed, d.accepted = d.proposed + k, d.accepted + accepted
             d.gate.record(accepted, k, price)
