@@ -99,11 +99,10 @@ class Drafting:
             drafters.append(self.default.for_request(req))
         if not enabled or watched or not drafters or not self.allowed:
             return None
-        k = self.config.tokens
         if prediction:  # the client's own guess: hopeful, whatever the drafter did before
-            draft = LaneDraft(tuple(drafters))
-        else:
-            draft = LaneDraft(tuple(drafters), self.history.gate(k, self.prices.cheapest(k + 1)))
+            return LaneDraft(tuple(drafters))
+        k = self.config.tokens
+        draft = LaneDraft(tuple(drafters), self.history.gate(k, self.prices.cheapest(k + 1)))
         if not self.prices.plain_measured():  # the passes a verify's price is against, first
             draft.gate.skip = max(draft.gate.skip, MEASURE)
         return draft
