@@ -20,8 +20,11 @@ class Script(Drafter, LaneDrafter):
     """A drafter that knows each prompt's plain reply and proposes it, every token for which
     `wrong(position)` holds turned into another token."""
 
-    def __init__(self, replies: dict[tuple[int, ...], list[int]], wrong=lambda p: False) -> None:
-        self.replies, self.wrong = replies, wrong
+    def __init__(
+        self, replies: dict[tuple[int, ...], list[int]], wrong=lambda p: False, on_device=False
+    ) -> None:
+        """`on_device`: its drafts come as a tensor, as a drafter leaves them on the device."""
+        self.replies, self.wrong, self.on_device = replies, wrong, on_device
 
     def for_request(self, req=None):
         return self
@@ -31,7 +34,8 @@ class Script(Drafter, LaneDrafter):
     def propose(self, tokens, output, k):
         prompt = tuple(tokens[: len(tokens) - len(output)])
         reply, n = self.replies[prompt], len(output)
-        return [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
+        drafts = [(t + 1) % 300 if self.wrong(n + j) else t for j, t in enumerate(reply[n : n + k])]
+        return torch.tensor(drafts, dtype=torch.long) if self.on_device and drafts else drafts
 
 
 def add_mtp_head(path: Path, seed: int = 0, device: str = "cpu") -> Path:

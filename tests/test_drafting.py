@@ -38,7 +38,11 @@ def _prompts() -> list[list[int]]:
 def _run(path, prompts, params, parallel, drafter=None, **config):
     """Requests staggered one per pass; returns [(ids, fingerprint)] and the engine."""
     eng = make_engine(
-        path, parallel=parallel, prompt_cache_bytes=CACHE, draft="ngram" if drafter else None
+        path,
+        parallel=parallel,
+        prompt_cache_bytes=CACHE,
+        draft="ngram" if drafter else None,
+        **config,
     )
     if drafter is not None:
         eng.drafting.default = drafter
@@ -78,6 +82,20 @@ def test_drafted_equals_plain(hf_tiny_b, plain, pattern, parallel, mode):
         assert stats.accepted == stats.proposed
     else:
         assert 0 < stats.accepted < stats.proposed
+
+
+@pytest.mark.parametrize("pattern", ["all_right", "every_third_wrong", "all_wrong"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_drafts_left_on_the_device_equal_plain(hf_tiny_b, plain, pattern, overlap):
+    """A drafter that leaves its drafts on the device (the MTP head's graphs): the verify pass
+    feeds them from there and the walk reads them after it; ids and fingerprints are plain's,
+    greedy and seeded, at 1 and 4 lanes, sequential and overlapped."""
+    for mode, params in (("greedy", GREEDY), ("sampled", SAMPLED)):
+        for parallel in (1, 4):
+            script = Script(_replies(plain[mode]), PATTERNS[pattern], on_device=True)
+            got, eng = _run(hf_tiny_b, _prompts(), params, parallel, script, overlap=overlap)
+            assert got == plain[mode], (mode, parallel)
+            assert eng.drafting.stats.verifies > 0
 
 
 def test_a_wrong_acceptance_rule_is_caught(hf_tiny_b, plain, monkeypatch):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from ..runner.plan import PENDING
 from .gate import Gate
 
 
@@ -47,9 +50,11 @@ class Drafter:
     def use_graphs(self, context: int, most: int) -> None:
         """The runner replays CUDA graphs; a drafter with steps of its own records them."""
 
-    def propose_many(self, asks: list[tuple]) -> list[list[int]]:
+    def propose_many(self, asks: list[tuple]) -> list[list[int] | torch.Tensor]:
         """Drafts for several lanes in one call: asks are (LaneDrafter, tokens, output, k). A
-        drafter with steps of its own may batch them; the plain way asks each lane in turn."""
+        drafter with steps of its own may batch them; the plain way asks each lane in turn. A
+        lane's drafts may come as a tensor on the pass's device, not read back: the verify pass
+        feeds them from there and the walk reads them after it (`LaneDraft.take`)."""
         return [lane.propose(tokens, output, k) for lane, tokens, output, k in asks]
 
     def features(self, target):
@@ -83,3 +88,47 @@ class LaneDraft:
     accepted: int = 0
     prediction_accepted: int = 0
     prediction_rejected: int = 0
+    # the proposal's tokens on the device, not read back (`proposal` holds PENDING for each):
+    # the verify pass's rows feed them from here (engine/overlap.py, `fed`), the walk reads them
+    on_device: torch.Tensor | None = None
+
+    def take(self, found: list[int] | torch.Tensor, room: int) -> None:
+        """The drafter's proposal, at most `room` tokens: ids, or a tensor of them left on the
+        device (so the host launches the verify pass while the drafter's steps run)."""
+        if isinstance(found, torch.Tensor):
+            self.on_device = found[:room]
+            self.proposal = [PENDING] * self.on_device.shape[0]
+        else:
+            self.on_device, self.proposal = None, list(found)[:room]
+
+    def pad(self, room: int) -> None:
+        """A short proposal padded to `room` tokens with its last (a graph's pass shape)."""
+        more = room - len(self.proposal)
+        if more <= 0 or not self.proposal:
+            return
+        if self.on_device is not None:
+            self.on_device = torch.cat([self.on_device, self.on_device[-1:].expand(more)])
+        self.proposal += self.proposal[-1:] * more
+
+    def cut(self, keep: int) -> None:
+        """Keeps the first `keep` drafts (the rows the pass has room for)."""
+        del self.proposal[keep:]
+        if self.on_device is not None:
+            self.on_device = self.on_device[:keep] if self.proposal else None
+
+    def drop(self) -> None:
+        """No proposal in flight."""
+        self.proposal, self.on_device = [], None
+
+
+def read_drafts(drafts: list[LaneDraft]) -> None:
+    """The proposals left on the device, read back in one copy (after the pass that fed them
+    was launched: the copy waits for it, as the walk does)."""
+    waiting = [d for d in drafts if d.on_device is not None]
+    if not waiting:
+        return
+    ids = torch.cat([d.on_device for d in waiting]).tolist()
+    at = 0
+    for d in waiting:
+        n = len(d.proposal)
+        d.proposal, d.on_device, at = ids[at : at + n], None, at + n

@@ -69,10 +69,13 @@ class MTPDrafter(Drafter):
         graphs, from BATCH_FROM lanes; without, a lane's plain-torch steps are cheaper."""
         return self.graphs is not None and lanes >= self.BATCH_FROM
 
-    def propose_many(self, asks: list[tuple]) -> list[list[int]]:
-        if not self.batches(len(asks)):
-            return super().propose_many(asks)
-        return propose_lanes(self, [(lane, tokens, k) for lane, tokens, _, k in asks])
+    def propose_many(self, asks: list[tuple]) -> list[list[int] | torch.Tensor]:
+        """With graphs, each lane's drafts stay on the device: the host plans and launches the
+        verify pass while the head's steps run, and reads the drafts with the pass's picks."""
+        if self.batches(len(asks)):
+            return propose_lanes(self, [(lane, tokens, k) for lane, tokens, _, k in asks])
+        keep = self.graphs is not None
+        return [lane.propose(tokens, out, k, on_device=keep) for lane, tokens, out, k in asks]
 
     def features(self, target: Qwen35Model) -> torch.Tensor:
         """What it reads of each pass: the post-final-norm states of every row."""
@@ -166,7 +169,10 @@ class MTPLane(LaneDrafter):
         self.ran(len(ids))
         return True
 
-    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+    def propose(
+        self, tokens: list[int], output: list[int], k: int, on_device: bool = False
+    ) -> list[int] | torch.Tensor:
+        """Up to k drafts; with graphs and `on_device`, a tensor of them left on the device."""
         fresh = self._catch_up()
         if self.done != len(tokens) - 1:
             return []
@@ -176,7 +182,7 @@ class MTPLane(LaneDrafter):
                 graphs.set_start(torch.argmax(self.logits), self.out)
             elif not fresh:  # caught up earlier: the buffers may hold another lane's start
                 return []
-            return graphs.chain(self.req.rows(), len(tokens) - 1, k)
+            return graphs.chain(self.req.rows(), len(tokens) - 1, k, read=not on_device)
         if self.logits is None:
             return []
         drafts = [int(torch.argmax(self.logits))]

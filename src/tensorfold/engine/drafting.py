@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
-from ..drafters.base import LaneDraft, LaneDrafter
+from ..drafters.base import LaneDraft, LaneDrafter, read_drafts
 from ..drafters.choice import DraftConfig, refuse_split_draft
 from ..drafters.gate import MEASURE, LaneHistory, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
@@ -142,7 +142,7 @@ class Drafting:
                     break
                 else:
                     found = drafter.propose(req.all_ids, req.output_ids, room)
-                d.proposal = list(found)[:room]
+                d.take(found, room)
                 if d.proposal:
                     d.source = drafter
                     break
@@ -150,14 +150,14 @@ class Drafting:
             many = [(r.lane.draft.drafters[-1], r.all_ids, r.output_ids, n) for r, n in asks]
             for (req, room), proposal in zip(asks, self.default.propose_many(many)):
                 d = req.lane.draft
-                d.proposal = list(proposal)[:room]
+                d.take(proposal, room)
                 d.source = d.drafters[-1] if d.proposal else None
         for req, room in ready:
             d = req.lane.draft
             d.real = len(d.proposal)
             d.gate.found(d.real > 0)
-            if self.align and d.proposal:  # a short proposal padded: its pass stays a graph's
-                d.proposal += d.proposal[-1:] * (room - d.real)
+            if self.align:  # a short proposal padded: its pass stays a graph's
+                d.pad(room)
         if ride:
             self.share_pass(running)
 
@@ -173,11 +173,12 @@ class Drafting:
         if self.pays(running, [r.lane.draft.gate.expected(r.lane.draft.real) for r in drafting]):
             for r in running:
                 if not r.drafting:
-                    r.lane.draft.proposal = r.all_ids[-1:] * self.room(r)
+                    r.lane.draft.take(r.all_ids[-1:] * self.room(r), self.room(r))
                     r.lane.draft.real, r.lane.draft.source = 0, None
         else:
             for r in drafting:
-                r.lane.draft.proposal, r.lane.draft.real, r.lane.draft.source = [], 0, None
+                r.lane.draft.drop()
+                r.lane.draft.real, r.lane.draft.source = 0, None
             self.defer(drafting, len(running))
 
     def defer(self, refused: list[Request], lanes: int) -> None:
@@ -266,7 +267,7 @@ class Drafting:
             if not req.drafting:
                 continue
             pending = req.num_tokens - lane.computed
-            del d.proposal[max(0, w.rows - pending) :]
+            d.cut(max(0, w.rows - pending))
             if not d.proposal:
                 continue
             if self.spares is None:
@@ -294,6 +295,7 @@ class Drafting:
         """Verifies each drafting lane of the pass: {index in work: the events of the tokens it
         committed}. The engine finishes a lane whose last event says it ended."""
         lanes = [i for i, w in enumerate(work) if w.request.drafting]
+        read_drafts([work[i].request.lane.draft for i in lanes])  # left on the device
         rows = [
             (work[i].request, logits[i][: len(work[i].request.lane.draft.proposal) + 1])
             for i in lanes
@@ -374,7 +376,8 @@ class Drafting:
         elif d.start >= 0 and not kept:
             restores.append((d.spare, lane.slot))
             lane.computed = d.start + d.forked
-        d.start, d.proposal = -1, []
+        d.start = -1
+        d.drop()
 
     def use_graphs(self, context: int) -> None:
         """The runner replays passes from CUDA graphs: verify passes are aligned to them, and a
@@ -446,7 +449,7 @@ class Drafting:
         d = req.lane.draft
         if d is None:
             return
-        d.proposal = []
+        d.drop()
         if d.proposed and not isinstance(d.drafters[0], PredictionDrafter):
             self.history.learn(d.gate)  # the drafter's record, not a client's guess
         if d.spare >= 0:

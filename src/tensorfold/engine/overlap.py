@@ -83,15 +83,28 @@ def _logprobs(ready, tokens: torch.Tensor, asks) -> tuple[torch.Tensor, torch.Te
 
 
 def fed(work: list[Work], chosen: Chosen | None) -> Fed | None:
-    """The rows of a pass (its lanes in `work` order) that feed a token still on the device."""
-    if chosen is None:
-        return None
+    """The rows of a pass (its lanes in `work` order) that feed a token still on the device:
+    a token `chosen` by the pass before and not read, and drafts a drafter left there
+    (`LaneDraft.on_device`), all from one tensor of the sources in turn."""
+    sources = [chosen.tokens] if chosen is not None else []
     rows, picks, row0 = [], [], 0
+    base = chosen.tokens.shape[0] if chosen is not None else 0
     for w in work:
-        req = w.request
-        at = req.num_tokens - 1 - req.lane.computed  # the pending token's row in the lane's
-        if req.lane.pending >= 0 and 0 <= at < w.rows:
+        req, lane = w.request, w.request.lane
+        at = req.num_tokens - 1 - lane.computed  # the pending token's row in the lane's
+        if lane.pending >= 0 and 0 <= at < w.rows:
             rows.append(row0 + at)
-            picks.append(req.lane.pending)
+            picks.append(lane.pending)
+        d = lane.draft
+        if d is not None and d.on_device is not None and req.drafting:
+            first = req.num_tokens - lane.computed  # the drafts follow the lane's tokens
+            for j in range(min(len(d.proposal), w.rows - first)):
+                rows.append(row0 + first + j)
+                picks.append(base + j)
+            sources.append(d.on_device)
+            base += d.on_device.shape[0]
         row0 += w.rows
-    return Fed(tuple(rows), chosen.tokens, tuple(picks)) if rows else None
+    if not rows:
+        return None
+    tokens = sources[0] if len(sources) == 1 else torch.cat(sources)
+    return Fed(tuple(rows), tokens, tuple(picks))

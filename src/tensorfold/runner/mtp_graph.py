@@ -110,8 +110,11 @@ class MTPGraphs:
         self.drafts[0] = first
         self.out.copy_(out)
 
-    def chain(self, place: LaneRows, position: int, k: int) -> list[int]:
-        """k drafts: drafts[0] and k - 1 head steps from position `position` on."""
+    def chain(
+        self, place: LaneRows, position: int, k: int, read: bool = True
+    ) -> list[int] | torch.Tensor:
+        """k drafts: drafts[0] and k - 1 head steps from position `position` on; `read` False:
+        a copy of them on the device, not read back (the next lane's chain rewrites the buffer)."""
         if k not in self.chains:
             lanes = [self._lane(1) for _ in range(k - 1)]
             self.chains[k] = (lanes, _Recorded(lambda: self._chain(lanes), self.pool))
@@ -122,7 +125,7 @@ class MTPGraphs:
             self.cold_runs += run.cold
             with torch.inference_mode():
                 run()
-        return self.drafts[:k].tolist()
+        return self.drafts[:k].tolist() if read else self.drafts[:k].clone()
 
     def _chain(self, lanes: list[StaticLanes]) -> None:
         kv, out = (self.kv.k[0], self.kv.v[0]), self.out
