@@ -59,7 +59,7 @@ def instrument(eng: Engine, clock: Clock) -> list:
     graphs = getattr(eng.drafting.default, "graphs", None)
     if graphs is not None:  # the head's steps from CUDA graphs
         clock.wrap(graphs, "catch_up", lambda req, s, ids, r: f"mtp graph {len(ids)} rows", restore)
-        clock.wrap(graphs, "chain", lambda req, pos, k: f"mtp graph chain {k}", restore)
+        clock.wrap(graphs, "chain", lambda req, pos, k, **_: f"mtp graph chain {k}", restore)
     return restore
 
 
