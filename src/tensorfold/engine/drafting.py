@@ -214,9 +214,9 @@ class Drafting:
         tokens: BUSY when a lane has drafts in flight; else ASKS when a drafting lane proposes
         at this chance (`propose` only counts a closed gate's chance); else QUIET, and the
         engine may overlap the pass. A lane whose verify missed has its committed rows read
-        again: their tokens are on the host, so that pass overlaps as any other. A closed gate's drafter may still read the
-        target's states of an overlapped pass: `observe` after the pass's tokens are chosen on
-        the device."""
+        again: their tokens are on the host, so that pass overlaps as any other. A closed
+        gate's drafter may still read the target's states of an overlapped pass: `observe`
+        after the pass's tokens are chosen on the device."""
         mode = QUIET
         for req in lanes:
             d = req.lane.draft

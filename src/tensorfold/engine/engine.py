@@ -236,7 +236,7 @@ class Engine:
         if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
             self.drafting.observe(work, plan, hidden)
         # a plain pass's price; a step with no pass to wait on times the host's launch alone
-        priced = work and waits and self.drafting.default is not None and self._warm(waits)
+        priced = work and waits and self.drafting.default is not None and self._warm(True)
         shape = self.drafting.shape(work) if priced else None
         if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
