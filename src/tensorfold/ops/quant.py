@@ -35,9 +35,12 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of `unpack`: [..., K] values in [0, 2^bits) -> [..., K*bits/32] uint32 words."""
     if q.shape[-1] * bits % 32:
         raise ValueError(f"{q.shape[-1]} values of {bits} bits do not fill whole 32-bit words")
-    bit_idx = torch.arange(bits, device=q.device)
-    stream = ((q.to(torch.int64).unsqueeze(-1) >> bit_idx) & 1).reshape(*q.shape[:-1], -1, 8)
-    byte_vals = (stream << torch.arange(8, device=q.device)).sum(-1).to(torch.uint8)
+    # bytes throughout (a value has at most 8 bits): an lm-head's int64 bit stream took ~45 GiB
+    bit_idx = torch.arange(bits, device=q.device, dtype=torch.uint8)
+    stream = (q.to(torch.uint8).unsqueeze(-1) >> bit_idx).bitwise_and_(1)
+    stream = stream.reshape(*q.shape[:-1], -1, 8)
+    shifts = torch.arange(8, device=q.device, dtype=torch.uint8)
+    byte_vals = (stream << shifts).sum(-1, dtype=torch.uint8)
     return byte_vals.contiguous().view(torch.int32).view(torch.uint32)
 
 
