@@ -319,3 +319,26 @@ def test_an_overlapped_prompt_longer_than_a_lanes_hold_stays_exact(hf_mtp):
     eng.run_until_done()
     assert req.output_ids == want.output_ids
     assert eng.drafting.stats.proposed > 0  # the head drafted after the held prompt
+
+
+def test_an_overlapped_engine_prices_no_pass_while_every_head_rests(hf_mtp, monkeypatch):
+    """While every lane's gate rests (far from its retry), no lane will read a price soon: the
+    overlapped steps record none (the host work a step saves), and the reply is plain's."""
+    from tensorfold.drafters.gate import PassPrices
+
+    prompt = list(range(5, 17))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = make_engine(hf_mtp, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4, overlap=True)
+    req = eng.add_request(prompt, params)
+    eng.step()  # admitted, its prompt read
+    req.lane.draft.gate.skip = 10_000  # rests for the whole reply
+    records, record = [], PassPrices.record
+    monkeypatch.setattr(
+        PassPrices, "record", lambda self, *a: records.append(a) or record(self, *a)
+    )
+    eng.run_until_done()
+    assert req.output_ids == want.output_ids
+    assert eng.drafting.stats.proposed == 0 and records == []

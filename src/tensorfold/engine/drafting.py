@@ -394,15 +394,15 @@ class Drafting:
     def features(self, target):
         return self.default.features(target) if self.wants_hidden else None
 
-    def observe(self, work, plan, hidden) -> None:
+    def observe(self, work, plan, hidden) -> bool:
         """After a pass: each drafting lane's rows of the target's post-final-norm states, for a
         drafter that reads them (`plan` lists the scheduled lanes first, in `work`'s order).
         A drafter that holds them past the pass gets copies (the next pass overwrites a graph's
         output): of a generating pass, one copy for all lanes (one launch, not one a lane); of
         a pass with prompt rows, one a lane, so that a lane's few held rows never keep a whole
         prompt chunk's copy alive. A lane whose closed gate rests (`Gate.resting`) reads nothing:
-        a drafter that cannot win costs no copy, head rows or catch-up while it waits."""
-        total = sum(w.rows for w in work)
+        a drafter that cannot win costs no copy, head rows or catch-up while it waits. Returns
+        whether a lane read (False: every gate rests, and no verify pass is near)."""
         reads, row0 = [], 0  # (lane draft, first row, plan rows) of the lanes that read
         for w, rows in zip(work, plan):
             d = w.request.lane.draft
@@ -410,7 +410,8 @@ class Drafting:
                 reads.append((d, row0, rows))
             row0 += rows.rows
         if not reads:  # every gate rests: no copy, no drafter work
-            return
+            return False
+        total = row0  # the scheduled lanes' rows come first in the plan
         holds = self.default.holds_states
         shared = holds and total <= len(work) * (self.config.tokens + 1)
         if shared:
@@ -420,6 +421,7 @@ class Drafting:
             part = part.clone() if holds and not shared else part
             for drafter in d.drafters:
                 drafter.observe(rows.start, part)
+        return True
 
     def put_back(self, restores: list[tuple[int, int]]) -> None:
         """The saved states of the lanes `settle` named copied back, in one call for all."""

@@ -233,10 +233,13 @@ class Engine:
         ready = [(req, row) for req, row in ready if req.status == Status.RUNNING]
         if ready:
             self._chosen = Chosen.pick(self.sampler, ready)
+        awake = True  # a lane's gate within its last chances before a retry
         if hidden is not None:  # its rows' next tokens are chosen (pending): as a plain step's
-            self.drafting.observe(work, plan, hidden)
-        # a plain pass's price; a step with no pass to wait on times the host's launch alone
-        priced = work and waits and self.drafting.default is not None and self._warm(True)
+            awake = self.drafting.observe(work, plan, hidden)
+        # a plain pass's price (while every head rests, none is near a retry to read it); a
+        # step with no pass to wait on times the host's launch alone
+        priced = awake and work and waits and self.drafting.default is not None
+        priced = priced and self._warm(True)
         shape = self.drafting.shape(work) if priced else None
         if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
