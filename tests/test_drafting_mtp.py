@@ -34,6 +34,14 @@ def with_head(src, out, shapes=None, drop=(), seed=0):
     return out
 
 
+def _plain_reply(path, prompt: list[int], params: SamplingParams):
+    """The plain engine's request for `prompt` (one lane), run to its end."""
+    plain = make_engine(path, parallel=1)
+    want = plain.add_request(prompt, params)
+    plain.run_until_done()
+    return want
+
+
 @pytest.fixture(scope="module")
 def hf_mtp(hf_tiny_b, tmp_path_factory):
     return with_head(hf_tiny_b, tmp_path_factory.mktemp("mtp") / "hf_mtp")
@@ -269,9 +277,7 @@ def test_a_resting_lane_reads_no_states_and_stays_exact(hf_mtp, monkeypatch):
 
     prompt = list(range(5, 17))
     params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
-    plain = make_engine(hf_mtp, parallel=1)
-    want = plain.add_request(prompt, params)
-    plain.run_until_done()
+    want = _plain_reply(hf_mtp, prompt, params)
     calls = {"pass": 0, "read": 0}
 
     def counted(key, real):
@@ -311,9 +317,7 @@ def test_an_overlapped_prompt_longer_than_a_lanes_hold_stays_exact(hf_mtp):
 
     prompt = [5 + (7 * i) % 90 for i in range(MTPLane.MOST_PENDING + 6)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    plain = make_engine(hf_mtp, parallel=1)
-    want = plain.add_request(prompt, params)
-    plain.run_until_done()
+    want = _plain_reply(hf_mtp, prompt, params)
     eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4, overlap=True)
     req = eng.add_request(prompt, params)
     eng.run_until_done()
@@ -328,9 +332,7 @@ def test_an_overlapped_engine_prices_no_pass_while_every_head_rests(hf_mtp, monk
 
     prompt = list(range(5, 17))
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    plain = make_engine(hf_mtp, parallel=1)
-    want = plain.add_request(prompt, params)
-    plain.run_until_done()
+    want = _plain_reply(hf_mtp, prompt, params)
     eng = make_engine(hf_mtp, parallel=1, draft="mtp", draft_tokens=4, overlap=True)
     req = eng.add_request(prompt, params)
     eng.step()  # admitted, its prompt read
