@@ -86,6 +86,9 @@ class Drafting:
         self.align = False  # every verify pass 1 + k rows per lane: one CUDA graph's shape
         self.stats = DraftStats()
         self.prices = PassPrices()  # the engine's measured passes: what a verify costs the gate
+        # a lane may draft (a drafter, or a request's prediction once one came): the engine
+        # times its passes only then, a plain engine's steps do none of it
+        self.priced = self.default is not None
         self.history = LaneHistory()  # what finished lanes' gates learnt: a new gate's start
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
@@ -99,6 +102,7 @@ class Drafting:
             drafters.append(self.default.for_request(req))
         if not enabled or watched or not drafters or not self.allowed:
             return None
+        self.priced = True
         if prediction:  # the client's own guess: hopeful, whatever the drafter did before
             return LaneDraft(tuple(drafters))
         k = self.config.tokens
@@ -173,7 +177,8 @@ class Drafting:
         if self.pays(running, [r.lane.draft.gate.expected(r.lane.draft.real) for r in drafting]):
             for r in running:
                 if not r.drafting:
-                    r.lane.draft.take(r.all_ids[-1:] * self.room(r), self.room(r))
+                    last = r.output_ids[-1:] or r.prompt_ids[-1:]  # not the whole list
+                    r.lane.draft.take(last * self.room(r), self.room(r))
                     r.lane.draft.real, r.lane.draft.source = 0, None
         else:
             for r in drafting:

@@ -238,7 +238,7 @@ class Engine:
             awake = self.drafting.observe(work, plan, hidden)
         # a plain pass's price (while every head rests, none is near a retry to read it); a
         # step with no pass to wait on times the host's launch alone
-        priced = awake and work and waits and self.drafting.default is not None
+        priced = awake and work and waits and self.drafting.priced
         priced = priced and self._warm(True)
         shape = self.drafting.shape(work) if priced else None
         if shape is not None:
@@ -249,6 +249,9 @@ class Engine:
         """The lanes propose (Drafting.propose); how long it took is kept for the verify pass
         that carries the drafts: a drafter's own steps (the MTP head's catch-up and chain) are
         part of what that pass costs against a plain one."""
+        if not self.drafting.priced:  # no lane drafts: nothing is timed
+            self.drafting.propose(self.scheduler.running)
+            return
         self._cold_marks = (self._cold_marks[1], self._cold_runs())
         start = time.perf_counter()
         self.drafting.propose(self.scheduler.running)
@@ -290,7 +293,7 @@ class Engine:
         if not work:
             return self._settle()
         start -= self._proposing if proposed else 0.0  # its drafter's steps are its price too
-        shape = self.drafting.shape(work)
+        shape = self.drafting.shape(work) if self.drafting.priced else None
         plan = plan_pass(work, self.drafting.before_pass(work), fed(work, self._chosen))
         logits = self.runner.execute(plan)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
