@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from engine_util import finish_prints, make_engine, sample_prompt
 from safetensors.torch import save_file
 
 from tensorfold.config import ModelConfig
@@ -223,3 +224,44 @@ def assert_overlapped_reads_as_sequential(path, draft: str, lane_cls, monkeypatc
     assert drafts == seq_drafts and len(drafts) >= 6
     assert reads > 0  # the drafter read overlapped passes' states
     assert overlapped >= steps * 3 // 4, (overlapped, steps)
+
+
+def plain_replies(path, seed: int, lengths: tuple[int, ...], tokens: int):
+    """Greedy prompts of these lengths and their plain replies (the scripted drafter's):
+    (prompts, params, plain requests, {prompt: reply})."""
+    prompts = [sample_prompt(seed + i, n, 300) for i, n in enumerate(lengths)]
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    plain = make_engine(path, parallel=len(lengths), overlap=False)
+    want = [plain.add_request(ids, params) for ids in prompts]
+    plain.run_until_done()
+    return prompts, params, want, {tuple(ids): r.output_ids for ids, r in zip(prompts, want)}
+
+
+def engine_clock(monkeypatch) -> list[float]:
+    """The engine's clock made the test's: [seconds], which only the test advances."""
+    import tensorfold.engine.engine as engine_module
+
+    now = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return now[0]
+
+    monkeypatch.setattr(engine_module, "time", Clock)
+    return now
+
+
+def staggered_run(path, prompts, params, parallel, drafter=None, **config):
+    """Requests staggered one per pass, the prompt cache on, `drafter` (a scripted one) the
+    engine's if given; returns [(ids, end-of-reply fingerprint)] and the engine."""
+    config.setdefault("prompt_cache_bytes", 1 << 24)
+    eng = make_engine(path, parallel=parallel, draft="ngram" if drafter else None, **config)
+    if drafter is not None:
+        eng.drafting.default = drafter
+    prints, reqs, pending = {}, [], list(prompts)
+    while pending or eng.has_work():
+        if pending:
+            reqs.append(eng.add_request(pending.pop(0), params, watch=finish_prints(eng, prints)))
+        eng.step()
+    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng

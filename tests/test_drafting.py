@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from drafting_util import Script, fixed_price
+from drafting_util import Script, staggered_run
 from engine_util import finish_prints, make_engine, sample_prompt
 
 from tensorfold.drafters import choice
@@ -35,29 +35,10 @@ def _prompts() -> list[list[int]]:
     return [sample_prompt(200 + i, n, 300) for i, n in enumerate((9, 40, 17, 70))]
 
 
-def _run(path, prompts, params, parallel, drafter=None, **config):
-    """Requests staggered one per pass; returns [(ids, fingerprint)] and the engine."""
-    eng = make_engine(
-        path,
-        parallel=parallel,
-        prompt_cache_bytes=CACHE,
-        draft="ngram" if drafter else None,
-        **config,
-    )
-    if drafter is not None:
-        eng.drafting.default = drafter
-    prints, reqs, pending = {}, [], list(prompts)
-    while pending or eng.has_work():
-        if pending:
-            reqs.append(eng.add_request(pending.pop(0), params, watch=finish_prints(eng, prints)))
-        eng.step()
-    return [(r.output_ids, prints[r.request_id]) for r in reqs], eng
-
-
 @pytest.fixture(scope="module")
 def plain(hf_tiny_b):
     return {
-        name: _run(hf_tiny_b, _prompts(), params, 1)[0]
+        name: staggered_run(hf_tiny_b, _prompts(), params, 1)[0]
         for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
     }
 
@@ -72,7 +53,7 @@ def _replies(plain_runs) -> dict:
 def test_drafted_equals_plain(hf_tiny_b, plain, pattern, parallel, mode):
     params = GREEDY if mode == "greedy" else SAMPLED
     drafter = Script(_replies(plain[mode]), PATTERNS[pattern])
-    got, eng = _run(hf_tiny_b, _prompts(), params, parallel, drafter)
+    got, eng = staggered_run(hf_tiny_b, _prompts(), params, parallel, drafter)
     assert got == plain[mode]
     stats = eng.drafting.stats
     assert stats.proposed > 0
@@ -93,7 +74,9 @@ def test_drafts_left_on_the_device_equal_plain(hf_tiny_b, plain, pattern, overla
     for mode, params in (("greedy", GREEDY), ("sampled", SAMPLED)):
         for parallel in (1, 4):
             script = Script(_replies(plain[mode]), PATTERNS[pattern], on_device=True)
-            got, eng = _run(hf_tiny_b, _prompts(), params, parallel, script, overlap=overlap)
+            got, eng = staggered_run(
+                hf_tiny_b, _prompts(), params, parallel, script, overlap=overlap
+            )
             assert got == plain[mode], (mode, parallel)
             assert eng.drafting.stats.verifies > 0
 
@@ -102,7 +85,7 @@ def test_a_wrong_acceptance_rule_is_caught(hf_tiny_b, plain, monkeypatch):
     """Planted: a draft one token off still counts as accepted. The outputs must then differ."""
     monkeypatch.setattr(drafting, "accepts", lambda drafted, chosen: abs(drafted - chosen) <= 1)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
-    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
     assert got != plain["greedy"]
 
 
@@ -110,23 +93,23 @@ def test_sampled_draws_by_position_not_by_pass(hf_tiny_b, plain):
     """The seeded draw at each position is the plain one: a changed seed changes the reply."""
     other = SamplingParams(**{**SAMPLED.__dict__, "seed": 78})
     drafter = Script(_replies(plain["sampled"]))
-    got, _ = _run(hf_tiny_b, _prompts(), other, 1, drafter)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), other, 1, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["sampled"]]
 
 
 @pytest.mark.parametrize("max_tokens", [3, 7, 8, 13])
 def test_max_tokens_inside_an_accepted_run(hf_tiny_b, plain, max_tokens):
     params = SamplingParams(**{**GREEDY.__dict__, "max_tokens": max_tokens})
-    want, _ = _run(hf_tiny_b, _prompts()[:1], params, 1)
-    got, _ = _run(hf_tiny_b, _prompts()[:1], params, 1, Script(_replies(plain["greedy"])))
+    want, _ = staggered_run(hf_tiny_b, _prompts()[:1], params, 1)
+    got, _ = staggered_run(hf_tiny_b, _prompts()[:1], params, 1, Script(_replies(plain["greedy"])))
     assert got == want and len(got[0][0]) == max_tokens
 
 
 def test_stop_token_inside_an_accepted_run(hf_tiny_b, plain):
     stop = plain["greedy"][1][0][6]  # the 7th token of the second prompt's plain reply
     params = SamplingParams(**{**GREEDY.__dict__, "stop_token_ids": (stop,)})
-    want, _ = _run(hf_tiny_b, _prompts(), params, 1)
-    got, _ = _run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
+    want, _ = staggered_run(hf_tiny_b, _prompts(), params, 1)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
     assert got == want and len(want[1][0]) <= 7
 
 
@@ -135,8 +118,8 @@ def test_stop_string_inside_an_accepted_run(hf_tiny_b, plain):
     text = eng.tokenizer.decode(plain["greedy"][1][0])
     stop = text[len(text) // 3 : len(text) // 3 + 3]
     params = SamplingParams(**{**GREEDY.__dict__, "stop": (stop,)})
-    want, _ = _run(hf_tiny_b, _prompts(), params, 1)
-    got, eng = _run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
+    want, _ = staggered_run(hf_tiny_b, _prompts(), params, 1)
+    got, eng = staggered_run(hf_tiny_b, _prompts(), params, 4, Script(_replies(plain["greedy"])))
     assert got == want and eng.drafting.stats.accepted > 0
 
 
@@ -215,83 +198,6 @@ def test_draft_false_serves_plain(hf_tiny_b, plain):
     assert req.output_ids == plain["greedy"][0][0]
 
 
-DEMO_ASKS = (
-    "Repeat this line exactly: the quick brown fox jumps over the lazy dog",
-    "What is 17 × 23?",
-    "Copy this line: a small red boat sails past the old stone bridge",
-    "Reverse the order of the words: one two three four five",
-)
-
-
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_ngram_on_the_demo_model(params):
-    """ngram on replies that repeat their prompts: drafts land and the bytes are plain."""
-    from tensorfold.demo import demo_checkpoint
-
-    path = demo_checkpoint("bf16")
-    tok = make_engine(path, parallel=1).tokenizer
-    prompts = [tok.chat([{"role": "user", "content": q}]) for q in DEMO_ASKS]
-    params = SamplingParams(**{**params.__dict__, "max_tokens": 64, "ignore_eos": False})
-    want, _ = _run(path, prompts, params, 1)
-    for parallel in (1, 4):
-        eng = make_engine(path, parallel=parallel, prompt_cache_bytes=CACHE, draft="ngram")
-        prints, reqs = {}, []
-        for ids in prompts:
-            reqs.append(eng.add_request(ids, params, watch=finish_prints(eng, prints)))
-            eng.step()
-        eng.run_until_done()
-        assert [(r.output_ids, prints[r.request_id]) for r in reqs] == want
-        assert eng.drafting.stats.accepted > 0
-
-
-def _streamed(eng, prompts, params) -> list[list[tuple[list[int], str]]]:
-    """Each request's events as a client is streamed them: (token ids, text)."""
-    reqs = [eng.add_request(ids, params) for ids in prompts]
-    events = []
-    while eng.has_work():
-        events += eng.step()
-    return [[(e.token_ids, e.text) for e in events if e.request_id == r.request_id] for r in reqs]
-
-
-@pytest.mark.parametrize("ask", ["text", "logprobs", "stop"])
-def test_a_verify_run_decodes_its_text_once(ask, monkeypatch):
-    """A verify pass's committed tokens are decoded together at the run's last token (a
-    detokenizer call a token cost the walk most of its host time): the streamed text and
-    tokens are the plain engine's, the text in fewer events. With logprobs or a stop string,
-    each token's event carries its own text, as plain's does. The demo's tokenizer; drafts
-    of the plain replies, every fourth wrong."""
-    from tensorfold.demo import demo_checkpoint
-
-    fixed_price(monkeypatch, 1.0)  # a gate open at every chance: many verify runs
-    path = demo_checkpoint("bf16")
-    tok = make_engine(path, parallel=1).tokenizer
-    prompts = [tok.chat([{"role": "user", "content": q}]) for q in DEMO_ASKS]
-    extra = {"logprobs": {"logprobs": 1}, "stop": {"stop": ["lazy d", "stone"]}}.get(ask, {})
-    params = SamplingParams(max_tokens=48, temperature=0.0, **extra)
-    plain = _streamed(make_engine(path, parallel=1), prompts, params)
-    replies = {
-        tuple(ids): [t for token_ids, _ in p for t in token_ids] for ids, p in zip(prompts, plain)
-    }
-    eng = make_engine(path, parallel=1, draft="ngram")
-    eng.drafting.default = Script(replies, lambda p: p % 4 == 3)
-    decodes = []
-    eng.output.new_text = lambda req, final, f=eng.output.new_text: (
-        decodes.append(1) or f(req, final)
-    )
-    got = _streamed(eng, prompts, params)
-    assert eng.drafting.stats.accepted > 20
-    for g, p in zip(got, plain):
-        assert [t for ids, _ in g for t in ids] == [t for ids, _ in p for t in ids]
-        assert "".join(text for _, text in g) == "".join(text for _, text in p)
-    tokens = sum(len(ids) for g in got for ids, _ in g)
-    stats = eng.drafting.stats
-    if ask == "text":  # once a verify run, once a token of a plain pass
-        in_runs = sum(n * count for n, count in stats.lengths.items())
-        assert len(decodes) == stats.verifies + tokens - in_runs < tokens // 2, stats
-    else:
-        assert got == plain and len(decodes) == tokens
-
-
 def test_gate_backs_off_and_reopens():
     gate = drafter.Gate()
     opened = []
@@ -365,7 +271,7 @@ def test_refusals_by_name(tmp_path):
 
 
 def test_spare_state_memory_reported(hf_tiny_b, plain):
-    _, eng = _run(hf_tiny_b, _prompts()[:1], GREEDY, 1, Script(_replies(plain["greedy"])))
+    _, eng = staggered_run(hf_tiny_b, _prompts()[:1], GREEDY, 1, Script(_replies(plain["greedy"])))
     lanes = eng.config.parallel * eng.caches.states.slot_nbytes
     assert eng.drafting.spare_bytes == lanes == eng.memory().state_pool_bytes  # a spare per lane
     assert eng.caches.states.nbytes == 2 * lanes  # the spares are slots of the lanes' pool
@@ -383,7 +289,7 @@ def test_a_state_left_unrestored_is_caught(hf_tiny_b, plain, monkeypatch):
 
     monkeypatch.setattr(drafting.Drafting, "settle", settle)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
-    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
 
 
@@ -400,7 +306,7 @@ def test_a_put_back_that_misses_a_lane_of_the_pass_is_caught(hf_tiny_b, plain, m
 
     monkeypatch.setattr(drafting.Drafting, "settle", first_only)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
-    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 4, drafter)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), GREEDY, 4, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
 
 
@@ -447,7 +353,7 @@ def test_a_fork_one_row_short_is_caught(hf_tiny_b, plain, monkeypatch):
 
     monkeypatch.setattr(drafting.Drafting, "before_pass", short)
     drafter = Script(_replies(plain["greedy"]), PATTERNS["every_third_wrong"])
-    got, _ = _run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
+    got, _ = staggered_run(hf_tiny_b, _prompts(), GREEDY, 1, drafter)
     assert [ids for ids, _ in got] != [ids for ids, _ in plain["greedy"]]
 
 
