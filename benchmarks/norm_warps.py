@@ -1,9 +1,9 @@
 """The residual add + norm kernel's launch at the 9B's width for each warp count: µs a launch
 (64 launches a CUDA graph, as a decode step runs them) at 1 and 64 rows, from stored deltas and
-from a product's segment sums, and whether the rows' bits change with the warp count (the
-reduction tree follows the layout, so a change of warps is a change of arithmetic).
+from a product's segment sums (--segments), and whether the rows' bits change with the warp
+count (the reduction tree follows the layout, so a change of warps is a change of arithmetic).
 
-    PYTHONPATH=src python3 benchmarks/norm_warps.py [--warps 4,8,16] [--width 4096]
+    PYTHONPATH=src python3 benchmarks/norm_warps.py [--warps 4,8,16] [--width 4096] [--segments 0,2,12]
 """
 
 from __future__ import annotations
@@ -52,12 +52,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--warps", default="4,8,16")
     p.add_argument("--width", type=int, default=4096)
+    p.add_argument(
+        "--segments", default="0,2,12",
+        help="the delta's segment sums (0: stored); 12: the 9B's down product (K 12,288)",
+    )  # fmt: skip
     args = p.parse_args()
     warps = [int(w) for w in args.warps.split(",")]
     print("| rows | delta | " + " | ".join(f"{w} warps µs" for w in warps) + " | same bits |")
     print("| --- | --- | " + " | ".join("---" for _ in warps) + " | --- |")
     for rows in (1, 64):
-        for nseg in (0, 2):
+        for nseg in (int(n) for n in args.segments.split(",")):
             h = torch.randn(rows, args.width, device="cuda").to(torch.bfloat16)
             shape = (nseg, rows, args.width) if nseg else (rows, args.width)
             d = torch.randn(*shape, device="cuda")
@@ -70,7 +74,8 @@ def main() -> None:
                 outs.append(y.clone())
             same = all(torch.equal(o, outs[0]) for o in outs)
             cells = " | ".join(f"{t:.2f}" for t in times)
-            print(f"| {rows} | {'segment sums' if nseg else 'stored'} | {cells} | {same} |")
+            delta = f"{nseg} segments' sums" if nseg else "stored"
+            print(f"| {rows} | {delta} | {cells} | {same} |")
 
 
 if __name__ == "__main__":
