@@ -311,12 +311,12 @@ def _sum_pairs(
         width = 2 * N
     row = p_ptr + p * width
     acc = tl.load(row + o_n, mask=mask, other=0.0)
-    for s in tl.static_range(1, NSEG):  # unrolled: the loads issued together
+    for s in range(1, NSEG):
         acc += tl.load(row + s * PAIRS * width + o_n, mask=mask, other=0.0)
     out = acc.to(y_ptr.dtype.element_ty)
     if SWIGLU:
         up = tl.load(row + N + o_n, mask=mask, other=0.0)
-        for s in tl.static_range(1, NSEG):
+        for s in range(1, NSEG):
             up += tl.load(row + s * PAIRS * width + N + o_n, mask=mask, other=0.0)
         out = _swiglu(out.to(tl.float32), up.to(y_ptr.dtype.element_ty)).to(y_ptr.dtype.element_ty)
     dest = p

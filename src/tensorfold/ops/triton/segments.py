@@ -262,17 +262,15 @@ def _segment_total(
     p_ptr + s·stride_s + row·stride_m), added in segment order as the whole form adds them and
     rounded once to OUT. Planted (the registry's controls): FAULT 1 adds them in reverse, FAULT
     2 returns the fp32 total unrounded (a fused reader rounding at another point)."""
-    # unrolled: every segment's load is issued before the adds wait on them (a loop waits on
-    # each in turn); the adds keep their order, so the sum's bits are the loop's
     if FAULT == 1:
         acc = tl.load(p_ptr + (NSEG - 1) * stride_s + row * stride_m + o, mask=mask, other=0.0)
-        for s in tl.static_range(1, NSEG):
+        for s in range(1, NSEG):
             acc += tl.load(
                 p_ptr + (NSEG - 1 - s) * stride_s + row * stride_m + o, mask=mask, other=0.0
             )
     else:
         acc = tl.load(p_ptr + row * stride_m + o, mask=mask, other=0.0)
-        for s in tl.static_range(1, NSEG):  # in segment order, as the whole form adds them
+        for s in range(1, NSEG):  # in segment order, as the whole form adds them
             acc += tl.load(p_ptr + s * stride_s + row * stride_m + o, mask=mask, other=0.0)
     if FAULT != 2:
         acc = acc.to(OUT)
