@@ -166,8 +166,8 @@ def main() -> None:
         whole = {label: [] for label in llms}
         first = {label: [] for label in llms}
         outs = {}
-        for _ in range(rounds_for(warm[configs[0][0]], args)):  # interleaved: a drift of
-            # the clock reaches every config
+        # the configurations' rounds interleaved: a drift of the clock reaches every one
+        for _ in range(rounds_for(warm[configs[0][0]], args)):
             for label, llm in llms.items():
                 current[0], clocks[label].on = clocks[label], True
                 seconds, outs[label] = timed(llm, prompts, args.max_tokens)
