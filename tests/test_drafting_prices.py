@@ -1,7 +1,8 @@
 """What the engine's passes cost the drafting gate: a verify pass priced with the proposal that
 made it, plain passes timed before any lane drafts, no pass priced that recorded its graph or
-waited on one, and an overlapped step priced only when it waited for the pass before (each on a
-clock the test drives, so the prices are the test's)."""
+waited on one, an overlapped step priced only when it waited for the pass before, and an
+overlapped engine's plain price its overlapped steps' (each on a clock the test drives, so the
+prices are the test's)."""
 
 import pytest
 from drafting_util import Script, engine_clock, plain_replies
@@ -127,3 +128,44 @@ def test_a_pass_that_records_its_graph_is_not_priced(hf_tiny_b, monkeypatch, ove
     seconds = eng.drafting.prices.seconds
     assert any(rows > 1 for _, rows in seconds) and any(rows == 1 for _, rows in seconds)
     assert all(t < 50.0 for window in seconds.values() for t in window), seconds
+
+
+def test_an_overlapped_engine_prices_a_plain_pass_by_its_overlapped_steps(hf_tiny_b, monkeypatch):
+    """Not drafting costs an overlapped step, so that is a plain pass's price: a plain pass an
+    overlapped engine runs alone (here while a watched lane makes every step sequential, each a
+    second dearer on the test's clock, as host and card then wait on each other) prices nothing,
+    or every verify pass would look cheap against it."""
+    from dataclasses import replace
+
+    from engine_util import finish_prints
+
+    clock = engine_clock(monkeypatch)
+    prompts, params, want, replies = plain_replies(hf_tiny_b, 990, (11, 23), 48)
+    eng = make_engine(hf_tiny_b, parallel=2, draft="ngram", overlap=True)
+    eng.drafting.default = Script(replies, lambda p: True)  # every draft wrong: gates close
+    execute, sequential = eng.runner.execute, eng._step
+    inside, plain_alone = [False], []
+
+    def timed(plan):
+        clock[0] += 1.1 if inside[0] else 0.1
+        if inside[0] and plan.rows == len(plan):
+            plain_alone.append(plan)
+        return execute(plan)
+
+    def alone(proposed=False):
+        inside[0] = True
+        try:
+            return sequential(proposed)
+        finally:
+            inside[0] = False
+
+    eng.runner.execute, eng._step = timed, alone
+    watch = finish_prints(eng, {})
+    watched = eng.add_request(prompts[0], replace(params, max_tokens=12), watch=watch)
+    other = eng.add_request(prompts[1], params)
+    eng.run_until_done()
+    assert watched.output_ids == want[0].output_ids[:12]
+    assert other.output_ids == want[1].output_ids
+    assert plain_alone  # plain passes ran in sequential steps
+    plain = [t for (_, rows), v in eng.drafting.prices.seconds.items() if rows == 1 for t in v]
+    assert plain and max(plain) < 1.0, eng.drafting.prices.seconds
