@@ -4,9 +4,11 @@ waited on one, an overlapped step priced only when it waited for the pass before
 overlapped engine's plain price its overlapped steps' (each on a clock the test drives, so the
 prices are the test's)."""
 
+from dataclasses import replace
+
 import pytest
 from drafting_util import Script, engine_clock, plain_replies
-from engine_util import make_engine
+from engine_util import finish_prints, make_engine
 
 
 def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_tiny_b):
@@ -135,10 +137,6 @@ def test_an_overlapped_engine_prices_a_plain_pass_by_its_overlapped_steps(hf_tin
     overlapped engine runs alone (here while a watched lane makes every step sequential, each a
     second dearer on the test's clock, as host and card then wait on each other) prices nothing,
     or every verify pass would look cheap against it."""
-    from dataclasses import replace
-
-    from engine_util import finish_prints
-
     clock = engine_clock(monkeypatch)
     prompts, params, want, replies = plain_replies(hf_tiny_b, 990, (11, 23), 48)
     eng = make_engine(hf_tiny_b, parallel=2, draft="ngram", overlap=True)
