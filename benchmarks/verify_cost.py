@@ -2,7 +2,9 @@
 steadily, timed per engine step (a) plain, as a CUDA graph and eagerly, and (b) drafting K tokens
 that are all accepted (a scripted drafter proposing the plain reply), so every step is one verify
 pass of K+1 rows per lane committing K+1 tokens, replayed from a CUDA graph and eagerly. Tokens
-are checked equal to the plain run's; the graph run must have replayed its verify passes.
+are checked equal to the plain run's; the graph run must have replayed its verify passes. Beside
+the steps' wall time, the card's own time for a replayed pass (CUDA events around it): a verify
+step above its pass is the host's work between passes, which a verify step cannot overlap.
 
     PYTHONPATH=src:tests python3 benchmarks/verify_cost.py --out /tmp/verify [--models 4bit,bf16]
         [--lanes 1,4,16] [--draft-tokens 7] [--untried]
@@ -54,14 +56,34 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def card_passes(eng: Engine) -> list:
+    """CUDA events around each pass `eng` replays from a graph: the card's time for the pass
+    alone, without the host's work between passes (an overlapped step's start event waits for
+    the pass before it, so each span is its own pass's)."""
+    marks, replay = [], eng.runner._replay
+
+    def timed_replay(plan, shape):
+        start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        out = replay(plan, shape)
+        stop.record()
+        marks.append((start, stop))
+        return out
+
+    eng.runner._replay = timed_replay
+    return marks
+
+
 def timed(eng: Engine, lanes: int, tables: list | None = None):
-    """(seconds per step, tokens per step) over STEPS steady steps, then every reply; with
-    `tables`, the kernels of 4 more steady steps appended to it (profile_decode's table)."""
+    """(seconds per step, tokens per step, replies, the card's seconds per replayed pass or
+    None) over STEPS steady steps; with `tables`, the kernels of 4 more steady steps appended
+    to it (profile_decode's table)."""
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
     reqs = [eng.add_request(p, params) for p in prompts(lanes)]
     while any(r.in_prompt or len(r.output_ids) < 24 for r in reqs):  # warm: compile, graphs
         eng.step()
     before = sum(len(r.output_ids) for r in reqs)
+    marks = card_passes(eng) if torch.cuda.is_available() and eng.config.cuda_graphs else None
     sync()
     t = time.perf_counter()
     for _ in range(STEPS):
@@ -69,12 +91,16 @@ def timed(eng: Engine, lanes: int, tables: list | None = None):
     sync()
     seconds = (time.perf_counter() - t) / STEPS
     made = (sum(len(r.output_ids) for r in reqs) - before) / STEPS
+    card = None
+    if marks:
+        card = sum(a.elapsed_time(b) for a, b in marks) / len(marks) / 1e3
+        del eng.runner._replay  # the class's again
     if tables is not None:
         from profile_decode import kernel_table  # this folder's: the CUDA profiler's sums
 
         tables.append(kernel_table(eng, steps=4) + "\n\n" + host_table(eng, steps=4))
     eng.run_until_done()
-    return seconds, made, [r.output_ids for r in reqs]
+    return seconds, made, [r.output_ids for r in reqs], card
 
 
 def host_table(eng: Engine, steps: int, top: int = 18) -> str:
@@ -89,6 +115,13 @@ def host_table(eng: Engine, steps: int, top: int = 18) -> str:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     return f"host, {steps} steps under cProfile:\n" + text.getvalue().split("\n", 4)[-1]
+
+
+def card_cells(decode: float | None, verify: float | None) -> str:
+    """The card's time of a decode pass and a verify pass (graphs), and their ratio."""
+    if not decode or not verify:
+        return "- | -"
+    return f"{decode * 1e3:.2f} / {verify * 1e3:.2f} ms | {verify / decode:.2f}"
 
 
 def main() -> None:
@@ -116,9 +149,10 @@ def main() -> None:
     print(
         f"| model | lanes | decode step (graph) | decode step (eager) | verify step ({k + 1} rows, "
         "graph) | verify step (eager) | verify / decode (graph) | verify / decode (eager) "
-        "| tok/s plain (graph) | tok/s drafted (graph) |"
+        "| tok/s plain (graph) | tok/s drafted (graph) | decode pass / verify pass (card) "
+        "| verify / decode (card) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         quantize = FORMATS[name]
         path = args.checkpoint or make_random(
@@ -130,12 +164,12 @@ def main() -> None:
             book.untried = args.untried
         for lanes in (int(x) for x in args.lanes.split(",") if x):
             tables = [] if args.profile else None
-            graph, _, want = timed(engine(model, lanes, True), lanes, tables)
-            eager, _, same = timed(engine(model, lanes, False), lanes)
+            graph, _, want, card_decode = timed(engine(model, lanes, True), lanes, tables)
+            eager, _, same, _ = timed(engine(model, lanes, False), lanes)
             replies = {tuple(pr): out for pr, out in zip(prompts(lanes), want)}
             drafted = engine(model, lanes, True, k, replies)
-            verify, made, got = timed(drafted, lanes, tables)
-            verify_eager, _, got_eager = timed(engine(model, lanes, False, k, replies), lanes)
+            verify, made, got, card_verify = timed(drafted, lanes, tables)
+            verify_eager, _, got_eager, _ = timed(engine(model, lanes, False, k, replies), lanes)
             assert same == want and got == want and got_eager == want, "tokens differ from plain"
             runner = drafted.runner
             replayed = runner.replays.get((bucket(lanes, runner.buckets), k + 1), 0)
@@ -143,7 +177,8 @@ def main() -> None:
             print(
                 f"| {name} | {lanes} | {graph * 1e3:.2f} ms | {eager * 1e3:.2f} ms | "
                 f"{verify * 1e3:.2f} ms | {verify_eager * 1e3:.2f} ms | {verify / graph:.2f} | "
-                f"{verify_eager / eager:.2f} | {lanes / graph:,.0f} | {made / verify:,.0f} |",
+                f"{verify_eager / eager:.2f} | {lanes / graph:,.0f} | {made / verify:,.0f} | "
+                f"{card_cells(card_decode, card_verify)} |",
                 flush=True,
             )
             for what, table in zip(("decode", "verify"), tables or []):
