@@ -1,38 +1,59 @@
 #!/bin/bash
 # What a verify step costs on a GPU machine, host and device apart, in one call: the steady
 # decode and verify steps' kernels and the host's functions at 1 and 16 lanes
-# (verify_cost.py --profile, every draft right), one stream at K=7, drafting that cannot win
-# against the overlapped plain engine (gate_cost.py), and the GPU drafting tests
-# (drafted = plain for every drafter at 1-64 lanes). The limits hold on a cold machine, where
-# compiling and the tile book's timings take several times a warm run's (a 16-lane verify_cost
-# run took 42 s warm and passed 110 s cold).
+# (verify_cost.py --profile, every draft right; its table gives each pass's card time beside
+# the step's wall time), K=7 at 1 and 16 lanes, drafting that cannot win against the
+# overlapped plain engine (gate_cost.py), and the GPU drafting tests (drafted = plain for every
+# drafter at 1-64 lanes). The limits hold on a cold machine, where compiling and the tile
+# book's timings take several times a warm run's (a 16-lane verify_cost run took 42 s warm and
+# passed 110 s cold).
 #
 #   bash benchmarks/verify_host.sh OUT [phases]
 #
-# phases, in the order given: profile, k7, gate, tests, registry (the conv and recurrence
-# kernels' checks, a state left in another slot among them, with their planted controls), demo
-# (the bundled demo plain against drafted, demo_drafting.py) (default: the first four; "profile
-# k7" and then "gate tests" each fit a call of 10 minutes). Settings: MODELS (default 4bit).
+# phases, in the order given: profile, k7 (one stream, profiled), k716 (16 lanes of 8 rows:
+# one 128-row piece a product), gate, tests, registry (the conv and recurrence kernels' checks,
+# a state left in another slot among them, with their planted controls), demo (the bundled
+# demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py) (default: the
+# first four). Settings: MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less
+# than its usual warm time is left of it, and cut at what is left).
 set -u
 OUT=${1:?usage: verify_host.sh OUT [phases]}
 PHASES=${2:-profile k7 gate tests}
 TAIL=${TAIL:-60}
+BUDGET=${BUDGET:-100000}
 source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
 card_start || exit 1
 
+# within NEED LIMIT NAME CMD...: phase NAME under LIMIT or what is left of BUDGET, if NEED is left
+within() {
+    local need=$1 limit=$2 left=$((BUDGET - SECONDS))
+    shift 2
+    if [ "$left" -lt "$need" ]; then echo "=== $1 skipped: $left s of the budget left"; return; fi
+    local name=$1
+    shift
+    phase "$name" $((limit < left ? limit : left)) "$@"
+}
+
+# the random checkpoint written once (its index is written last) and read by every phase after
+verify() {
+    local m=${MODELS:-4bit} again=()
+    [ -e "/tmp/verify/$m/model.safetensors.index.json" ] && again=(--checkpoint "/tmp/verify/$m")
+    $py benchmarks/verify_cost.py --out /tmp/verify --models "$m" "${again[@]}" "$@"
+}
+
 for p in $PHASES; do
     case $p in
-        profile) phase profile 300 $py benchmarks/verify_cost.py --out /tmp/verify \
-                     --models "${MODELS:-4bit}" --lanes 1,16 --draft-tokens 4 --profile ;;
-        k7)      TAIL=6 phase k7 150 $py benchmarks/verify_cost.py --out /tmp/verify \
-                     --models "${MODELS:-4bit}" --lanes 1 --draft-tokens 7 ;;
-        gate)    TAIL=8 phase gate 240 $py benchmarks/gate_cost.py --models "${MODELS:-4bit}" \
+        profile) within 60 300 profile verify --lanes 1,16 --draft-tokens 4 --profile ;;
+        k7)      TAIL=8 within 60 150 k7 verify --lanes 1 --draft-tokens 7 --profile ;;
+        k716)    TAIL=6 within 40 150 k716 verify --lanes 16 --draft-tokens 7 ;;
+        gate)    TAIL=8 within 60 240 gate $py benchmarks/gate_cost.py --models "${MODELS:-4bit}" \
                      --lanes 1,16 --draft-tokens 4 --tokens 256 ;;
-        tests)   TAIL=8 phase tests 360 $py -m pytest -q -x tests/test_gpu_drafting.py ;;
+        tests)   TAIL=8 within 240 360 tests $py -m pytest -q -x tests/test_gpu_drafting.py ;;
         registry) for k in conv gdn.recurrence; do
-                     TAIL=8 phase "registry-$k" 240 $py -m tensorfold.checks.registry --only "$k"
+                     TAIL=8 within 60 240 "registry-$k" $py -m tensorfold.checks.registry --only "$k"
                  done ;;
-        demo)    TAIL=16 phase demo 300 $py benchmarks/demo_drafting.py --device cuda --tasks 12 \
-                     --rounds 2 ;;
+        demo)    TAIL=16 within 60 300 demo $py benchmarks/demo_drafting.py --device cuda \
+                     --tasks 12 --rounds 3 --drafts ngram:4,mtp:4,mtp:7 ;;
     esac
 done
+cat "$OUT/phases.txt" 2>/dev/null
