@@ -8,6 +8,8 @@ after the first over the time after it (the same prompts run with max_tokens=1 g
 as generation speed is usually reported. "step µs" is an engine step's mean wall time in the timed
 rounds and "waits µs" the part of it spent waiting for the card's tokens (an overlapped step's
 read, a plain step's choice): a step that hardly waits is bound by the host's work, not the card.
+Below each set, every configuration's timed steps by kind (overlapped, sequential plain, verify)
+and what each kind took beyond as many of plain's mean steps: where a drafted reply loses.
 
     PYTHONPATH=src python3 benchmarks/demo_drafting.py [--device cuda] [--drafts mtp:4,mtp:7,ngram:4]
 """
@@ -53,25 +55,49 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
 
 
 class StepClock:
-    """An engine's steps and the time they waited for the card's tokens (the reads that sync)."""
+    """An engine's steps and the time they waited for the card's tokens (the reads that sync),
+    and its steps by kind: a verify pass's, an overlapped one (its tokens left on the device
+    to be read by the next step) or a sequential plain one (read before the step ends)."""
+
+    KINDS = ("overlapped", "sequential", "verify")
 
     def __init__(self) -> None:
         self.steps, self.seconds, self.waits = 0, 0.0, 0.0
+        self.kinds = {kind: [0, 0.0] for kind in self.KINDS}  # steps, seconds
         self.on = False
 
     def watch(self, engine) -> None:
         step = engine.step
 
         def timed():
+            verifies = engine.drafting.stats.verifies
             t = time.perf_counter()
             try:
                 return step()
             finally:
                 if self.on:
+                    seconds = time.perf_counter() - t
                     self.steps += 1
-                    self.seconds += time.perf_counter() - t
+                    self.seconds += seconds
+                    if engine.drafting.stats.verifies > verifies:
+                        kind = "verify"
+                    else:
+                        kind = "overlapped" if engine._chosen is not None else "sequential"
+                    self.kinds[kind][0] += 1
+                    self.kinds[kind][1] += seconds
 
         engine.step = timed
+
+    def by_kind(self, plain: "StepClock") -> str:
+        """Steps of each kind (µs each on average), and what each kind took beyond as many of
+        `plain`'s steps (its mean step): where a drafted reply's time goes against plain's."""
+        mean = plain.seconds / max(1, plain.steps)
+        parts = [
+            f"{kind} {n} x {1e6 * s / n:.0f} ({1e3 * (s - n * mean):+.2f} ms)"
+            for kind, (n, s) in self.kinds.items()
+            if n
+        ]
+        return "steps by kind, µs (beyond plain's mean step): " + ", ".join(parts)
 
 
 def clock_waits(current: list[StepClock | None]) -> None:
@@ -192,6 +218,8 @@ def main() -> None:
                 f"| {same} |",
                 flush=True,
             )
+        for label in llms:  # the timed rounds together
+            print(f"  {name}, {label}: {clocks[label].by_kind(clocks[plain])}", flush=True)
         for (label, _, k), llm in zip(configs[1:], list(llms.values())[1:]):
             print(prices_line(f"  {name}, {label}", llm, k), flush=True)
         for llm in llms.values():
