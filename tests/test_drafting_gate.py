@@ -385,3 +385,34 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
     overlapped, steps = run()
     # only the steps after a verify pass overlap: no token of theirs is on the device to read
     assert overlapped <= steps // 5, (overlapped, steps)
+
+
+def test_an_exploring_start_that_misses_waits_as_long_as_the_history_says():
+    """One lane in EXPLORE starts hopeful against a history of misses; when its drafts do not pay
+    either, it waits the longest a closed gate waits at once, as the lanes before it did, not the
+    ramp of 4, 8, 16 ... chances (each retry a verify pass that loses). Planted: a hopeful start
+    that is not marked exploring takes the ramp."""
+    from tensorfold.drafters.gate import FIRST_SKIP, LaneHistory
+
+    history = LaneHistory()
+    for _ in range(3):
+        gate = Gate()
+        for _ in range(4):
+            gate.record(0, 4, price=2.0)
+        history.learn(gate)
+    explorer = [history.gate(4, 2.0) for _ in range(EXPLORE)][-1]
+    assert explorer.open() and explorer.explore
+    cheap = [history.gate(4, 1.3) for _ in range(EXPLORE)][-1]
+    cheap.record(0, 4, price=1.3)  # one miss: the hopeful start still pays at this price
+    assert cheap.open() and cheap.explore
+    cheap.record(0, 4, price=1.3)
+    assert _closed_for(cheap) == most_skipped(1.3)
+    explorer.record(0, 4, price=2.0)
+    assert _closed_for(explorer) == most_skipped(2.0) > 2 * FIRST_SKIP
+    assert not explorer.explore  # its later misses ramp from there as any gate's
+    planted = Gate()
+    planted.record(0, 4, price=2.0)
+    assert _closed_for(planted) == FIRST_SKIP
+    kept = [history.gate(4, 2.0) for _ in range(EXPLORE)][-1]
+    kept.record(4, 4, price=2.0)  # its drafts paid: open, an ordinary gate from then on
+    assert kept.open() and not kept.explore

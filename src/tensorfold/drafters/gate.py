@@ -43,6 +43,9 @@ class Gate:
     rate: float = 1.0  # drafts kept per verify pass (starts hopeful)
     kept: float = 1.0
     tried: float = 1.0
+    # a hopeful start against the history (LaneHistory's EXPLORE): one try, and if its drafts
+    # do not pay, the history's wait at once rather than the ramp of 4, 8, 16 ... chances
+    explore: bool = False
 
     def resting(self) -> bool:
         """Whether the lane's drafter may skip the target's states of this pass: the gate stays
@@ -80,6 +83,11 @@ class Gate:
         self.tried = self.tried * DECAY + accepted + (accepted < drafted)
         if self.worth(accepted, drafted, price):
             self.backoff = self.skip = 0
+            self.explore = self.explore and not accepted  # kept drafts: an ordinary gate
+            return
+        if self.explore and price is not None:  # the history was right after all
+            self.explore = False
+            self.backoff = self.skip = most_skipped(price)
             return
         self.defer(price)
 
@@ -107,7 +115,8 @@ class LaneHistory:
     verify pass, the start before any lane ended: a gate's hopeful one). A drafter that missed
     on the last lanes starts a new lane closed, for as long as a closed gate waits at most,
     where even the cheapest measured price is not paid (but every EXPLORE-th such lane, whose
-    misses or wins teach the history again); one that was kept starts it open."""
+    misses or wins teach the history again, and which, if its drafts do not pay, waits as
+    long as the others at once); one that was kept starts it open."""
 
     kept: float = 0.0
     tried: float = 0.0
@@ -126,7 +135,7 @@ class LaneHistory:
         if price is not None and not gate.worth(0, k, price):
             self.closed_starts += 1
             if self.closed_starts % EXPLORE == 0:  # replies shorter than the wait would never
-                return Gate()  # try again: a drafter that came right is found by these lanes
+                return Gate(explore=True)  # try again: a drafter that came right is found so
             # the last lanes' drafts did not pay: this lane's first try waits the longest a
             # closed gate waits, rather than paying the ramp of 4, 8, 16 ... again
             gate.backoff = gate.skip = most_skipped(price)
