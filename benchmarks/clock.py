@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import torch
+
 
 class Clock:
     """Seconds and calls by name, kept by wrappers around the engine's parts."""
@@ -34,3 +36,31 @@ class Clock:
                 self.calls[key] += 1
 
         setattr(owner, name, timed)
+
+
+class ReplayEvents:
+    """CUDA events around every graph replay: the device's time of the passes."""
+
+    def __init__(self, restore: list) -> None:
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        replay = torch.cuda.CUDAGraph.replay
+
+        def timed(graph):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            replay(graph)
+            end.record()
+            self.events.append((start, end))
+
+        torch.cuda.CUDAGraph.replay = timed
+        restore.append((torch.cuda.CUDAGraph, "replay", replay))
+
+    def seconds(self) -> float:
+        torch.cuda.synchronize()
+        return sum(s.elapsed_time(e) for s, e in self.events) / 1000
+
+
+def restored(restore: list) -> None:
+    """Puts back what the wrappers replaced (`restore`: (owner, name, original)), last first."""
+    for owner, name, fn in reversed(restore):
+        setattr(owner, name, fn)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from clock import Clock
+from clock import Clock, ReplayEvents, restored
 from h200 import Run, start_decoding
 
 from tensorfold.engine import engine as engine_module
@@ -25,28 +25,6 @@ from tensorfold.engine import overlap
 from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.engine.request import SamplingParams
 from tensorfold.runner import cuda_graph, model_runner
-
-
-class ReplayEvents:
-    """CUDA events around every graph replay: the device's time of the passes."""
-
-    def __init__(self, restore: list) -> None:
-        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        replay = torch.cuda.CUDAGraph.replay
-
-        def timed(graph):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            replay(graph)
-            end.record()
-            self.events.append((start, end))
-
-        torch.cuda.CUDAGraph.replay = timed
-        restore.append((torch.cuda.CUDAGraph, "replay", replay))
-
-    def seconds(self) -> float:
-        torch.cuda.synchronize()
-        return sum(s.elapsed_time(e) for s, e in self.events) / 1000
 
 
 def profile(model, lanes: int, run: Run, steps: int) -> dict:
@@ -87,8 +65,7 @@ def profile(model, lanes: int, run: Run, steps: int) -> dict:
     wall = time.perf_counter() - t
     assert all(len(r.output_ids) < r.max_tokens for r in reqs)  # every lane decoded throughout
     device = replays.seconds()
-    for owner, name, fn in reversed(restore):
-        setattr(owner, name, fn)
+    restored(restore)
     row = {"lanes": lanes, "step_ms": 1000 * wall / steps, "device_ms": 1000 * device / steps}
     row["host_ms"] = row["step_ms"] - row["device_ms"]
     row["tok_s"] = lanes * steps / wall

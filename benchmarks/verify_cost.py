@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from clock import ReplayEvents, restored  # this folder's
 from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold.engine.engine import Engine, EngineConfig
@@ -56,24 +57,6 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def card_passes(eng: Engine) -> list:
-    """CUDA events around each pass `eng` replays from a graph: the card's time for the pass
-    alone, without the host's work between passes (an overlapped step's start event waits for
-    the pass before it, so each span is its own pass's)."""
-    marks, replay = [], eng.runner._replay
-
-    def timed_replay(plan, shape):
-        start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        out = replay(plan, shape)
-        stop.record()
-        marks.append((start, stop))
-        return out
-
-    eng.runner._replay = timed_replay
-    return marks
-
-
 def timed(eng: Engine, lanes: int, tables: list | None = None):
     """(seconds per step, tokens per step, replies, the card's seconds per replayed pass or
     None) over STEPS steady steps; with `tables`, the kernels of 4 more steady steps appended
@@ -83,7 +66,12 @@ def timed(eng: Engine, lanes: int, tables: list | None = None):
     while any(r.in_prompt or len(r.output_ids) < 24 for r in reqs):  # warm: compile, graphs
         eng.step()
     before = sum(len(r.output_ids) for r in reqs)
-    marks = card_passes(eng) if torch.cuda.is_available() and eng.config.cuda_graphs else None
+    # the card's own time of each pass replayed (the start event of an overlapped step's pass
+    # waits for the pass before it, so each span is its own pass's)
+    restore: list = []
+    replays = (
+        ReplayEvents(restore) if torch.cuda.is_available() and eng.config.cuda_graphs else None
+    )
     sync()
     t = time.perf_counter()
     for _ in range(STEPS):
@@ -91,10 +79,8 @@ def timed(eng: Engine, lanes: int, tables: list | None = None):
     sync()
     seconds = (time.perf_counter() - t) / STEPS
     made = (sum(len(r.output_ids) for r in reqs) - before) / STEPS
-    card = None
-    if marks:
-        card = sum(a.elapsed_time(b) for a, b in marks) / len(marks) / 1e3
-        del eng.runner._replay  # the class's again
+    card = replays.seconds() / max(1, len(replays.events)) if replays is not None else None
+    restored(restore)
     if tables is not None:
         from profile_decode import kernel_table  # this folder's: the CUDA profiler's sums
 
