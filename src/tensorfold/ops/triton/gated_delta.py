@@ -1,9 +1,11 @@
 """The gated delta rule on the GPU for every lane of a pass: one per-token recurrence kernel.
 
 One launch runs each lane's rows in order, reading its state at its slot and writing it back there
-or to another slot (a verify pass keeps the state it started from; no gather or scatter). A program owns one (lane, value head, 16-wide V block): the state
-block [dk, 16] stays in registers for the lane's whole run, and the next row's q, k, v, gate and beta
-are loaded while the current row is computed, so a step waits on arithmetic, not on memory. The same
+or to another slot (a verify pass keeps the state it started from; no gather or scatter). A
+program owns one (lane, value head, 16-wide V block): the state block [dk, 16] stays in registers
+for the lane's whole run, and the next row's q, k, v, gate and beta are loaded (q and k
+normalised, the decay taken) while the current row is computed, so a step waits on the state's
+own chain of arithmetic, not on memory or on work the state does not decide. The same
 kernel and configuration serve prompt and decode rows, and a step's arithmetic never depends on
 how many rows the lane brings or on other lanes, so a token's state never depends on its chunk or
 its company (registry: chunks of 37 = one call, a lane beside another = alone).
@@ -31,10 +33,12 @@ BLOCKS_FIRST = True
 @triton.jit
 def _row(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, stride_k, stride_v,
-    stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K: tl.constexpr, V: tl.constexpr,
-    RAW: tl.constexpr, NSEG: tl.constexpr, OUT: tl.constexpr,
+    stride_g, stride_b, stride_sg, stride_sb, a_log, dt, scale, K: tl.constexpr,
+    V: tl.constexpr, RAW: tl.constexpr, NSEG: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
-    """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed).
+    """Row r's inputs for value head h, in fp32 (r is always a valid row: no masks needed):
+    q and k l2-normalised (q scaled) and the decay exp(g), everything a step takes that the
+    state does not decide, so the next row's is ready while this one's state chain runs.
     RAW: g_ptr and beta_ptr hold the gates' inputs a and b (NSEG > 0: their product's segment
     sums, added here), and the gates are computed here with their own kernel's body
     (ops/triton/gates.py), beta rounded to the model dtype OUT as that kernel stores it."""
@@ -47,7 +51,9 @@ def _row(
     if RAW:
         b_g = _decay(b_g, a_log, dt)
         b_b = _beta(b_b).to(OUT).to(tl.float32)
-    return b_q, b_k, b_v, b_g, b_b
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+    return b_q, b_k, b_v, tl.exp(b_g), b_b
 
 
 @triton.jit
@@ -103,19 +109,17 @@ def _recurrence(
         dt = tl.load(dt_ptr + h).to(tl.float32)
     b_q, b_k, b_v, b_g, b_b = _row(
         q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(bos, last), hk, h, o_k, o_v, stride_q,
-        stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K, V, RAW, NSEG,
-        o_ptr.dtype.element_ty,
+        stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt, scale, K, V, RAW,
+        NSEG, o_ptr.dtype.element_ty,
     )  # fmt: skip
     t = bos
     while t < eos:  # a while loop: the lane's bounds are loaded values
         n_q, n_k, n_v, n_g, n_b = _row(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k, o_v,
-            stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt, K, V,
-            RAW, NSEG, o_ptr.dtype.element_ty,
+            stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt,
+            scale, K, V, RAW, NSEG, o_ptr.dtype.element_ty,
         )  # fmt: skip
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
-        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_h = b_h * tl.exp(b_g)  # S ← exp(g) · S
+        b_h = b_h * b_g  # S ← exp(g) · S (b_g holds the decay exp(g))
         delta = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_b  # β (v − Sᵀk)
         b_h = b_h + b_k[:, None] * delta[None, :]  # S ← S + k δᵀ
         b_o = tl.sum(b_h * b_q[:, None], 0)  # o = Sᵀq
