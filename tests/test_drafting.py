@@ -13,7 +13,7 @@ from tensorfold.drafters import choice
 from tensorfold.drafters import gate as drafter
 from tensorfold.drafters.lookup import NgramDrafter, NotStockDrafter, make_drafter
 from tensorfold.engine import drafting
-from tensorfold.engine.request import SamplingParams, Watch
+from tensorfold.engine.request import SamplingParams, TokenView, Watch
 from tensorfold.errors import InvalidRequest
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -234,6 +234,52 @@ def test_ngram_proposes_what_followed():
     assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], [], 3) == [4, 5, 9]
     assert d.propose([1, 2, 3, 4, 5, 9, 1, 2, 3, 4], [], 2) == [5, 9]
     assert d.propose([7, 8], [], 3) == []
+
+
+def test_a_token_view_reads_as_the_joined_list():
+    """A request's prompt and reply as one sequence without a copy: every index and slice (the
+    seam between the two, negative bounds, steps, empty and past the end) as the joined list's,
+    and an index past either end refused as a list refuses it."""
+    gen = torch.Generator().manual_seed(5)
+    for head_n, tail_n in ((0, 0), (0, 4), (5, 0), (3, 6), (7, 2)):
+        head, tail = list(range(100, 100 + head_n)), list(range(head_n))
+        view, joined = TokenView(head, tail), head + tail
+        assert len(view) == len(joined) and list(view) == joined
+        bounds = list(range(-12, 13)) + [None]
+        for _ in range(300):
+            a, b = (bounds[int(torch.randint(len(bounds), (1,), generator=gen))] for _ in "ab")
+            step = (None, 1, 2, -1)[int(torch.randint(4, (1,), generator=gen))]
+            assert view[a:b:step] == joined[a:b:step], (head_n, tail_n, a, b, step)
+        for i in range(-len(joined) - 2, len(joined) + 2):
+            if -len(joined) <= i < len(joined):
+                assert view[i] == joined[i]
+            else:
+                with pytest.raises(IndexError):
+                    view[i]
+        tail.append(7)  # the reply grows: the view follows it
+        assert view[-1] == 7 and len(view) == len(joined) + 1
+
+
+def test_ngram_over_a_growing_view_proposes_what_a_search_finds():
+    """The lane's lookup indexes only the tokens new since its last call; fed the request's
+    view as its reply grows it proposes at every step what a search of the whole list finds:
+    after the latest earlier place of the longest n-gram (4 down to 2) that ends the list."""
+
+    def search(seq: list[int], k: int) -> list[int]:
+        for n in (4, 3, 2):
+            ends = [e for e in range(n, len(seq)) if seq[e - n : e] == seq[-n:]]
+            if len(seq) >= n and ends:
+                return seq[ends[-1] : ends[-1] + k]
+        return []
+
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, 5, (40,), generator=gen).tolist()
+    reply: list[int] = []
+    lane = NgramDrafter().for_request()
+    for _ in range(60):
+        view = TokenView(prompt, reply)
+        assert lane.propose(view, reply, 4) == search(prompt + reply, 4)
+        reply.append(int(torch.randint(0, 5, (1,), generator=gen)))
 
 
 def test_a_guess_drafts_what_followed_the_guessed_token():

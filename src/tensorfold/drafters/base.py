@@ -3,6 +3,7 @@ makes a `LaneDrafter` for each request; and a request's drafting state (`LaneDra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -15,9 +16,9 @@ class LaneDrafter:
     """One request's drafter: proposes, and (for drafters that read the target's states) is
     shown each pass's post-final-norm rows of its lane."""
 
-    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
-        """Up to k tokens to follow `tokens` (the request's committed ids; `output` is the reply
-        part of them)."""
+    def propose(self, tokens: Sequence[int], output: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow `tokens` (the request's committed ids, a view that slices
+        as a list; `output` is the reply part of them)."""
         raise NotImplementedError
 
     def observe(self, start: int, hidden) -> None:
@@ -28,7 +29,7 @@ class LaneDrafter:
     # that token is read. False: the engine reads the token first
     guesses = False
 
-    def guess(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+    def guess(self, tokens: Sequence[int], output: list[int], k: int) -> list[int]:
         """Up to k tokens to follow `tokens` and the unread token after them: the proposal after
         the read tokens, its first token taken as the guess of the unread one (a wrong guess
         only costs the drafts: the walk keeps a draft only where the target chose it)."""

@@ -12,6 +12,7 @@ token (engine/drafting.py), so a drafter changes speed, never output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,19 @@ class NgramIndex:
         self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
         self.seen = 0  # ends below this are indexed
 
-    def update(self, tokens: list[int]) -> None:
-        for end in range(max(1, self.seen), len(tokens)):  # an n-gram ending at `end` has a next
+    def update(self, tokens: Sequence[int]) -> None:
+        first = max(1, self.seen)
+        if first >= len(tokens):
+            return
+        base = max(0, first - self.sizes[-1])  # the new positions' n-grams, copied once
+        new = list(tokens[base:])
+        for end in range(first, len(tokens)):  # an n-gram ending at `end` has a next
             for n in self.sizes:
                 if end >= n:
-                    self.ends[n][tuple(tokens[end - n : end])] = end
-        self.seen = max(self.seen, len(tokens))
+                    self.ends[n][tuple(new[end - n - base : end - base])] = end
+        self.seen = len(tokens)
 
-    def follow(self, context: list[int], corpus: list[int], k: int) -> list[int]:
+    def follow(self, context: Sequence[int], corpus: Sequence[int], k: int) -> list[int]:
         """What followed the longest indexed n-gram that ends `context`, up to k tokens."""
         for n in reversed(self.sizes):
             if len(context) < n:
@@ -56,7 +62,7 @@ class NgramDrafter(Drafter, LaneDrafter):
     def for_request(self, req=None) -> NgramDrafter:
         return NgramDrafter(self.max_n, self.min_n)
 
-    def propose(self, tokens: list[int], output: list[int], k: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], output: list[int], k: int) -> list[int]:
         # the n-gram that ends `tokens` has no next token yet: not indexed
         self.index.update(tokens)
         return self.index.follow(tokens, tokens, k)

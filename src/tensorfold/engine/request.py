@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -14,6 +15,36 @@ from ..errors import InvalidRequest
 from ..runner.plan import PENDING, LaneRows
 from .constraints import Grammar, Matcher
 from .text import ReplyText
+
+
+class TokenView(Sequence[int]):
+    """A prompt and its reply read as one sequence without copying either: a drafter reads a
+    few tokens of it a step, and a context may hold tens of thousands (a copy a step would cost
+    more than the lookup). Indexes and slices (a slice is a new list) as a list would."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, i):
+        n = len(self.head)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            if stop <= n:
+                return self.head[start:stop]
+            if start >= n:
+                return self.tail[start - n : stop - n]
+            return self.head[start:] + self.tail[: stop - n]
+        j = i + len(self) if i < 0 else i
+        if not 0 <= j < len(self):
+            raise IndexError("token index out of range")
+        return self.head[j] if j < n else self.tail[j - n]
 
 
 @dataclass(frozen=True)
@@ -184,8 +215,9 @@ class Request:
         return self.lane.cached
 
     @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def all_ids(self) -> TokenView:
+        """The prompt and the reply so far, as one sequence (not a copy)."""
+        return TokenView(self.prompt_ids, self.output_ids)
 
     @property
     def num_drafted(self) -> int:
