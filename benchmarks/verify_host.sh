@@ -11,7 +11,8 @@
 #   bash benchmarks/verify_host.sh OUT [phases]
 #
 # phases, in the order given: profile, k7 (one stream, profiled), k716 (16 lanes of 8 rows:
-# one 128-row piece a product), gate, tests, registry (the conv and recurrence kernels' checks,
+# one 128-row piece a product), gate, tests, invariants (the 9B shape's concurrent = solo,
+# decode = prompt, chunk seams and graph = eager), registry (the conv and recurrence kernels' checks,
 # a state left in another slot among them, with their planted controls), demo (the bundled
 # demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py) (default: the
 # first four). Settings: MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less
@@ -47,6 +48,8 @@ for p in $PHASES; do
         gate)    TAIL=8 within 60 240 gate $py benchmarks/gate_cost.py --models "$M" \
                      --lanes 1,16 --draft-tokens 4 --tokens 256 ;;
         tests)   TAIL=8 within 240 450 tests $py -m pytest -q -x tests/test_gpu_drafting.py ;;
+        invariants) TAIL=8 within 100 300 invariants $py -m pytest -q tests/test_gpu.py -k \
+                     "concurrent_equals_solo_9b or decode_equals_prefill or chunk_invariant or cuda_graph_decode" ;;
         registry) for k in conv gdn.recurrence; do
                      TAIL=8 within 60 240 "registry-$k" $py -m tensorfold.checks.registry --only "$k"
                  done ;;
