@@ -167,3 +167,34 @@ def test_an_overlapped_engine_prices_a_plain_pass_by_its_overlapped_steps(hf_tin
     assert plain_alone  # plain passes ran in sequential steps
     plain = [t for (_, rows), v in eng.drafting.prices.seconds.items() if rows == 1 for t in v]
     assert plain and max(plain) < 1.0, eng.drafting.prices.seconds
+
+
+def test_overlapped_plain_passes_are_timed_each_at_first_then_one_in_a_few(hf_tiny_b):
+    """A plain step's timing is host work a host-bound step pays in full: the first WINDOW
+    overlapped plain passes are timed (a price soon), then one in PLAIN_EVERY; the window of
+    the least then spans more steps, and the replies are plain's."""
+    from tensorfold.drafters.gate import PLAIN_EVERY, WINDOW
+
+    prompts, params, want, replies = plain_replies(hf_tiny_b, 200, (9, 40, 17), 64)
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+    eng.drafting.default = Script(replies, lambda p: True)  # every draft wrong: gates close
+    prices, record, asked, timed = eng.drafting.prices, eng.drafting.prices.record, [], []
+    wants = prices.wants_plain
+
+    def counted():
+        asked.append(wants())
+        return asked[-1]
+
+    def priced(lanes, rows, seconds):
+        timed.append(rows)
+        return record(lanes, rows, seconds)
+
+    prices.wants_plain, prices.record = counted, priced
+    got = [eng.add_request(ids, params) for ids in prompts]
+    eng.run_until_done()
+    assert [r.output_ids for r in got] == [r.output_ids for r in want]
+    assert len(asked) > 3 * WINDOW and asked[:WINDOW] == [True] * WINDOW
+    later = asked[WINDOW:]
+    assert later == [(WINDOW + 1 + i) % PLAIN_EVERY == 0 for i in range(len(later))]
+    plain = timed.count(1)  # an overlapped step asked and warm is timed, one not asked never
+    assert WINDOW // 2 < plain <= sum(asked), (plain, sum(asked))

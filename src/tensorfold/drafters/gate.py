@@ -17,6 +17,7 @@ RETRY_COST = 0.01  # priced: a closed gate's retries may cost this fraction of p
 FIRST_SKIP = 4  # priced: chances a gate skips when it first closes
 DECAY = 0.75  # the weight of the past in each moving sum: about four verify passes
 WINDOW = 8  # passes of one shape a price is the least of
+PLAIN_EVERY = 4  # after the first WINDOW, an overlapped plain pass is timed one step in this many
 EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
 WAKE = 8  # chances before a closed gate's retry from which its drafter reads the target again
 MOST_IDLE = 8  # a lookup that found nothing skips 1, 2, 4 ... at most this many chances
@@ -172,6 +173,14 @@ class PassPrices:
     CUDA graph, a host hiccup; a moving average would carry such a pass for long."""
 
     seconds: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
+    plain_steps: int = 0  # overlapped plain steps that could have been timed
+
+    def wants_plain(self) -> bool:
+        """Whether this overlapped plain step is timed: each of the first WINDOW, then one in
+        PLAIN_EVERY (a window of 8 then spans 32 steps). A step not timed costs the host none
+        of the pricing's work, which a host-bound step would pay in full."""
+        self.plain_steps += 1
+        return self.plain_steps <= WINDOW or self.plain_steps % PLAIN_EVERY == 0
 
     def record(self, lanes: int, rows: int, seconds: float) -> None:
         key = (lane_bucket(lanes), rows)

@@ -22,31 +22,35 @@ from .base import Drafter, LaneDrafter
 
 class NgramIndex:
     """For every n-gram size, the latest position that followed each n-gram of a growing
-    sequence, updated incrementally (the sequence only grows)."""
+    sequence, updated incrementally (the sequence only grows). One table for every size (a
+    key's length is its size): a lookup chance costs the host a few µs of a step."""
 
     def __init__(self, sizes: range) -> None:
         self.sizes = sizes
-        self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.ends: dict[tuple[int, ...], int] = {}
         self.seen = 0  # ends below this are indexed
 
     def update(self, tokens: Sequence[int]) -> None:
-        first = max(1, self.seen)
-        if first >= len(tokens):
+        first, total = max(1, self.seen), len(tokens)
+        if first >= total:
             return
-        base = max(0, first - self.sizes[-1])  # the new positions' n-grams, copied once
-        new = list(tokens[base:])
-        for end in range(first, len(tokens)):  # an n-gram ending at `end` has a next
-            for n in self.sizes:
-                if end >= n:
-                    self.ends[n][tuple(new[end - n - base : end - base])] = end
-        self.seen = len(tokens)
+        least, most = self.sizes[0], self.sizes[-1]
+        base = max(0, first - most)  # the new positions' n-grams, copied once
+        new = tuple(tokens[base:])
+        ends = self.ends
+        for end in range(first, total):  # an n-gram ending at `end` has a next
+            i = end - base
+            for n in range(least, min(most, end) + 1):
+                ends[new[i - n : i]] = end
+        self.seen = total
 
     def follow(self, context: Sequence[int], corpus: Sequence[int], k: int) -> list[int]:
         """What followed the longest indexed n-gram that ends `context`, up to k tokens."""
+        tail = tuple(context[-self.sizes[-1] :])
         for n in reversed(self.sizes):
-            if len(context) < n:
+            if len(tail) < n:
                 continue
-            end = self.ends[n].get(tuple(context[-n:]))
+            end = self.ends.get(tail[len(tail) - n :])
             if end is not None:
                 return corpus[end : end + k]
         return []

@@ -239,7 +239,7 @@ class Engine:
         # a plain pass's price (while every head rests, none is near a retry to read it); a
         # step with no pass to wait on times the host's launch alone
         priced = awake and work and waits and self.drafting.priced
-        priced = priced and self._warm(True)
+        priced = priced and self.drafting.prices.wants_plain() and self._warm(True)
         shape = self.drafting.shape(work) if priced else None
         if shape is not None:
             self.drafting.prices.record(*shape, time.perf_counter() - start)
