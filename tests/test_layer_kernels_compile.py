@@ -37,11 +37,14 @@ def _ptx(fn, pointers: dict, consts: dict, warps: int = 4) -> str:
 
 
 @pytest.mark.parametrize("nseg", [0, 3])
-@pytest.mark.parametrize("kernel", ["_conv_lane", "_conv_rows", "_conv_keep"])
-def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel, nseg):
-    """nseg 3: its input the in-projection's segment sums (fp32), added where read."""
+@pytest.mark.parametrize(
+    "kernel,rows", [("_conv_lane", 1), ("_conv_lane", 8), ("_conv_rows", 1), ("_conv_keep", 1)]
+)
+def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel, rows, nseg):
+    """nseg 3: its input the in-projection's segment sums (fp32), added where read; the one
+    launch's tile of a lane's rows for a decode pass (1) and a verify pass (8)."""
     fn = getattr(conv, kernel)
-    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256, NSEG=nseg)
+    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256, NSEG=nseg, ROWS=rows)
     consts = {a: v for a, v in consts.items() if a in fn.arg_names}
     pointers = {**CONV, "x_ptr": "*fp32" if nseg else "*bf16"}
     assert_waits_first(_ptx(fn, pointers, consts, warps=2))
