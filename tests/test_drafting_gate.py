@@ -10,6 +10,7 @@ from tensorfold.drafters.gate import (
     EXPLORE,
     FIRST_SKIP,
     Gate,
+    LaneHistory,
     PassPrices,
     lane_bucket,
     most_skipped,
@@ -253,8 +254,6 @@ def test_a_new_lane_starts_from_what_finished_lanes_learnt():
     """After lanes whose drafts all missed, a new lane's gate starts closed where even the
     cheapest measured price is not paid (open while unpriced, or after lanes whose drafts were
     kept)."""
-    from tensorfold.drafters.gate import LaneHistory
-
     history = LaneHistory()
     fresh = history.gate(4, 1.3)
     assert fresh.open() and fresh.chance == 1.0  # nothing learnt: the hopeful start
@@ -392,8 +391,6 @@ def test_an_exploring_start_that_misses_waits_as_long_as_the_history_says():
     either, it waits the longest a closed gate waits at once, as the lanes before it did, not the
     ramp of 4, 8, 16 ... chances (each retry a verify pass that loses). Planted: a hopeful start
     that is not marked exploring takes the ramp."""
-    from tensorfold.drafters.gate import FIRST_SKIP, LaneHistory
-
     history = LaneHistory()
     for _ in range(3):
         gate = Gate()

@@ -10,6 +10,8 @@ import pytest
 from drafting_util import Script, engine_clock, plain_replies
 from engine_util import finish_prints, make_engine
 
+from tensorfold.drafters.gate import PLAIN_EVERY, WINDOW
+
 
 def test_overlapped_steps_price_a_plain_pass_only_when_they_waited_for_one(hf_tiny_b):
     """An overlapped step lasts a pass's period only when it waits for the pass before; the
@@ -173,8 +175,6 @@ def test_overlapped_plain_passes_are_timed_each_at_first_then_one_in_a_few(hf_ti
     """A plain step's timing is host work a host-bound step pays in full: the first WINDOW
     overlapped plain passes are timed (a price soon), then one in PLAIN_EVERY; the window of
     the least then spans more steps, and the replies are plain's."""
-    from tensorfold.drafters.gate import PLAIN_EVERY, WINDOW
-
     prompts, params, want, replies = plain_replies(hf_tiny_b, 200, (9, 40, 17), 64)
     eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
     eng.drafting.default = Script(replies, lambda p: True)  # every draft wrong: gates close
