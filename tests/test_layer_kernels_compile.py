@@ -44,7 +44,8 @@ def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel, rows, nse
     """nseg 3: its input the in-projection's segment sums (fp32), added where read; the one
     launch's tile of a lane's rows for a decode pass (1) and a verify pass (8)."""
     fn = getattr(conv, kernel)
-    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=256, NSEG=nseg, ROWS=rows)
+    block = conv.LANE_BLOCK if kernel == "_conv_lane" else conv.CONV_BLOCK
+    consts = dict(KS=4, HIST=3, HIST_P2=4, BLOCK=block, NSEG=nseg, ROWS=rows)
     consts = {a: v for a, v in consts.items() if a in fn.arg_names}
     pointers = {**CONV, "x_ptr": "*fp32" if nseg else "*bf16"}
     assert_waits_first(_ptx(fn, pointers, consts, warps=2))

@@ -16,7 +16,9 @@ from .launch import pdl, pdl_start
 from .segments import _read, operand
 
 CONV_BLOCK = 1024
-LANE_BLOCK = 256  # channels a program of the one-launch form (a lane's rows one tile)
+# channels a program of the one-launch form (a lane's rows one tile): small, so that one lane's
+# pass spreads over the card (a launch shape only: an element's sum is the same at any block)
+LANE_BLOCK = 64
 LANE_WARPS = 2  # launch shape only: an element's sum is the same whatever the warps
 FUSE_ROWS = 8  # the most rows a lane for the one-launch form: decode and verify passes
 
