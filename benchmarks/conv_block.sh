@@ -11,12 +11,10 @@ source "$(dirname "$0")/serve_lib.sh"  # phase, card_start
 card_start || exit 1
 for b in $BLOCKS; do
     set_block="import sys, runpy; import tensorfold.ops.triton.conv as c; c.LANE_BLOCK = $b"
-    TAIL=3 phase "check$b" 240 $py -c "$set_block; sys.argv = ['registry', '--only', 'conv']; \
-runpy.run_module('tensorfold.checks.registry', run_name='__main__')"
-    again=""
-    [ -e /tmp/verify/4bit/model.safetensors.index.json ] && again=", '--checkpoint', '/tmp/verify/4bit'"
-    TAIL=3 phase "time$b" 240 $py -c "$set_block; sys.argv = ['verify_cost', '--out', '/tmp/verify', \
-'--models', '4bit', '--lanes', '1', '--draft-tokens', '7'$again]; \
-runpy.run_path('benchmarks/verify_cost.py', run_name='__main__')"
+    TAIL=3 phase "check$b" 240 $py -c "$set_block; sys.argv[0] = 'registry'; \
+runpy.run_module('tensorfold.checks.registry', run_name='__main__')" --only conv
+    TAIL=3 phase "time$b" 240 $py -c "$set_block; sys.argv[0] = 'verify_cost'; \
+runpy.run_path('benchmarks/verify_cost.py', run_name='__main__')" --out /tmp/verify --models 4bit \
+        --lanes 1 --draft-tokens 7 $(verify_checkpoint 4bit)
 done
 for b in $BLOCKS; do echo "block $b: $(grep '^| 4bit' "$OUT/time$b.log")"; done

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from clock import Clock
+from clock import Clock, restored
 from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold.demo.data import Sample, generate
@@ -84,8 +84,7 @@ def run(model, tok, prompts, args, method, replies=None, clock=None):
     t = time.perf_counter()
     eng.run_until_done()
     seconds = time.perf_counter() - t
-    for owner, name, fn in restore:
-        setattr(owner, name, fn)
+    restored(restore)
     s = eng.drafting.stats
     accept = s.acceptance_length
     return [r.output_ids for r in reqs], seconds, accept, eng

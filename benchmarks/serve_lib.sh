@@ -50,6 +50,12 @@ card_start() {
     site_wheels
 }
 
+# verify_checkpoint MODEL: --checkpoint for verify_cost.py's random MODEL checkpoint once a run
+# wrote it (its index is written last), so later runs on the machine read it instead
+verify_checkpoint() {
+    [ -e "/tmp/verify/$1/model.safetensors.index.json" ] && echo "--checkpoint /tmp/verify/$1"
+}
+
 # ways NAME LIMIT "WAY..." CMD...: CMD once for each way, one process each, as phase NAME<way>;
 # a way is a flag added at CMD's end, or - for CMD as it is (a sweep with and without a flag).
 ways() {

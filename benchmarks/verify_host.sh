@@ -37,7 +37,7 @@ within() {
 
 # the random checkpoint written once (its index is written last) and read by every phase after
 M=${MODELS:-4bit}
-again() { [ -e "/tmp/verify/$M/model.safetensors.index.json" ] && echo "--checkpoint /tmp/verify/$M"; }
+again() { verify_checkpoint "$M"; }
 V="$py benchmarks/verify_cost.py --out /tmp/verify --models $M"
 
 for p in $PHASES; do
