@@ -262,8 +262,9 @@ def test_a_token_view_reads_as_the_joined_list():
 
 def test_ngram_over_a_growing_view_proposes_what_a_search_finds():
     """The lane's lookup indexes only the tokens new since its last call; fed the request's
-    view as its reply grows it proposes at every step what a search of the whole list finds:
-    after the latest earlier place of the longest n-gram (4 down to 2) that ends the list."""
+    view as its reply grows (by one token or several between calls, as after a verify pass)
+    it proposes at every step what a search of the whole list finds: after the latest earlier
+    place of the longest n-gram (4 down to 2) that ends the list."""
 
     def search(seq: list[int], k: int) -> list[int]:
         for n in (4, 3, 2):
@@ -279,7 +280,8 @@ def test_ngram_over_a_growing_view_proposes_what_a_search_finds():
     for _ in range(60):
         view = TokenView(prompt, reply)
         assert lane.propose(view, reply, 4) == search(prompt + reply, 4)
-        reply.append(int(torch.randint(0, 5, (1,), generator=gen)))
+        grow = int(torch.randint(1, 6, (1,), generator=gen))
+        reply += torch.randint(0, 5, (grow,), generator=gen).tolist()
 
 
 def test_a_guess_drafts_what_followed_the_guessed_token():

@@ -24,6 +24,10 @@ class LaneDrafter:
     def observe(self, start: int, hidden) -> None:
         """The lane's rows of the target's states from position `start` (read by mtp, dflash)."""
 
+    def read_prompt(self, prompt: list[int], upto: int) -> None:
+        """The lane's prompt has been fed up to `upto` (a pass launched): a lookup may index it
+        while the card computes, rather than at its first chance."""
+
     # it drafts without reading the lane's last token (chosen on the device, not read back):
     # the lane's chance is then taken in an overlapped step, its verify pass launched before
     # that token is read. False: the engine reads the token first
@@ -120,6 +124,10 @@ class LaneDraft:
     def drop(self) -> None:
         """No proposal in flight."""
         self.proposal, self.on_device = [], None
+
+    def read_prompt(self, prompt: list[int], upto: int) -> None:
+        for drafter in self.drafters:
+            drafter.read_prompt(prompt, upto)
 
 
 def read_drafts(drafts: list[LaneDraft]) -> None:

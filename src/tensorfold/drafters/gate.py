@@ -7,6 +7,7 @@ tokens (docs/exactness.md, 'Drafting')."""
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -141,6 +142,55 @@ class LaneHistory:
             # closed gate waits, rather than paying the ramp of 4, 8, 16 ... again
             gate.backoff = gate.skip = most_skipped(price)
         return gate
+
+
+@dataclass
+class Lull:
+    """A stretch of chances in which no lane can propose: every lane's gate is closed for them
+    (none reads its prompt or has drafts in flight). Its chances are counted here, once a step,
+    not lane by lane, and handed to the gates when it ends: when a lane joins or leaves, or the
+    first gate is due to open or to wake its drafter (`Gate.resting`), so every gate opens and
+    wakes at the chance it would have. A closed gate's step then costs the host one count."""
+
+    lanes: list = field(default_factory=list)  # the running lanes when it began, in order
+    left: int = 0  # its chances in all (0: no lull)
+    owed: int = 0  # chances counted and not handed to the gates yet
+
+    def begin(self, running: list) -> None:
+        """After a chance in which no lane proposed: a lull while every gate stays closed."""
+        left = 1 << 30  # lanes that never draft (no gate) close nothing
+        for req in running:
+            d = req.lane.draft
+            if d is None:
+                continue
+            skip = d.gate.skip
+            if d.proposal or req.in_prompt or skip <= 0:
+                return
+            left = min(left, skip - WAKE if skip > WAKE else skip)  # resting() holds till then
+        self.lanes, self.left, self.owed = list(running), left, 0
+
+    def holds(self, running: list) -> bool:
+        """Whether this chance falls in the lull (counted); False once it ended."""
+        if not self.left:
+            return False
+        if not self.same(running):
+            self.end()
+            return False
+        self.owed += 1
+        if self.owed == self.left:
+            self.end()
+        return True
+
+    def same(self, running: list) -> bool:
+        return len(running) == len(self.lanes) and all(map(operator.is_, running, self.lanes))
+
+    def end(self) -> None:
+        """Hands the chances counted to the gates."""
+        for req in self.lanes:
+            d = req.lane.draft
+            if d is not None:
+                d.gate.skip -= self.owed
+        self.lanes, self.left, self.owed = [], 0, 0
 
 
 def most_skipped(price: float) -> int:

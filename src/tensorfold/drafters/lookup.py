@@ -30,18 +30,20 @@ class NgramIndex:
         self.ends: dict[tuple[int, ...], int] = {}
         self.seen = 0  # ends below this are indexed
 
-    def update(self, tokens: Sequence[int]) -> None:
-        first, total = max(1, self.seen), len(tokens)
+    def update(self, tokens: Sequence[int], upto: int | None = None) -> None:
+        """Indexes tokens[:upto] (all of them when None) past those indexed already."""
+        total = len(tokens) if upto is None else min(upto, len(tokens))
+        first = max(1, self.seen)
         if first >= total:
             return
         least, most = self.sizes[0], self.sizes[-1]
         base = max(0, first - most)  # the new positions' n-grams, copied once
-        new = tuple(tokens[base:])
-        ends = self.ends
-        for end in range(first, total):  # an n-gram ending at `end` has a next
-            i = end - base
-            for n in range(least, min(most, end) + 1):
-                ends[new[i - n : i]] = end
+        new = tuple(tokens[base:total])
+        for n in range(least, most + 1):  # an n-gram ending at `end` has a next
+            lo = max(first, n)  # ends lo.. in order: the latest wins
+            at = lo - base - n  # new[at + i + j] is token j of the n-gram ending at lo + i
+            cols = [new[at + j : total - base - n + j] for j in range(n)]
+            self.ends.update(zip(zip(*cols), range(lo, total)))  # built in C, not token by token
         self.seen = total
 
     def follow(self, context: Sequence[int], corpus: Sequence[int], k: int) -> list[int]:
@@ -65,6 +67,11 @@ class NgramDrafter(Drafter, LaneDrafter):
 
     def for_request(self, req=None) -> NgramDrafter:
         return NgramDrafter(self.max_n, self.min_n)
+
+    def read_prompt(self, prompt: list[int], upto: int) -> None:
+        # a long prompt indexed as its chunks are read (the host's time beside the card's),
+        # not all at the first lookup: the same table either way
+        self.index.update(prompt, upto)
 
     def propose(self, tokens: Sequence[int], output: list[int], k: int) -> list[int]:
         # the n-gram that ends `tokens` has no next token yet: not indexed

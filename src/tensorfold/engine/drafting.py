@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..cache import StatePool
 from ..drafters.base import LaneDraft, LaneDrafter, read_drafts
 from ..drafters.choice import DraftConfig, refuse_split_draft
-from ..drafters.gate import MEASURE, LaneHistory, PassPrices, verify_pays
+from ..drafters.gate import MEASURE, LaneHistory, Lull, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
 from ..errors import SplitRefused
 from ..runner.plan import LaneRows, PassPlan
@@ -90,6 +90,7 @@ class Drafting:
         # times its passes only then, a plain engine's steps do none of it
         self.priced = self.default is not None
         self.history = LaneHistory()  # what finished lanes' gates learnt: a new gate's start
+        self.lull = Lull()  # chances in which every gate stays closed, counted once a step
 
     def lane(self, req: Request, enabled: bool, prediction: list[int] | None) -> LaneDraft | None:
         """The request's drafting, or None when it drafts nothing (watched for every row's
@@ -116,6 +117,12 @@ class Drafting:
         aligned, fewer by the committed rows it recomputes after a rejection, and a shorter
         proposal padded with its last token, so that its pass stays 1 + k rows
         (runner/cuda_graph.py): a padded token is a guess like any draft."""
+        if self.lull.holds(running):  # every gate closed at this chance too
+            return
+        self._ask(running)
+        self.lull.begin(running)  # when no lane proposed and every gate stays closed a while
+
+    def _ask(self, running: list[Request]) -> None:
         ready = []
         for req in running:
             d = req.lane.draft
@@ -222,6 +229,8 @@ class Drafting:
         again: their tokens are on the host, so that pass overlaps as any other. A closed
         gate's drafter may still read the target's states of an overlapped pass: `observe`
         after the pass's tokens are chosen on the device."""
+        if self.lull.left and self.lull.same(lanes):  # no proposal, every gate closed
+            return QUIET
         mode = QUIET
         for req in lanes:
             d = req.lane.draft

@@ -342,8 +342,11 @@ class Engine:
             self._remember(req)
         if req.watch is not None:
             req.watch.passed(req, start, logits)
-        if req.params.prompt_logprobs is not None and start < len(req.prompt_ids):
-            self.output.score_prompt(req, start, logits)
+        if start < len(req.prompt_ids):
+            if req.params.prompt_logprobs is not None:
+                self.output.score_prompt(req, start, logits)
+            if lane.draft is not None:  # its lookups index the rows just launched
+                lane.draft.read_prompt(req.prompt_ids, lane.computed)
         return lane.computed == req.num_tokens
 
     def _commit(self, req: Request, row: torch.Tensor, token: int, logprobs=None) -> TokenEvent:
