@@ -5,7 +5,9 @@ at a time, after a warm-up pass over them (compiles, CUDA graphs); the best of -
 for a set of short replies, --min-tokens), the configurations' rounds interleaved.
 "tok/s" counts the whole request (its prompt pass included); "generation tok/s" the tokens
 after the first over the time after it (the same prompts run with max_tokens=1 give that time),
-as generation speed is usually reported. "step µs" is an engine step's mean wall time in the timed
+as generation speed is usually reported. "round by round" is the median over rounds of plain's
+time over the drafter's in the same round: on a host whose speed drifts it is the steadier
+figure (two best rounds may come from different moments). "step µs" is an engine step's mean wall time in the timed
 rounds and "waits µs" the part of it spent waiting for the card's tokens (an overlapped step's
 read, a plain step's choice): a step that hardly waits is bound by the host's work, not the card.
 Below each set, every configuration's timed steps by kind (overlapped, sequential plain, verify)
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 
@@ -132,6 +135,13 @@ def prices_line(label: str, llm: LLM, k: int) -> str:
     return f"{label}: price {ratio if ratio is None else f'{ratio:.2f}'} ({shown})"
 
 
+def paired_median(plain: list[float], drafted: list[float]) -> float:
+    """The median over rounds of plain's seconds over the drafter's in the same round (the
+    configurations' rounds run back to back): a host whose speed drifts between rounds moves
+    both alike, where the best round of each may come from different moments."""
+    return statistics.median(p / d for p, d in zip(plain, drafted))
+
+
 def rounds_for(replies: list[list[int]], args) -> int:
     """--rounds, more for a set of short replies (the bench chat's ~34 tokens, ~13 ms a round):
     its best round then stands on as many tokens as about --min-tokens, not on one lucky
@@ -149,7 +159,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
-        "--min-tokens", type=int, default=256,
+        "--min-tokens", type=int, default=1024,
         help="a set whose replies are shorter runs its rounds as many times more (at most 16)",
     )  # fmt: skip
     p.add_argument(
@@ -167,9 +177,9 @@ def main() -> None:
     print(f"{args.checkpoint.name} on {args.device}, one stream, greedy", flush=True)
     print(
         "| prompts | drafter | tokens | tok/s | speed-up | generation tok/s | speed-up "
-        "| acceptance length | step µs | waits µs | drafted = plain |"
+        "| round by round (median) | acceptance length | step µs | waits µs | drafted = plain |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, prompts in sets.items():
         llms = {
             label: LLM(
@@ -207,6 +217,7 @@ def main() -> None:
             best = min(whole[label])
             rates[label] = (n / best, (n - len(prompts)) / max(1e-9, best - min(first[label])))
             rate, gen = rates[label]
+            paired = paired_median(whole[plain], whole[label])
             same = "yes" if outs[label] == outs[plain] else "NO"
             stats = llm.engine.drafting.stats
             accept = f"{stats.acceptance_length:.2f}" if label != plain else "1"
@@ -214,7 +225,8 @@ def main() -> None:
             step, waits = (1e6 * x / max(1, c.steps) for x in (c.seconds, c.waits))
             print(
                 f"| {name} | {label} | {n} | {rate:,.1f} | {rate / rates[plain][0]:.2f}x | "
-                f"{gen:,.1f} | {gen / rates[plain][1]:.2f}x | {accept} | {step:.0f} | {waits:.0f} "
+                f"{gen:,.1f} | {gen / rates[plain][1]:.2f}x | {paired:.2f}x | {accept} | "
+                f"{step:.0f} | {waits:.0f} "
                 f"| {same} |",
                 flush=True,
             )
