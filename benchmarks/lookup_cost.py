@@ -3,7 +3,8 @@ stream, the bench chat prompt (its lookups find nothing), plain against engines 
 the lookup drafter and parts of drafting turned off: `closed` (every gate closed: no lookup),
 `bare` (no proposal, no pricing, no stillness check: only the configuration differs), and plain
 with the drafting engine's graph rows and KV lookahead. Rounds interleaved, medians of whole
-requests and of steps; tokens checked equal.
+requests and of steps; tokens checked equal. A variant named twice (`plain,plain2`) gives two
+engines of the same work: how far apart they land is the method's spread on that host.
 
     PYTHONPATH=src:tests:benchmarks python benchmarks/lookup_cost.py [--device cuda] [--rounds 40]
 """
@@ -21,7 +22,10 @@ from tensorfold import LLM, SamplingParams
 from tensorfold.tokenizer import Tokenizer
 
 
-def variant(name: str, device: str) -> LLM:
+def variant(label: str, device: str) -> LLM:
+    """The engine `label` names (a trailing digit: another engine of the same variant, whose
+    spread against the first is the method's own)."""
+    name = label.rstrip("0123456789")
     llm = LLM(
         DEMO,
         device=device,
