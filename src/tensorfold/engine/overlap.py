@@ -28,7 +28,8 @@ class Chosen:
 
     ready: list[tuple[Request, torch.Tensor]]  # (request, the logits row it chose from)
     tokens: torch.Tensor
-    host: tuple[torch.Tensor, ...]  # tokens, logprob values, their ids: landed once `event` has
+    # tokens, then (when a lane asks) logprob values and their ids: landed once `event` has
+    host: tuple[torch.Tensor, ...]
     asks: list[tuple[int, int]]  # (index in ready, top k) of the lanes asking for logprobs
     event: torch.cuda.Event | None = None
 
@@ -45,7 +46,7 @@ class Chosen:
             for j, (req, _) in enumerate(ready)
             if req.params.logprobs is not None
         ]
-        found = (tokens, *_logprobs(ready, tokens, asks))
+        found = (tokens, *_logprobs(ready, tokens, asks)) if asks else (tokens,)
         if not tokens.is_cuda:
             return cls(ready, tokens, found, asks)
         host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found)
@@ -60,8 +61,11 @@ class Chosen:
         for them alone, not for the pass launched after them."""
         if self.event is not None:
             self.event.synchronize()
-        tokens, values, ids = (t.tolist() for t in self.host)
+        tokens = self.host[0].tolist()
         out: list[tuple[int, tuple | None]] = [(t, None) for t in tokens]
+        if not self.asks:  # no logprobs were computed or copied
+            return out
+        values, ids = (t.tolist() for t in self.host[1:])
         at = top_at = 0  # values hold 1 + k entries a lane, ids k
         for j, k in self.asks:  # each: its token's logprob, then its top k (value, id)
             top = list(zip(ids[top_at : top_at + k], values[at + 1 : at + 1 + k]))

@@ -40,7 +40,8 @@ class Sampler:
         order, parts = [], []
         if plain:
             order += plain
-            parts.append(self.greedy(torch.stack([ready[i][1] for i in plain])))
+            rows = [ready[i][1] for i in plain]  # one lane's row as a view: no copy launched
+            parts.append(self.greedy(rows[0][None] if len(rows) == 1 else torch.stack(rows)))
         rest = [i for i in range(len(ready)) if not plain_greedy(ready[i][0])]
         shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
         greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
@@ -53,6 +54,8 @@ class Sampler:
             parts.append(self.sample([(ready[i][0], x) for i, x in sampled]))
         if not parts:
             return [], torch.empty(0, dtype=torch.long)
+        if len(parts) == 1:  # the usual step: one kind of rule, nothing to join
+            return order, parts[0]
         # a split's argmax comes back on the host, its sampled rows on the device
         return order, torch.cat([p.to(parts[0].device) for p in parts])
 
