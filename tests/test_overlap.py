@@ -186,6 +186,22 @@ def test_padding_lanes_move_the_fed_rows_after_them():
     assert ids.tolist() == [9, 7, 0, 0, 0, 8]
 
 
+def test_fed_rows_in_one_run_write_what_the_index_form_writes():
+    """Fed rows and picks that are both runs of consecutive indices (a decode step's usual feed)
+    are written by one copy; every such feed, and the others, write what a row-by-row write
+    gives, into an int32 buffer as into a long one."""
+    tokens = torch.tensor([11, 12, 13, 14, 15])
+    feeds = [((0,), (0,)), ((2, 3, 4), (1, 2, 3)), ((1, 2), (4, 3)), ((0, 2), (0, 1)), ((5,), (4,))]
+    for rows, picks in feeds:
+        for dtype in (torch.long, torch.int32):
+            ids = torch.zeros(6, dtype=dtype)
+            Fed(rows, tokens, picks).apply(ids)
+            want = torch.zeros(6, dtype=dtype)
+            for r, p in zip(rows, picks):
+                want[r] = tokens[p]
+            assert ids.tolist() == want.tolist(), (rows, picks, dtype)
+
+
 def test_grammar_and_stop_string_replies_under_overlap():
     """The demo model under a grammar (each mask follows the tokens read back so far) and a stop
     string: the overlapped replies equal the sequential ones."""

@@ -57,6 +57,10 @@ class Fed:
 
     def apply(self, ids: torch.Tensor) -> None:
         """Writes the chosen tokens into a pass's fed ids [rows] (stream-ordered, no sync)."""
+        r0, p0, n = self.rows[0], self.picks[0], len(self.rows)
+        if self.rows == tuple(range(r0, r0 + n)) and self.picks == tuple(range(p0, p0 + n)):
+            ids[r0 : r0 + n].copy_(self.tokens[p0 : p0 + n])  # the usual step: one device copy
+            return
         at = torch.tensor((self.rows, self.picks), dtype=torch.long)  # one copy for both
         rows, picks = at.to(ids.device, non_blocking=True)
         ids[rows] = self.tokens[picks].to(ids.dtype)
