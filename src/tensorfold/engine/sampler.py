@@ -36,13 +36,16 @@ class Sampler:
         argmax; every other row through its request's rule (all rules in one `rule_rows`),
         then the greedy ones' argmax in one call and the sampled ones' draws in one `sample`
         call (`choose_token` is the same rule for one row)."""
-        plain = [i for i, (req, _) in enumerate(ready) if plain_greedy(req)]
+        flags = [plain_greedy(req) for req, _ in ready]
+        plain = [i for i, flag in enumerate(flags) if flag]
         order, parts = [], []
         if plain:
             order += plain
             rows = [ready[i][1] for i in plain]  # one lane's row as a view: no copy launched
             parts.append(self.greedy(rows[0][None] if len(rows) == 1 else torch.stack(rows)))
-        rest = [i for i in range(len(ready)) if not plain_greedy(ready[i][0])]
+        rest = [i for i, flag in enumerate(flags) if not flag]
+        if plain and not rest:  # the usual step: every lane plain greedy
+            return order, parts[0]
         shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
         greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
         if greedy:  # one argmax (first maximum) over the stacked rows
