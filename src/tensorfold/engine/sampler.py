@@ -24,6 +24,8 @@ class Sampler:
 
     def choose(self, ready: list[tuple[Request, torch.Tensor]]) -> list[int]:
         """Next tokens of the lanes that produce one (`pick`, read back in one sync)."""
+        if not ready:  # a verify step's lanes are walked by drafting, not chosen here
+            return []
         order, tokens = self.pick(ready)
         out = [0] * len(ready)
         for i, t in zip(order, tokens.tolist()):
@@ -143,6 +145,8 @@ def joined(rows: list[torch.Tensor]) -> torch.Tensor:
     """Row blocks [r_i, V] as one [sum r_i, V]: a view where each starts where the one before
     ends in the same tensor (a graph's lanes that want all their rows), else a copy. Adjacent
     addresses are not enough: two allocations may lie end to end in one block of memory."""
+    if len(rows) == 1:  # one lane's rows: already one block
+        return rows[0]
     first, at = rows[0], rows[0].data_ptr()
     storage = first.untyped_storage().data_ptr()
     for x in rows:
