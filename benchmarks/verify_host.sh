@@ -14,9 +14,12 @@
 # one 128-row piece a product), gate, tests, invariants (the 9B shape's concurrent = solo,
 # decode = prompt, chunk seams and graph = eager), registry (the conv and recurrence kernels' checks,
 # a state left in another slot among them, with their planted controls), demo (the bundled
-# demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py) (default: the
-# first four). Settings: MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less
-# than its usual warm time is left of it, and cut at what is left).
+# demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py), host (a one-lane
+# sequential step's host time by part, step_profile.py; an n-gram lane that drafts nothing
+# against engines of the same work, lookup_cost.py), lanes (tests/test_gpu_lanes.py: concurrent
+# = solo and overlapped = sequential at 64 and 256 lanes) (default: the first four). Settings:
+# MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less than its usual warm time
+# is left of it, and cut at what is left).
 set -u
 OUT=${1:?usage: verify_host.sh OUT [phases]}
 PHASES=${2:-profile k7 gate tests}
@@ -55,6 +58,11 @@ for p in $PHASES; do
                  done ;;
         demo)    TAIL=16 within 60 300 demo $py benchmarks/demo_drafting.py --device cuda \
                      --tasks 12 --rounds 3 --drafts ngram:4,mtp:4,mtp:7 ;;
+        host)    TAIL=6 within 60 200 host-step $py benchmarks/step_profile.py --models "$M" \
+                     --lanes 1 --no-overlap --steps 48
+                 TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
+                     --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
+        lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
     esac
 done
 cat "$OUT/phases.txt" 2>/dev/null
