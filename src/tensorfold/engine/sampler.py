@@ -39,30 +39,32 @@ class Sampler:
         then the greedy ones' argmax in one call and the sampled ones' draws in one `sample`
         call (`choose_token` is the same rule for one row)."""
         flags = [plain_greedy(req) for req, _ in ready]
-        plain = [i for i, flag in enumerate(flags) if flag]
-        order, parts = [], []
-        if plain:
-            order += plain
-            rows = [ready[i][1] for i in plain]  # one lane's row as a view: no copy launched
+        order = [i for i, flag in enumerate(flags) if flag]
+        parts = []
+        if order:
+            rows = [ready[i][1] for i in order]  # one lane's row as a view: no copy launched
             parts.append(self.greedy(rows[0][None] if len(rows) == 1 else torch.stack(rows)))
         rest = [i for i, flag in enumerate(flags) if not flag]
-        if plain and not rest:  # the usual step: every lane plain greedy
-            return order, parts[0]
-        shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
-        greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
-        if greedy:  # one argmax (first maximum) over the stacked rows
-            order += [i for i, _ in greedy]
-            parts.append(torch.argmax(torch.stack([x for _, x in greedy]), dim=1))
-        sampled = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature > 0.0]
-        if sampled:
-            order += [i for i, _ in sampled]
-            parts.append(self.sample([(ready[i][0], x) for i, x in sampled]))
+        if rest:  # rows with a rule of their own (the usual step has none)
+            order += self._ruled(ready, rest, parts)
         if not parts:
             return [], torch.empty(0, dtype=torch.long)
         if len(parts) == 1:  # the usual step: one kind of rule, nothing to join
             return order, parts[0]
         # a split's argmax comes back on the host, its sampled rows on the device
         return order, torch.cat([p.to(parts[0].device) for p in parts])
+
+    def _ruled(self, ready, rest: list[int], parts: list[torch.Tensor]) -> list[int]:
+        """The `rest` rows through their requests' rules, then one argmax for the greedy ones
+        and one `sample` call for the sampled, each appended to `parts`; their order."""
+        shaped = self.rule_rows([(ready[i][0], ready[i][0].output_ids, ready[i][1]) for i in rest])
+        greedy = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature <= 0.0]
+        sampled = [(i, x) for i, x in zip(rest, shaped) if ready[i][0].params.temperature > 0.0]
+        if greedy:  # one argmax (first maximum) over the stacked rows
+            parts.append(torch.argmax(torch.stack([x for _, x in greedy]), dim=1))
+        if sampled:
+            parts.append(self.sample([(ready[i][0], x) for i, x in sampled]))
+        return [i for i, _ in greedy] + [i for i, _ in sampled]
 
     def rule_rows(self, asks: list[tuple[Request, list[int], torch.Tensor]]) -> list[torch.Tensor]:
         """`rule_row` of each (request, output ids, row), the rules of all rows that shape
