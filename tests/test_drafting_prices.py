@@ -171,12 +171,14 @@ def test_an_overlapped_engine_prices_a_plain_pass_by_its_overlapped_steps(hf_tin
     assert plain and max(plain) < 1.0, eng.drafting.prices.seconds
 
 
-def test_overlapped_plain_passes_are_timed_each_at_first_then_one_in_a_few(hf_tiny_b):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_plain_passes_are_timed_each_at_first_then_one_in_a_few(hf_tiny_b, overlap):
     """A plain step's timing is host work a host-bound step pays in full: the first WINDOW
-    overlapped plain passes are timed (a price soon), then one in PLAIN_EVERY; the window of
-    the least then spans more steps, and the replies are plain's."""
+    plain passes are timed (a price soon), then one in PLAIN_EVERY, in an overlapped engine and
+    in a sequential one alike; the window of the least then spans more steps, and the replies
+    are plain's."""
     prompts, params, want, replies = plain_replies(hf_tiny_b, 200, (9, 40, 17), 64)
-    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=True)
+    eng = make_engine(hf_tiny_b, parallel=3, draft="ngram", overlap=overlap)
     eng.drafting.default = Script(replies, lambda p: True)  # every draft wrong: gates close
     prices, record, asked, timed = eng.drafting.prices, eng.drafting.prices.record, [], []
     wants = prices.wants_plain
@@ -196,5 +198,5 @@ def test_overlapped_plain_passes_are_timed_each_at_first_then_one_in_a_few(hf_ti
     assert len(asked) > 3 * WINDOW and asked[:WINDOW] == [True] * WINDOW
     later = asked[WINDOW:]
     assert later == [(WINDOW + 1 + i) % PLAIN_EVERY == 0 for i in range(len(later))]
-    plain = timed.count(1)  # an overlapped step asked and warm is timed, one not asked never
+    plain = timed.count(1)  # a plain step asked and warm is timed, one not asked never
     assert WINDOW // 2 < plain <= sum(asked), (plain, sum(asked))

@@ -223,10 +223,10 @@ class PassPrices:
     CUDA graph, a host hiccup; a moving average would carry such a pass for long."""
 
     seconds: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
-    plain_steps: int = 0  # overlapped plain steps that could have been timed
+    plain_steps: int = 0  # plain steps that could have been timed
 
     def wants_plain(self) -> bool:
-        """Whether this overlapped plain step is timed: each of the first WINDOW, then one in
+        """Whether this plain step is timed: each of the first WINDOW, then one in
         PLAIN_EVERY (a window of 8 then spans 32 steps). A step not timed costs the host none
         of the pricing's work, which a host-bound step would pay in full."""
         self.plain_steps += 1

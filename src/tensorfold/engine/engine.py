@@ -294,9 +294,10 @@ class Engine:
             return self._settle()
         start -= self._proposing if proposed else 0.0  # its drafter's steps are its price too
         shape = self.drafting.shape(work) if self.drafting.priced else None
-        if shape is not None and shape[1] == 1 and self.overlap:
-            # not drafting costs an overlapped step: a plain pass waited on alone is no price
-            shape = None
+        if shape is not None and shape[1] == 1:
+            # not drafting costs an overlapped step (a plain pass waited on alone is no price);
+            # a sequential engine's plain steps are timed as an overlapped one's: a few of them
+            shape = None if self.overlap or not self.drafting.prices.wants_plain() else shape
         plan = plan_pass(work, self.drafting.before_pass(work), fed(work, self._chosen))
         logits = self.runner.execute(plan)
         hidden = self.drafting.features(self.model)  # before a catch-up pass replaces it
