@@ -1,12 +1,19 @@
 """What an n-gram lane that drafts nothing costs a step, piece by piece: the demo model on one
 stream, the bench chat prompt (its lookups find nothing), plain against engines configured with
 the lookup drafter and parts of drafting turned off: `closed` (every gate closed: no lookup),
-`bare` (no proposal, no pricing, no stillness check: only the configuration differs), and plain
-with the drafting engine's graph rows and KV lookahead. Rounds interleaved, medians of whole
-requests and of steps; tokens checked equal. A variant named twice (`plain,plain2`) gives two
+`bare` (no proposal, no pricing, no stillness check: only the configuration differs), plain
+with the drafting engine's graph rows and KV lookahead (`plain+rows`), and `script` (a drafter
+proposing the plain reply: every draft right). Rounds interleaved; each variant's request time
+and step time are medians over rounds, its ratio to the first variant the median of the two's
+times in the same round; tokens checked equal. A variant named twice (`plain,plain2`) gives two
 engines of the same work: how far apart they land is the method's spread on that host.
 
+With --table every engine's pass is replaced by a table of the plain reply (one-hot rows at the
+positions each pass asks for): what is left is the host's time alone, the engine's bookkeeping
+around a pass, at the CPU's µs rather than the model's.
+
     PYTHONPATH=src:tests:benchmarks python benchmarks/lookup_cost.py [--device cuda] [--rounds 40]
+    PYTHONPATH=src:tests:benchmarks python benchmarks/lookup_cost.py --table --variants plain,ngram
 """
 
 from __future__ import annotations
@@ -16,13 +23,15 @@ import statistics
 import time
 
 import torch
-from demo_drafting import DEMO, prompt_sets
+from demo_drafting import DEMO, paired_median, prompt_sets
+from drafting_util import Script  # tests/: the scripted drafter of the drafting tests
 
 from tensorfold import LLM, SamplingParams
+from tensorfold.engine.flags import add_overlap_flag
 from tensorfold.tokenizer import Tokenizer
 
 
-def variant(label: str, device: str) -> LLM:
+def variant(label: str, device: str, replies: dict, overlap: bool | None) -> LLM:
     """The engine `label` names (a trailing digit: another engine of the same variant, whose
     spread against the first is the method's own)."""
     name = label.rstrip("0123456789")
@@ -32,6 +41,7 @@ def variant(label: str, device: str) -> LLM:
         parallel=1,
         context=2048,
         draft=None if name.startswith("plain") else "ngram",
+        overlap=overlap,
     )
     eng, d = llm.engine, llm.engine.drafting
     if name == "closed":
@@ -51,7 +61,27 @@ def variant(label: str, device: str) -> LLM:
     if name == "plain+rows":  # the drafting engine's graphs and lookahead, no drafter
         eng.runner.graph_rows = frozenset(range(1, 6))
         eng.scheduler.lookahead = 4
+    if name == "script":
+        d.default = Script(replies)
     return llm
+
+
+def table(engine, sequence: list[int]) -> None:
+    """The engine's pass replaced by the plain reply's rows: row j of a lane chooses the token at
+    its position's next, the lane's logits as the runner returns them."""
+    vocab, device = engine.model.config.vocab_size, engine.model.device
+
+    def execute(plan):
+        out = {}
+        for i, lane in enumerate(plan):
+            if lane.logits:
+                rows = torch.zeros(len(lane.logits), vocab, device=device)
+                for r, j in enumerate(lane.logits):
+                    rows[r, sequence[lane.start + j + 1]] = 1.0
+                out[i] = rows
+        return out
+
+    engine.runner.execute = execute
 
 
 def main() -> None:
@@ -60,46 +90,55 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--set", default="bench chat")
     p.add_argument("--variants", default="plain,ngram,closed,bare,plain+rows")
+    p.add_argument("--table", action="store_true", help="the pass a table: host time alone")
+    add_overlap_flag(p)
     args = p.parse_args()
     prompt = prompt_sets(Tokenizer(DEMO), 1)[args.set][0]
     params = SamplingParams(max_tokens=256, temperature=0.0)
+    ask = [{"prompt_token_ids": prompt}]
     sync = torch.cuda.synchronize if args.device == "cuda" else lambda: None
-    llms = {name: variant(name, args.device) for name in args.variants.split(",")}
+    plain = LLM(DEMO, device=args.device, parallel=1, context=2048)
+    reply = list(plain.generate(ask, params)[0].outputs[0].token_ids)
+    plain.close()
+    llms = {
+        name: variant(name, args.device, {tuple(prompt): reply}, args.overlap)
+        for name in args.variants.split(",")
+    }
     whole = {name: [] for name in llms}
-    steps = {name: [0, 0.0] for name in llms}
+    per_step = {name: [] for name in llms}
+    counts = {name: [0] for name in llms}
     outs = {}
     for name, llm in llms.items():
+        for _ in range(3):  # warm: graphs, compiles
+            llm.generate(ask, params)
+        if args.table:
+            table(llm.engine, prompt + reply + [0] * 16)  # rows drafted past the end too
         step = llm.engine.step
 
-        def timed(step=step, acc=steps[name]):
-            t = time.perf_counter()
-            out = step()
-            acc[0] += 1
-            acc[1] += time.perf_counter() - t
-            return out
+        def counted(step=step, n=counts[name]):
+            n[0] += 1
+            return step()
 
-        for _ in range(3):  # warm: graphs, compiles
-            llm.generate([{"prompt_token_ids": prompt}], params)
-        llm.engine.step = timed
+        llm.engine.step = counted
     for _ in range(args.rounds):
         for name, llm in llms.items():
             sync()
+            counts[name][0] = 0
             t = time.perf_counter()
-            out = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+            outs[name] = llm.generate(ask, params)[0].outputs[0].token_ids
             sync()
-            whole[name].append(time.perf_counter() - t)
-            outs[name] = out
+            seconds = time.perf_counter() - t
+            whole[name].append(seconds)
+            per_step[name].append(seconds / max(1, counts[name][0]))
     base = next(iter(llms))
-    print(
-        f"| variant | request ms (median) | × {base} (round by round) | step µs (mean) | same tokens |"
-    )
-    print("| --- | --- | --- | --- | --- |")
+    print(f"| variant | request ms | × {base} (round by round) | step µs | steps | same tokens |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in llms:
-        ratio = statistics.median(a / b for a, b in zip(whole[base], whole[name]))
-        n, s = steps[name]
         print(
-            f"| {name} | {1e3 * statistics.median(whole[name]):.2f} | {ratio:.3f} | "
-            f"{1e6 * s / max(1, n):.0f} | {outs[name] == outs[base]} |"
+            f"| {name} | {1e3 * statistics.median(whole[name]):.2f} | "
+            f"{paired_median(whole[base], whole[name]):.3f} | "
+            f"{1e6 * statistics.median(per_step[name]):.1f} | {counts[name][0]} | "
+            f"{list(outs[name]) == reply} |"
         )
 
 
