@@ -1,7 +1,8 @@
 """What an n-gram lane that drafts nothing costs a step, piece by piece: the demo model on one
 stream, the bench chat prompt (its lookups find nothing), plain against engines configured with
 the lookup drafter and parts of drafting turned off: `closed` (every gate closed: no lookup),
-`bare` (no proposal, no pricing, no stillness check: only the configuration differs), plain
+`bare` (no proposal and no stillness check; its plain passes still priced, as a lane that may
+draft has them), plain
 with the drafting engine's graph rows and KV lookahead (`plain+rows`), and `script` (a drafter
 proposing the plain reply: every draft right). Rounds interleaved; each variant's request time
 and step time are medians over rounds, its ratio to the first variant the median of the two's
@@ -54,8 +55,7 @@ def variant(label: str, device: str, replies: dict, overlap: bool | None) -> LLM
             return draft
 
         d.lane = closed
-    if name == "bare":
-        d.priced = False
+    if name == "bare":  # a lane's drafting state still turns pricing on (Drafting.lane)
         d.propose = lambda running: None
         d.stillness = lambda lanes: "quiet"
     if name == "plain+rows":  # the drafting engine's graphs and lookahead, no drafter
