@@ -17,7 +17,9 @@
 # demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py), host (a one-lane
 # sequential step's host time by part, step_profile.py; an n-gram lane that drafts nothing
 # against engines of the same work, lookup_cost.py), lanes (tests/test_gpu_lanes.py: concurrent
-# = solo and overlapped = sequential at 64 and 256 lanes) (default: the first four). Settings:
+# = solo and overlapped = sequential at 64 and 256 lanes), ops (host_ops.py: what the host's
+# primitives around a replay cost on this machine; the pinned inputs' test), base (host's
+# step_profile on the tree at $BASE, default HEAD~1, in the same call) (default: the first four). Settings:
 # MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less than its usual warm time
 # is left of it, and cut at what is left).
 set -u
@@ -63,6 +65,12 @@ for p in $PHASES; do
                  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
                      --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
+        ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000
+                 TAIL=4 within 20 60 staged $py -m pytest -q tests/test_gpu_lanes.py -k staged ;;
+        base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue
+                 (export PYTHONPATH=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
+                  TAIL=6 within 60 200 host-base $py /tmp/base/benchmarks/step_profile.py \
+                      --models "$M" --lanes 1 --no-overlap --steps 48) ;;
     esac
 done
 cat "$OUT/phases.txt" 2>/dev/null

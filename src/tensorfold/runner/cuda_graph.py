@@ -171,6 +171,32 @@ class StaticLanes:
         self.batch.logit_rows[-1:].copy_(end - 1)
 
 
+class Staged:
+    """A device buffer's pinned host twin: a pass's inputs are written here from Python lists and
+    sent by one DMA copy, which neither builds a tensor nor stages pageable memory per pass.
+    The buffer is rewritten only once the copy before has left it (its event: long done by
+    the time the next pass is planned, so the wait is free)."""
+
+    def __init__(self, device: torch.Tensor) -> None:
+        self.device, pinned = device, device.is_cuda  # (a CPU stand-in's: plain memory)
+        self.host = torch.empty(device.shape, dtype=device.dtype, pin_memory=pinned)
+        self.view = self.host.numpy()
+        self.sent = torch.cuda.Event() if pinned else None
+        self.waits = False  # a copy was sent since the buffer was last written
+
+    def send(self, rows) -> None:
+        """Writes `rows` (one sequence a leading index, each the buffer's width) and copies the
+        whole buffer to the device, stream-ordered."""
+        if self.waits:
+            self.sent.synchronize()
+        for i, row in enumerate(rows):
+            self.view[i] = row
+        self.device.copy_(self.host, non_blocking=True)
+        if self.sent is not None:
+            self.sent.record()
+            self.waits = True
+
+
 class PassGraph:
     def __init__(
         self, model, caches, lanes, rows, context, pool=None, prompt: int = 0, scratch: int = 0
@@ -183,6 +209,7 @@ class PassGraph:
             writes=not grid_chunked(model.gdn_form),
         )  # fmt: skip
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
+        self.staged_inputs, self.staged_slots = Staged(self.inputs), Staged(self.slots)
         self.batch = self.lane.batch
         self.members: tuple = ()  # (key, KV rows tensor) of each lane whose table is loaded
         self.slots_loaded: list[int] = []
@@ -200,7 +227,7 @@ class PassGraph:
             raise ValueError("a chunk form's graph keeps each lane's state in its own slot")
         slots = reads + outs
         if slots != self.slots_loaded:  # a verify pass's lanes write their spares
-            self.slots.copy_(torch.tensor(slots).view(2, -1), non_blocking=True)
+            self.staged_slots.send((reads, outs))
             self.slots_loaded = slots
         ids, positions = [], []
         for lane in plan:
@@ -211,7 +238,7 @@ class PassGraph:
             pad = self.inputs.shape[1] - 1 - len(ids)
             ids += [0] * pad + [plan.lanes[-1].rows]
             positions += [positions[-1]] * (pad + 1)
-        self.inputs.copy_(torch.tensor([ids, positions]), non_blocking=True)
+        self.staged_inputs.send((ids, positions))
         if plan.fed is not None:  # tokens the device chose for this pass, not read back
             plan.fed.apply(self.inputs[0])
 
