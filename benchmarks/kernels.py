@@ -140,6 +140,10 @@ def recurrence_rows(cfg: dict, tokens: int, lane_counts: tuple[int, ...]) -> lis
         "ours": gated_delta_lanes,
         "ours lane-major": lambda *a: gated_delta_lanes(*a, blocks_first=False),
         "ours 2 ahead": lambda *a: gated_delta_lanes(*a, ahead=2),  # loads two rows ahead
+        # other configurations, other reduction trees (timed, not compared): 8 or 32 columns
+        "bv8": lambda *a: gated_delta_lanes(*a, block_v=8),
+        "bv8 2 ahead": lambda *a: gated_delta_lanes(*a, block_v=8, ahead=2),
+        "bv32": lambda *a: gated_delta_lanes(*a, block_v=32),
     }
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec

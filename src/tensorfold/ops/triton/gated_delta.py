@@ -231,6 +231,7 @@ def gated_delta_lanes(
     writes: torch.Tensor | None = None,
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
     ahead: int = AHEAD,
+    block_v: int = BLOCK_V,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
@@ -239,7 +240,8 @@ def gated_delta_lanes(
     (`zeroed`: rows outside every lane are zeros). With `gate_params` (A_log, dt_bias), g and beta
     are the gates' inputs a and b (rows may be strided; or both of one plan's Partial, their
     segments added where they are read): the gates are computed in the kernel, with the same bits
-    as ops.triton.gates.gdn_gates (one launch fewer a layer). `ahead`: AHEAD's launch shapes.
+    as ops.triton.gates.gdn_gates (one launch fewer a layer). `ahead`: AHEAD's launch shapes;
+    `block_v` another configuration, other bits (benchmarks time it; passes run BLOCK_V).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -262,7 +264,7 @@ def gated_delta_lanes(
         a_log, dt = gate_params
     (g, nseg, sg, rg), (beta, _, sb, rb) = pair(g, beta)
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
-    bv = min(BLOCK_V, dv)
+    bv = min(block_v, dv)
     lanes = slots.shape[0]
     grid = (dv // bv, hv, lanes) if blocks_first else (lanes, hv, dv // bv)
     _recurrence[grid](
