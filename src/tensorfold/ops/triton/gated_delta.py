@@ -230,7 +230,7 @@ def gated_delta_lanes(
     blocks_first: bool = BLOCKS_FIRST,
     writes: torch.Tensor | None = None,
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ahead: int = AHEAD,
+    ahead: int | None = None,
     block_v: int = BLOCK_V,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
@@ -263,6 +263,7 @@ def gated_delta_lanes(
     else:
         a_log, dt = gate_params
     (g, nseg, sg, rg), (beta, _, sb, rb) = pair(g, beta)
+    ahead = AHEAD if ahead is None else ahead  # the module's, read at the call
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
     bv = min(block_v, dv)
     lanes = slots.shape[0]
