@@ -389,12 +389,6 @@ def main() -> None:
     )
     add_unpacked_flag(p)
     p.add_argument(
-        "--recurrence-ahead",
-        type=int,
-        default=0,
-        help="rows the recurrence's loads run ahead (1 or 2; the same bits; 0: the default)",
-    )
-    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
@@ -416,11 +410,6 @@ def main() -> None:
         name, value = item.split("=")
         setattr(attention, name, int(value))  # a launch variant: the kernels' bits do not change
         print(f"attention {name} = {value}", flush=True)
-    if args.recurrence_ahead:
-        from tensorfold.ops.triton import gated_delta
-
-        gated_delta.AHEAD = args.recurrence_ahead  # a launch shape: the same bits
-        print(f"recurrence AHEAD = {args.recurrence_ahead}", flush=True)
     run = Run(
         graphs=args.cuda_graphs,
         exact=not args.inexact,

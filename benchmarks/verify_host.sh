@@ -19,9 +19,7 @@
 # against engines of the same work, lookup_cost.py), lanes (tests/test_gpu_lanes.py: concurrent
 # = solo and overlapped = sequential at 64 and 256 lanes), ops (host_ops.py: what the host's
 # primitives around a replay cost on this machine; the pinned inputs' test), base (host's
-# step_profile on the tree at $BASE, default HEAD~1, in the same call), recur (the recurrence's
-# launch shapes timed and compared bitwise, kernels.py), ahead (h200.py's bf16 prompts and decode
-# with the recurrence's loads 1 and 2 rows ahead) (default: the first four). Settings:
+# step_profile on the tree at $BASE, default HEAD~1, in the same call) (default: the first four). Settings:
 # MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less than its usual warm time
 # is left of it, and cut at what is left).
 set -u
@@ -69,11 +67,6 @@ for p in $PHASES; do
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
         ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000
                  TAIL=4 within 20 60 staged $py -m pytest -q tests/test_gpu_lanes.py -k staged ;;
-        recur)   TAIL=30 within 30 150 recur $py benchmarks/kernels.py --only none --lanes 1,16,64 ;;
-        ahead)   for a in 1 2; do  # the recurrence's loads 1 and 2 rows ahead: prompts, decode
-                     TAIL=14 within 60 200 "ahead$a" $py benchmarks/h200.py --models bf16 \
-                         --sizes 2048,8192 --lanes 1,16 --in-memory --recurrence-ahead $a
-                 done ;;
         base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue
                  (export PYTHONPATH=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
                   TAIL=6 within 60 200 host-base $py /tmp/base/benchmarks/step_profile.py \

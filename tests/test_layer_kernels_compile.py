@@ -51,7 +51,7 @@ def test_the_conv_compiles_for_hopper_in_one_launch_and_in_two(kernel, rows, nse
     assert_waits_first(_ptx(fn, pointers, consts, warps=2))
 
 
-def _recurrence_ptx(raw: bool, nseg: int = 0, ahead: int = 1) -> str:
+def _recurrence_ptx(raw: bool, nseg: int = 0) -> str:
     fn = gated_delta._recurrence
     gate = "*fp32" if nseg or not raw else "*bf16"
     pointers = dict(g_ptr=gate, beta_ptr="*fp32" if nseg else "*bf16")
@@ -59,7 +59,6 @@ def _recurrence_ptx(raw: bool, nseg: int = 0, ahead: int = 1) -> str:
     pointers.update({a: "*bf16" for a in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")})
     pointers.update(h_ptr="*fp32", slot_ptr="*i64", out_ptr="*i64", cu_ptr="*i64", scale="fp32")
     consts = dict(HK=16, HV=32, K=128, V=128, BV=16, BLOCKS_FIRST=True, RAW=raw, NSEG=nseg)
-    consts.update(AHEAD=ahead, NP=triton.next_power_of_2(max(nseg, 1)))
     return _ptx(fn, pointers, consts, warps=1)
 
 
@@ -70,11 +69,6 @@ def test_the_recurrence_compiles_for_hopper_with_its_gates_given_or_computed():
     assert given.count("ex2.approx") < inside.count("ex2.approx")
     # the gates' inputs read as three segments' sums: more loads than as stored
     assert inside.count("ld.global") < summed.count("ld.global")
-
-
-@pytest.mark.parametrize("raw,nseg", [(False, 0), (True, 0), (True, 4)])
-def test_the_recurrence_compiles_for_hopper_with_its_loads_two_rows_ahead(raw, nseg):
-    assert_waits_first(_recurrence_ptx(raw, nseg, ahead=2))
 
 
 @pytest.mark.parametrize("nseg", [0, 3])

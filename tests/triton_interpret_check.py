@@ -332,15 +332,6 @@ def recurrence() -> None:
     want = gated_delta_lanes(q, k, v, g, beta, fresh, torch.tensor([1]), torch.tensor([0, t]))
     assert torch.equal(out, want) and torch.equal(spare[2], fresh[1])
     assert torch.equal(spare[1], torch.full_like(spare[1], 7.0))
-    # The loads two rows ahead (a launch shape): the same bytes, lanes of 1, 0 and 23 rows.
-    for cu in (torch.tensor([0, 1, 1, t]), torch.tensor([0, 0, 0, t])):
-        slots3 = torch.tensor([0, 1, 2])
-        with torch.random.fork_rng():  # the later checks' draws as they were
-            base = torch.randn(3, hv, dk, dk)
-        ahead = base.clone()
-        want = gated_delta_lanes(q, k, v, g, beta, base, slots3, cu)
-        got = gated_delta_lanes(q, k, v, g, beta, ahead, slots3, cu, ahead=2)
-        assert torch.equal(got, want) and torch.equal(ahead, base)
     gates_inside(q, k, v)
 
 

@@ -28,10 +28,6 @@ BLOCK_V = (
 # Launch order only (never arithmetic): True puts a (lane, head)'s value blocks next to each other
 # in the grid, so programs running together read neighbouring 64-byte pieces of the state's rows.
 BLOCKS_FIRST = True
-# Rows a step's loads run ahead of their use (never arithmetic): 1, the next row's loaded and
-# prepared in the step before it; 2, its loads issued two steps before, so no step waits on
-# the loads of the row after it (the same operations on the same values: registry, kernels.py).
-AHEAD = 1
 
 
 @triton.jit
@@ -55,75 +51,9 @@ def _row(
     if RAW:
         b_g = _decay(b_g, a_log, dt)
         b_b = _beta(b_b).to(OUT).to(tl.float32)
-    return _ready(b_q, b_k, b_v, b_g, b_b, scale)
-
-
-@triton.jit
-def _ready(b_q, b_k, b_v, b_g, b_b, scale):
-    """A row's q and k l2-normalised (q scaled) and its decay exp(g), from fp32 inputs."""
     b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale  # l2-normalised q, scaled
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
     return b_q, b_k, b_v, tl.exp(b_g), b_b
-
-
-@triton.jit
-def _fetch(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, r, hk, h, o_k, o_v, stride_q, stride_k, stride_v,
-    stride_g, stride_b, stride_sg, stride_sb, K: tl.constexpr, V: tl.constexpr,
-    NSEG: tl.constexpr, NP: tl.constexpr,
-):  # fmt: skip
-    """Row r's inputs as loaded, nothing computed on them (the loads a step issues two rows
-    ahead, so none is waited on before the row after next): q, k, v, and the gates' inputs
-    as their segments' stored sums (one value when NSEG is 0: the stored output), NP >= NSEG
-    a power of two."""
-    r = r.to(tl.int64)
-    o_s = tl.arange(0, NP)
-    seg = o_s < (NSEG if NSEG > 0 else 1)
-    b_q = tl.load(q_ptr + r * stride_q + hk * K + o_k)
-    b_k = tl.load(k_ptr + r * stride_k + hk * K + o_k)
-    b_v = tl.load(v_ptr + r * stride_v + h * V + o_v)
-    b_g = tl.load(g_ptr + o_s * stride_sg + r * stride_g + h, mask=seg, other=-0.0)
-    b_b = tl.load(beta_ptr + o_s * stride_sb + r * stride_b + h, mask=seg, other=-0.0)
-    return b_q, b_k, b_v, b_g, b_b
-
-
-@triton.jit
-def _total(parts, NSEG: tl.constexpr, NP: tl.constexpr, OUT: tl.constexpr):
-    """The value `_read` gives of a fetched row's parts: NSEG 0, the stored value; else the
-    segments' sums added in segment order (`_segment_total`'s), rounded once to OUT. A part is
-    taken out of the vector as a sum beside -0.0s, which is exact for any value (x + -0 = x)."""
-    o_s = tl.arange(0, NP)
-    acc = tl.sum(tl.where(o_s == 0, parts, -0.0))
-    if NSEG > 0:
-        for s in tl.static_range(1, NSEG):  # in segment order, as the whole form adds them
-            acc += tl.sum(tl.where(o_s == s, parts, -0.0))
-        acc = acc.to(OUT)
-    return acc
-
-
-@triton.jit
-def _prepare(
-    b_q, b_k, b_v, b_g, b_b, a_log, dt, scale, RAW: tl.constexpr, NSEG: tl.constexpr,
-    NP: tl.constexpr, OUT: tl.constexpr,
-):  # fmt: skip
-    """What `_row` computes of a row, from its fetched inputs (`_fetch`)."""
-    b_g = _total(b_g, NSEG, NP, OUT).to(tl.float32)
-    b_b = _total(b_b, NSEG, NP, OUT).to(tl.float32)
-    if RAW:
-        b_g = _decay(b_g, a_log, dt)
-        b_b = _beta(b_b).to(OUT).to(tl.float32)
-    return _ready(b_q.to(tl.float32), b_k.to(tl.float32), b_v.to(tl.float32), b_g, b_b, scale)
-
-
-@triton.jit
-def _step(b_h, b_q, b_k, b_v, b_g, b_b, o_ptr, t, stride_o, h, V: tl.constexpr, o_v):
-    """One token's update of the state block, its output stored: the state's own chain."""
-    b_h = b_h * b_g  # S ← exp(g) · S (b_g holds the decay exp(g))
-    delta = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_b  # β (v − Sᵀk)
-    b_h = b_h + b_k[:, None] * delta[None, :]  # S ← S + k δᵀ
-    b_o = tl.sum(b_h * b_q[:, None], 0)  # o = Sᵀq
-    tl.store(o_ptr + t.to(tl.int64) * stride_o + h * V + o_v, b_o.to(o_ptr.dtype.element_ty))
-    return b_h
 
 
 @triton.jit
@@ -157,8 +87,6 @@ def _recurrence(
     BLOCKS_FIRST: tl.constexpr,
     RAW: tl.constexpr,
     NSEG: tl.constexpr = 0,
-    AHEAD: tl.constexpr = 1,
-    NP: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)
@@ -185,34 +113,19 @@ def _recurrence(
         NSEG, o_ptr.dtype.element_ty,
     )  # fmt: skip
     t = bos
-    if AHEAD == 2:  # row t + 1's loads already issued when row t's step begins
-        f_q, f_k, f_v, f_g, f_b = _fetch(
-            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(bos + 1, last), hk, h, o_k, o_v,
-            stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, K, V, NSEG, NP,
+    while t < eos:  # a while loop: the lane's bounds are loaded values
+        n_q, n_k, n_v, n_g, n_b = _row(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k, o_v,
+            stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log, dt,
+            scale, K, V, RAW, NSEG, o_ptr.dtype.element_ty,
         )  # fmt: skip
-        while t < eos:
-            l_q, l_k, l_v, l_g, l_b = _fetch(
-                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 2, last), hk, h, o_k, o_v,
-                stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, K, V,
-                NSEG, NP,
-            )  # fmt: skip
-            n_q, n_k, n_v, n_g, n_b = _prepare(
-                f_q, f_k, f_v, f_g, f_b, a_log, dt, scale, RAW, NSEG, NP, o_ptr.dtype.element_ty
-            )
-            b_h = _step(b_h, b_q, b_k, b_v, b_g, b_b, o_ptr, t, stride_o, h, V, o_v)
-            b_q, b_k, b_v, b_g, b_b = n_q, n_k, n_v, n_g, n_b
-            f_q, f_k, f_v, f_g, f_b = l_q, l_k, l_v, l_g, l_b
-            t += 1
-    else:
-        while t < eos:  # a while loop: the lane's bounds are loaded values
-            n_q, n_k, n_v, n_g, n_b = _row(
-                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tl.minimum(t + 1, last), hk, h, o_k, o_v,
-                stride_q, stride_k, stride_v, stride_g, stride_b, stride_sg, stride_sb, a_log,
-                dt, scale, K, V, RAW, NSEG, o_ptr.dtype.element_ty,
-            )  # fmt: skip
-            b_h = _step(b_h, b_q, b_k, b_v, b_g, b_b, o_ptr, t, stride_o, h, V, o_v)
-            b_q, b_k, b_v, b_g, b_b = n_q, n_k, n_v, n_g, n_b
-            t += 1
+        b_h = b_h * b_g  # S ← exp(g) · S (b_g holds the decay exp(g))
+        delta = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_b  # β (v − Sᵀk)
+        b_h = b_h + b_k[:, None] * delta[None, :]  # S ← S + k δᵀ
+        b_o = tl.sum(b_h * b_q[:, None], 0)  # o = Sᵀq
+        tl.store(o_ptr + t.to(tl.int64) * stride_o + h * V + o_v, b_o.to(o_ptr.dtype.element_ty))
+        b_q, b_k, b_v, b_g, b_b = n_q, n_k, n_v, n_g, n_b
+        t += 1
     out = tl.load(out_ptr + i).to(tl.int64)  # the slot the state is left in (mostly `slot`)
     tl.store(h_ptr + (out * HV + h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_h)
 
@@ -230,8 +143,6 @@ def gated_delta_lanes(
     blocks_first: bool = BLOCKS_FIRST,
     writes: torch.Tensor | None = None,
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ahead: int | None = None,
-    block_v: int = BLOCK_V,
 ) -> torch.Tensor:
     """q, k [T, Hk, dk], v [T, Hv, dv], g (log-decay), beta [T, Hv]; states [slots, Hv, dk, dv] fp32.
 
@@ -240,8 +151,7 @@ def gated_delta_lanes(
     (`zeroed`: rows outside every lane are zeros). With `gate_params` (A_log, dt_bias), g and beta
     are the gates' inputs a and b (rows may be strided; or both of one plan's Partial, their
     segments added where they are read): the gates are computed in the kernel, with the same bits
-    as ops.triton.gates.gdn_gates (one launch fewer a layer). `ahead`: AHEAD's launch shapes;
-    `block_v` another configuration, other bits (benchmarks time it; passes run BLOCK_V).
+    as ops.triton.gates.gdn_gates (one launch fewer a layer).
     """
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -263,16 +173,14 @@ def gated_delta_lanes(
     else:
         a_log, dt = gate_params
     (g, nseg, sg, rg), (beta, _, sb, rb) = pair(g, beta)
-    ahead = AHEAD if ahead is None else ahead  # the module's, read at the call
     o = (torch.zeros if zeroed else torch.empty)((rows, hv, dv), dtype=v.dtype, device=v.device)
-    bv = min(block_v, dv)
+    bv = min(BLOCK_V, dv)
     lanes = slots.shape[0]
     grid = (dv // bv, hv, lanes) if blocks_first else (lanes, hv, dv // bv)
     _recurrence[grid](
         q, k, v, g, beta, a_log, dt, o, states, slots, slots if writes is None else writes,
         cu_seqlens, q.stride(0), k.stride(0), v.stride(0), rg, rb, sg, sb, o.stride(0),
         dk**-0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, BLOCKS_FIRST=blocks_first,
-        RAW=gate_params is not None, NSEG=nseg, AHEAD=ahead, NP=triton.next_power_of_2(max(nseg, 1)),
-        num_warps=1, num_stages=1, **pdl(q.device),
+        RAW=gate_params is not None, NSEG=nseg, num_warps=1, num_stages=1, **pdl(q.device),
     )  # fmt: skip
     return o
