@@ -20,7 +20,7 @@
 # = solo and overlapped = sequential at 64 and 256 lanes), ops (host_ops.py: what the host's
 # primitives around a replay cost on this machine; the pinned inputs' test), base (host's
 # step_profile on the tree at $BASE, default HEAD~1, in the same call) (default: the first four). Settings:
-# MODELS (default 4bit); BUDGET (seconds: a phase is skipped when less than its usual warm time
+# MODELS (default 4bit); HOST_LANES (the host phases' lane counts, default 1); BUDGET (seconds: a phase is skipped when less than its usual warm time
 # is left of it, and cut at what is left).
 set -u
 OUT=${1:?usage: verify_host.sh OUT [phases]}
@@ -61,7 +61,7 @@ for p in $PHASES; do
         demo)    TAIL=16 within 60 300 demo $py benchmarks/demo_drafting.py --device cuda \
                      --tasks 12 --rounds 3 --drafts ngram:4,mtp:4,mtp:7 ;;
         host)    TAIL=6 within 60 200 host-step $py benchmarks/step_profile.py --models "$M" \
-                     --lanes 1 --no-overlap --steps 48
+                     --lanes "${HOST_LANES:-1}" --no-overlap --steps 48
                  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
                      --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
@@ -70,7 +70,7 @@ for p in $PHASES; do
         base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue
                  (export PYTHONPATH=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
                   TAIL=6 within 60 200 host-base $py /tmp/base/benchmarks/step_profile.py \
-                      --models "$M" --lanes 1 --no-overlap --steps 48) ;;
+                      --models "$M" --lanes "${HOST_LANES:-1}" --no-overlap --steps 48) ;;
     esac
 done
 cat "$OUT/phases.txt" 2>/dev/null

@@ -146,7 +146,7 @@ def test_mtp_head_graphs_replay_their_eager_run_and_draft_the_demo():
                 graphs.catch_up(lanes[1], 7, ids[:1], rows[:1].to(torch.bfloat16))
                 graphs.chain(lanes[1], 8, 4)
         assert runs[1:] == runs[:1] * 3, n
-        assert graphs.catch_ups[n][2].graph is not None
+        assert graphs.catch_ups[n][1].graph is not None
     assert graphs.chains[4][1].graph is not None
 
     tok = Tokenizer(demo)

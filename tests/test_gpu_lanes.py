@@ -182,7 +182,7 @@ def test_staged_inputs_are_not_overwritten_in_flight():
     from tensorfold.runner.cuda_graph import Staged
 
     device = torch.zeros(2, 5, dtype=torch.long, device="cuda")
-    staged, landed = Staged(device), []
+    staged, landed = Staged(device, pinned=True), []
     for k in range(3):
         torch.cuda._sleep(20_000_000)
         staged.send(([k] * 5, range(10 * k, 10 * k + 5)))

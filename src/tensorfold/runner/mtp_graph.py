@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .cuda_graph import Staged, StaticLanes, record
+from .cuda_graph import StaticLanes, record
 from .plan import LaneRows, same_lanes
 
 
@@ -67,7 +67,7 @@ class MTPGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.member: tuple = ()  # (key, KV rows) of the lane whose table is loaded
         self.cold_runs = 0  # runs that compiled or recorded rather than replayed
-        self.catch_ups: dict[int, tuple[StaticLanes, Staged, _Recorded]] = {}
+        self.catch_ups: dict[int, tuple[StaticLanes, _Recorded]] = {}
         self.chains: dict[int, tuple[list[StaticLanes], _Recorded]] = {}
 
     def _lane(self, rows: int) -> StaticLanes:
@@ -87,11 +87,10 @@ class MTPGraphs:
         n = len(ids)
         if n not in self.catch_ups:
             lane = self._lane(n)
-            run = _Recorded(lambda: self._catch_up(lane, n), self.pool)
-            self.catch_ups[n] = (lane, Staged(lane.inputs), run)
-        lane, staged, run = self.catch_ups[n]
+            self.catch_ups[n] = (lane, _Recorded(lambda: self._catch_up(lane, n), self.pool))
+        lane, run = self.catch_ups[n]
         self._load(place)
-        staged.send((ids, range(start, start + n)))
+        lane.inputs.copy_(torch.tensor([ids, list(range(start, start + n))]), non_blocking=True)
         self.hidden[:n].copy_(rows)
         self.cold_runs += run.cold
         with torch.inference_mode():
