@@ -19,7 +19,7 @@
 # against engines of the same work, lookup_cost.py), lanes (tests/test_gpu_lanes.py: concurrent
 # = solo and overlapped = sequential at 64 and 256 lanes), ops (host_ops.py: what the host's
 # primitives around a replay cost on this machine; the pinned inputs' test), base (host's
-# step_profile on the tree at $BASE, default HEAD~1, in the same call) (default: the first four). Settings:
+# step_profile on the tree at $BASE (step: on this tree alone), default HEAD~1, in the same call) (default: the first four). Settings:
 # MODELS (default 4bit); HOST_LANES (the host phases' lane counts, default 1); BUDGET (seconds: a phase is skipped when less than its usual warm time
 # is left of it, and cut at what is left).
 set -u
@@ -64,6 +64,8 @@ for p in $PHASES; do
                      --lanes "${HOST_LANES:-1}" --no-overlap --steps 48
                  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
                      --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
+        step)    TAIL=6 within 60 200 host-step $py benchmarks/step_profile.py --models "$M" \
+                     --lanes "${HOST_LANES:-1}" --no-overlap --steps 48 ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
         ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000
                  TAIL=4 within 20 60 staged $py -m pytest -q tests/test_gpu_lanes.py -k staged ;;
