@@ -14,14 +14,15 @@
 # one 128-row piece a product), gate, tests, invariants (the 9B shape's concurrent = solo,
 # decode = prompt, chunk seams and graph = eager), registry (the conv and recurrence kernels' checks,
 # a state left in another slot among them, with their planted controls), demo (the bundled
-# demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py), host (a one-lane
+# demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py), host (a
 # sequential step's host time by part, step_profile.py; an n-gram lane that drafts nothing
-# against engines of the same work, lookup_cost.py), lanes (tests/test_gpu_lanes.py: concurrent
-# = solo and overlapped = sequential at 64 and 256 lanes), ops (host_ops.py: what the host's
-# primitives around a replay cost on this machine; the pinned inputs' test), base (host's
-# step_profile on the tree at $BASE (step: on this tree alone), default HEAD~1, in the same call) (default: the first four). Settings:
-# MODELS (default 4bit); HOST_LANES (the host phases' lane counts, default 1); BUDGET (seconds: a phase is skipped when less than its usual warm time
-# is left of it, and cut at what is left).
+# against engines of the same work, lookup_cost.py), step (host's step profile alone), base
+# (the same on the tree at $BASE, default HEAD~1, in the same call), lanes
+# (tests/test_gpu_lanes.py: concurrent = solo and overlapped = sequential at 64 and 256
+# lanes), ops (host_ops.py: what the host's primitives around a replay cost on this machine;
+# the pinned inputs' test) (default: the first four). Settings: MODELS (default 4bit);
+# HOST_LANES (the step profiles' lane counts, default 1); BUDGET (seconds: a phase is skipped
+# when less than its usual warm time is left of it, and cut at what is left).
 set -u
 OUT=${1:?usage: verify_host.sh OUT [phases]}
 PHASES=${2:-profile k7 gate tests}
