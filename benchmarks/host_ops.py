@@ -1,8 +1,8 @@
 """What the host-side primitives around a graph replay cost on this machine, in µs of host time
-(medians): a pass's fed ids built from Python lists and copied from pageable memory against
-written into a pinned buffer, the same copies while the stream is still busy (whether the call
-waits for the card), a pinned buffer made per step, a logits clone, an event, a read back.
-Prints a table last.
+(medians): a pass's fed ids built from Python lists (by torch, or through numpy as the runner
+does) and copied from pageable memory against written into a pinned buffer, the same copies
+while the stream is still busy (whether the call waits for the card), a pinned buffer made per
+step, a logits clone, an event, a read back. Prints a table last.
 
     PYTHONPATH=src python3 benchmarks/host_ops.py [--reps 2000]
 """
@@ -14,6 +14,8 @@ import statistics
 import time
 
 import torch
+
+from tensorfold.util import longs
 
 
 def timed(fn, reps: int, busy: bool = False) -> float:
@@ -51,6 +53,9 @@ def main() -> None:
         def pageable():
             dst.copy_(torch.tensor([ids, pos]), non_blocking=True)
 
+        def through_numpy():  # the runner's way (util.longs)
+            dst.copy_(longs((ids, pos)), non_blocking=True)
+
         def staged():
             event.synchronize()
             view[0, :] = ids
@@ -58,7 +63,8 @@ def main() -> None:
             dst.copy_(pinned, non_blocking=True)
             event.record()
 
-        for name, fn in (("lists", lists), ("pageable", pageable), ("pinned", staged)):
+        ways = (("lists", lists), ("pageable", pageable), ("numpy", through_numpy))
+        for name, fn in ways + (("pinned", staged),):
             table.append((f"{name} copy, {rows} rows", timed(fn, args.reps)))
             if name != "lists":
                 table.append((f"{name} copy, {rows} rows, stream busy", timed(fn, 200, True)))

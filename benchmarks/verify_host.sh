@@ -19,9 +19,7 @@
 # against engines of the same work, lookup_cost.py), step (host's step profile alone), base
 # (the same on the tree at $BASE, default HEAD~1, in the same call), lanes
 # (tests/test_gpu_lanes.py: concurrent = solo and overlapped = sequential at 64 and 256
-# lanes), ops (host_ops.py: what the host's primitives around a replay cost on this machine;
-# the pinned inputs' test), pinned (the GPU tests whose passes send inputs through the pinned
-# twin: verify passes at 16 lanes, 64 lanes as gates open and close, a padded graph = eager)
+# lanes), ops (host_ops.py: what the host's primitives around a replay cost on this machine)
 # (default: the first four). Settings: MODELS (default 4bit);
 # HOST_LANES (the step profiles' lane counts, default 1); BUDGET (seconds: a phase is skipped
 # when less than its usual warm time is left of it, and cut at what is left).
@@ -69,11 +67,8 @@ for p in $PHASES; do
                      --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
         step)    TAIL=6 within 60 200 host-step $py benchmarks/step_profile.py --models "$M" \
                      --lanes "${HOST_LANES:-1}" --no-overlap --steps 48 ;;
-        pinned)  TAIL=8 within 120 300 pinned $py -m pytest -q -x tests/test_gpu_drafting.py \
-                     tests/test_gpu_lanes.py -k "64_lanes or (16 and greedy) or staged or padded_graph_equals" ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
-        ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000
-                 TAIL=4 within 20 60 staged $py -m pytest -q tests/test_gpu_lanes.py -k staged ;;
+        ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000 ;;
         base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue
                  (export PYTHONPATH=${PYTHONPATH/src:tests:benchmarks//tmp/base/src:/tmp/base/tests:/tmp/base/benchmarks}
                   TAIL=6 within 60 200 host-base $py /tmp/base/benchmarks/step_profile.py \

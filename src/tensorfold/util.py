@@ -9,6 +9,7 @@ import os
 import resource
 from pathlib import Path
 
+import numpy as np
 import torch
 
 DTYPES = {
@@ -19,6 +20,13 @@ DTYPES = {
     "fp32": torch.float32,
     "fp64": torch.float64,
 }
+
+
+def longs(values) -> torch.Tensor:
+    """Python ints (a sequence, or equal-length sequences) as a CPU int64 tensor, made through
+    numpy: a pass's fed ids and positions, its index lists. torch.tensor from a list reads it
+    element by element: 4.9 against 1.8 µs for 2 × 1 values, 43 against 8 for 2 × 128."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 def token_sha(ids: list[int]) -> str:

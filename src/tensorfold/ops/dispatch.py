@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import ForwardBatch, LaneIndex, Segment
+from ..util import longs
 from . import attention as ref_attention
 from . import conv as ref_conv
 from . import gated_delta as ref_gdn
@@ -47,7 +48,7 @@ def lane_index(
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
     # non-blocking: a blocking copy to a GPU waits for its queue (an overlapped engine's host
     # plans the next pass while the card runs this one)
-    as_t = lambda v: torch.tensor(v, dtype=torch.long).to(device, non_blocking=True)  # noqa: E731
+    as_t = lambda v: longs(v).to(device, non_blocking=True)  # noqa: E731
     plan = None
     if torch.device(device).type == "cuda" and chunked:
         from .triton.gated_delta_chunk import LanePlan

@@ -35,7 +35,7 @@ from ..ops.attention import AttentionTiles, tile_rows
 from ..ops.conv import conv_gather
 from ..ops.gated_delta import grid_chunked
 from ..ops.triton.tiles import ROW_CLASSES
-from ..util import capturing
+from ..util import capturing, longs
 from .plan import PassPlan, same_lanes
 
 
@@ -171,45 +171,6 @@ class StaticLanes:
         self.batch.logit_rows[-1:].copy_(end - 1)
 
 
-# the widths from which a pass's inputs go through a pinned twin (Staged): on an H100 host a
-# Python list of 2 × 128 values took 74 µs to become a tensor and 94 µs to copy from pageable
-# memory, 42 µs through the twin; at 8 values a row the twin's event wait and record cost more
-# than they save (26 against 21 µs)
-STAGED_FROM = 32
-
-
-class Staged:
-    """How a pass's small host inputs reach a device buffer: from `STAGED_FROM` values a row
-    (or `pinned`), written into its pinned host twin from Python lists and sent by one DMA copy,
-    rewritten only once the copy before has left it (its event: long done by the time the next
-    pass is planned, so the wait is free); below, one tensor made of the lists and copied from
-    pageable memory."""
-
-    def __init__(self, device: torch.Tensor, pinned: bool | None = None) -> None:
-        self.device = device
-        if pinned is None:
-            pinned = device.shape[-1] >= STAGED_FROM
-        self.pinned = pinned and device.is_cuda
-        self.host = torch.empty(device.shape, dtype=device.dtype, pin_memory=self.pinned)
-        self.view = self.host.numpy()
-        self.sent = torch.cuda.Event() if self.pinned else None
-        self.waits = False  # a copy was sent since the buffer was last written
-
-    def send(self, rows) -> None:
-        """Writes `rows` (one sequence a leading index, each the buffer's width) to the device,
-        stream-ordered."""
-        if not self.pinned:
-            self.device.copy_(torch.tensor(rows, dtype=self.device.dtype), non_blocking=True)
-            return
-        if self.waits:
-            self.sent.synchronize()
-        for i, row in enumerate(rows):
-            self.view[i] = row
-        self.device.copy_(self.host, non_blocking=True)
-        self.sent.record()
-        self.waits = True
-
-
 class PassGraph:
     def __init__(
         self, model, caches, lanes, rows, context, pool=None, prompt: int = 0, scratch: int = 0
@@ -222,7 +183,6 @@ class PassGraph:
             writes=not grid_chunked(model.gdn_form),
         )  # fmt: skip
         self.inputs, self.table, self.slots = self.lane.inputs, self.lane.table, self.lane.slots
-        self.staged_inputs, self.staged_slots = Staged(self.inputs), Staged(self.slots)
         self.batch = self.lane.batch
         self.members: tuple = ()  # (key, KV rows tensor) of each lane whose table is loaded
         self.slots_loaded: list[int] = []
@@ -240,7 +200,7 @@ class PassGraph:
             raise ValueError("a chunk form's graph keeps each lane's state in its own slot")
         slots = reads + outs
         if slots != self.slots_loaded:  # a verify pass's lanes write their spares
-            self.staged_slots.send((reads, outs))
+            self.slots.copy_(longs((reads, outs)), non_blocking=True)
             self.slots_loaded = slots
         ids, positions = [], []
         for lane in plan:
@@ -251,7 +211,7 @@ class PassGraph:
             pad = self.inputs.shape[1] - 1 - len(ids)
             ids += [0] * pad + [plan.lanes[-1].rows]
             positions += [positions[-1]] * (pad + 1)
-        self.staged_inputs.send((ids, positions))
+        self.inputs.copy_(longs((ids, positions)), non_blocking=True)
         if plan.fed is not None:  # tokens the device chose for this pass, not read back
             plan.fed.apply(self.inputs[0])
 

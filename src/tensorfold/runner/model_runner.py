@@ -11,6 +11,7 @@ from ..batch import ForwardBatch, Segment
 from ..cache import ModelCaches
 from ..models.qwen3_5 import Qwen35Model
 from ..ops.dispatch import lane_index
+from ..util import longs
 from .cuda_graph import (
     GraphShape,
     PassGraph,
@@ -134,7 +135,7 @@ class ModelRunner:
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n
-        ids = torch.tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)
+        ids = longs(ids).to(self.device, non_blocking=True)
         if plan.fed is not None:
             plan.fed.apply(ids)
         return eager_batch(self.model, tuple(segments), ids, logit_rows), owners

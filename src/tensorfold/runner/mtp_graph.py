@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..util import longs
 from .cuda_graph import StaticLanes, record
 from .plan import LaneRows, same_lanes
 
@@ -90,7 +91,7 @@ class MTPGraphs:
             self.catch_ups[n] = (lane, _Recorded(lambda: self._catch_up(lane, n), self.pool))
         lane, run = self.catch_ups[n]
         self._load(place)
-        lane.inputs.copy_(torch.tensor([ids, list(range(start, start + n))]), non_blocking=True)
+        lane.inputs.copy_(longs((ids, range(start, start + n))), non_blocking=True)
         self.hidden[:n].copy_(rows)
         self.cold_runs += run.cold
         with torch.inference_mode():

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..util import longs
+
 
 @dataclass(frozen=True)
 class LaneRows:
@@ -61,7 +63,7 @@ class Fed:
         if self.rows == tuple(range(r0, r0 + n)) and self.picks == tuple(range(p0, p0 + n)):
             ids[r0 : r0 + n].copy_(self.tokens[p0 : p0 + n])  # the usual step: one device copy
             return
-        at = torch.tensor((self.rows, self.picks), dtype=torch.long)  # one copy for both
+        at = longs((self.rows, self.picks))  # one copy for both
         rows, picks = at.to(ids.device, non_blocking=True)
         ids[rows] = self.tokens[picks].to(ids.dtype)
 
