@@ -1,7 +1,8 @@
 """The pass graphs' static inputs, checked on the CPU against the eager pass's batch: the same
 tokens, positions, KV write rows, attention tiles and slot tables, state slots, conv gathers, and
 each lane's logits rows, for decode passes and for verify passes (1 + K rows per lane, a lane
-recomputing committed rows after a rejection included)."""
+recomputing committed rows after a rejection included); and the index lists a pass sends, made into
+int64 tensors through numpy (util.longs)."""
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.runner.cuda_graph import PassGraph, graph_rows, lane_logits
 from tensorfold.runner.plan import PassPlan
+from tensorfold.util import longs
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
@@ -222,3 +224,18 @@ def test_a_chunk_form_graph_takes_no_write_slots_and_refuses_a_lane_that_asks(hf
     ].lane.slot  # any other slot: the check is the plan's, not its value
     with pytest.raises(ValueError, match="keeps each lane's state in its own slot"):
         graph._load(plan(*((r, 1) for r in reqs)))
+
+
+@pytest.mark.parametrize(
+    "values,want",
+    [
+        ([], []),
+        ([7], [7]),
+        ([3, -1, 2**40], [3, -1, 2**40]),  # a fed id still on the device is -1
+        (([1, 2], range(5, 7)), [[1, 2], [5, 6]]),  # ids and positions
+        (((0, 1, 2), (3, 4, 5)), [[0, 1, 2], [3, 4, 5]]),  # a Fed's rows and picks
+    ],
+)
+def test_index_lists_become_int64_tensors(values, want):
+    got = longs(values)
+    assert got.dtype == torch.long and torch.equal(got, torch.tensor(want, dtype=torch.long))
