@@ -21,6 +21,7 @@ from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from ..runner.mtp_graph import MTPGraphs
+from ..util import longs
 from .base import Drafter, LaneDrafter
 from .mtp_lanes import propose_lanes
 
@@ -95,7 +96,7 @@ class MTPDrafter(Drafter):
     def run(self, kv_rows: torch.Tensor, start: int, tokens: list[int], hidden: torch.Tensor):
         """The head over positions start.. of the lane whose KV rows are `kv_rows`: (last row's
         logits, every row's output)."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
+        ids = longs(tokens).to(self.target.device, non_blocking=True)
         with torch.inference_mode():
             return self.head.forward(
                 self.target,

@@ -37,7 +37,7 @@ def eager_batch(
         positions=positions.to(dev, non_blocking=True),  # copies that wait for no queue
         kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
         segments=segments,
-        logit_rows=torch.as_tensor(logit_rows, dtype=torch.long).to(dev, non_blocking=True),
+        logit_rows=longs(logit_rows).to(dev, non_blocking=True),
         lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
     )
 
