@@ -163,6 +163,7 @@ def fixed_price(monkeypatch, ratio: float = 1.4) -> None:
 
     monkeypatch.setattr(PassPrices, "ratio", lambda self, lanes, rows: ratio)
     monkeypatch.setattr(PassPrices, "plain_measured", lambda self: True)
+    monkeypatch.setattr(PassPrices, "lookup_share", lambda self, lanes: None)
 
 
 THREE = [list(range(5 + i, 17 + 3 * i)) for i in range(3)]

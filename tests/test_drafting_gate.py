@@ -348,6 +348,35 @@ def test_a_lookup_that_finds_nothing_skips_a_few_chances():
     assert _closed_for(gate) == 1 and gate.rate == 1.0  # its record untouched
 
 
+def test_priced_lookups_that_find_nothing_skip_enough_chances_to_cost_one_percent():
+    """Lookups priced at 5% of a plain step (each lane's, times the lanes, over the step): a lane
+    whose lookups find nothing looks once in 5 chances at least (5% / 5 = LOOKUP_COST), still
+    1, 2, 4 ... MOST_IDLE when dearer; a cheap lookup (a slow step) keeps the ramp, and a lane
+    that proposes asks at every chance again."""
+    from tensorfold.drafters.gate import LOOKUP_COST, MOST_IDLE, PassPrices
+
+    gate, skipped = Gate(), []
+    for _ in range(5):
+        gate.found(False, 5 * LOOKUP_COST)
+        skipped.append(_closed_for(gate))
+    assert skipped == [4, 8, MOST_IDLE, MOST_IDLE, MOST_IDLE]
+    gate.found(False, 40 * LOOKUP_COST)
+    assert _closed_for(gate) == 39
+    gate.found(True, 40 * LOOKUP_COST)
+    assert gate.skip == 0 and gate.open()
+    gate = Gate()
+    gate.found(False, LOOKUP_COST / 2)
+    assert _closed_for(gate) == 1
+
+    prices = PassPrices()
+    assert prices.lookup_share(4) is None  # nothing timed yet: the ramp alone
+    prices.record(4, 1, 2e-3)
+    prices.record(4, 1, 1e-3)  # the least of the window
+    prices.lookups.extend([30e-6, 20e-6, 90e-6])
+    assert prices.lookup_share(3) == pytest.approx(3 * 20e-6 / 1e-3)  # 3 lanes: bucket 4
+    assert prices.lookup_share(16) is None  # no plain pass at 16 lanes
+
+
 def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypatch):
     """A drafter that must read each lane's last token and finds nothing for most positions:
     its lanes skip chances, so most passes overlap, and the replies are plain's. Planted: a
@@ -380,7 +409,7 @@ def test_lanes_with_nothing_to_draft_let_the_engine_overlap(hf_tiny_b, monkeypat
 
     overlapped, steps = run()
     assert overlapped >= steps // 2, (overlapped, steps)
-    monkeypatch.setattr(Gate, "found", lambda self, proposed: None)
+    monkeypatch.setattr(Gate, "found", lambda self, proposed, share=None: None)
     overlapped, steps = run()
     # only the steps after a verify pass overlap: no token of theirs is on the device to read
     assert overlapped <= steps // 5, (overlapped, steps)

@@ -7,6 +7,7 @@ tokens (docs/exactness.md, 'Drafting')."""
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ PLAIN_EVERY = 4  # after the first WINDOW, an overlapped plain pass is timed one
 EXPLORE = 8  # after lanes whose drafts missed, one new lane in this many starts hopeful
 WAKE = 8  # chances before a closed gate's retry from which its drafter reads the target again
 MOST_IDLE = 8  # a lookup that found nothing skips 1, 2, 4 ... at most this many chances
+# priced: lookups that find nothing may cost this fraction of plain speed (the host's time)
+LOOKUP_COST = 0.01
 # a new lane's chances skipped while no plain pass is timed: a verify's price is against them
 # (the first pass after a prompt waits for it, the next for a first graph's recording)
 MEASURE = 3
@@ -93,14 +96,18 @@ class Gate:
             return
         self.defer(price)
 
-    def found(self, proposed: bool) -> None:
+    def found(self, proposed: bool, share: float | None = None) -> None:
         """After the drafter was asked: a lookup that found nothing (no n-gram, a prediction used
         up) skips 1, 2, 4 ... MOST_IDLE chances, so that a lane with nothing to draft lets the
-        engine overlap its passes; one that proposed asks at every chance again."""
+        engine overlap its passes; one that proposed asks at every chance again. `share`: what
+        the lanes' lookups cost against a plain step were each to look at every chance
+        (PassPrices.lookup_share); then it skips at least enough that they cost LOOKUP_COST of
+        plain speed (a host-bound small model pays every µs of a lookup that finds nothing)."""
         if proposed:
             self.idle = 0
             return
-        self.idle = self.skip = min(MOST_IDLE, max(1, 2 * self.idle))
+        least = 0 if share is None else min(256, math.ceil(share / LOOKUP_COST) - 1)
+        self.idle = self.skip = max(least, min(MOST_IDLE, max(1, 2 * self.idle)))
 
     def defer(self, price: float | None) -> None:
         """Closes for 4, 8, 16 ... chances (1, 2, 4 ... unpriced), its record unchanged: after
@@ -224,6 +231,8 @@ class PassPrices:
 
     seconds: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     plain_steps: int = 0  # plain steps that could have been timed
+    # a lane's lookup at a chance (its drafter's proposal on the host), the least of the last
+    lookups: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
     def wants_plain(self) -> bool:
         """Whether this plain step is timed: each of the first WINDOW, then one in
@@ -254,6 +263,14 @@ class PassPrices:
         if not verify or not plain or min(plain) <= 0:
             return None
         return min(verify) / min(plain)
+
+    def lookup_share(self, lanes: int) -> float | None:
+        """What `lanes` lanes looking up at every chance would cost over a plain pass of that
+        many lanes (their host time a step against the step's); None until both were timed."""
+        plain = self.seconds.get((lane_bucket(lanes), 1))
+        if not self.lookups or not plain or min(plain) <= 0:
+            return None
+        return lanes * min(self.lookups) / min(plain)
 
     def cheapest(self, rows: int) -> float | None:
         """The least price of a pass of `rows` rows a lane at any lane count measured."""

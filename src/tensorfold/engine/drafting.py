@@ -18,6 +18,7 @@ docs/exactness.md ('Drafting') has the argument; in short:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
@@ -140,6 +141,7 @@ class Drafting:
                 self.defer([req for req, _ in ready], len(running))
                 return
         asks = []  # lanes the engine's drafter proposes for, all in one call
+        looked, start = 0, time.perf_counter()  # the host's lookups, timed (Gate.found)
         for req, room in ready:
             d = req.lane.draft
             unread = req.lane.pending >= 0  # its last token on the device: its drafters guess it
@@ -153,10 +155,14 @@ class Drafting:
                     break
                 else:
                     found = drafter.propose(req.all_ids, req.output_ids, room)
+                looked += 1
                 d.take(found, room)
                 if d.proposal:
                     d.source = drafter
                     break
+        if looked:
+            self.prices.lookups.append((time.perf_counter() - start) / looked)
+        share = self.prices.lookup_share(len(running))
         if asks:
             many = [(r.lane.draft.drafters[-1], r.all_ids, r.output_ids, n) for r, n in asks]
             for (req, room), proposal in zip(asks, self.default.propose_many(many)):
@@ -166,7 +172,7 @@ class Drafting:
         for req, room in ready:
             d = req.lane.draft
             d.real = len(d.proposal)
-            d.gate.found(d.real > 0)
+            d.gate.found(d.real > 0, share)
             if self.align:  # a short proposal padded: its pass stays a graph's
                 d.pad(room)
         if ride:
