@@ -120,10 +120,14 @@ class Drafting:
         (runner/cuda_graph.py): a padded token is a guess like any draft."""
         if self.lull.holds(running):  # every gate closed at this chance too
             return
-        self._ask(running)
+        start = time.perf_counter()
+        looked = self._ask(running)
         self.lull.begin(running)  # when no lane proposed and every gate stays closed a while
+        if looked:  # a chance's host time a lookup, its bookkeeping included (Gate.found)
+            self.prices.lookups.append((time.perf_counter() - start) / looked)
 
-    def _ask(self, running: list[Request]) -> None:
+    def _ask(self, running: list[Request]) -> int:
+        """Asks the lanes whose gates open; returns how many lookups ran on the host."""
         ready = []
         for req in running:
             d = req.lane.draft
@@ -133,15 +137,15 @@ class Drafting:
             if room > 0:
                 ready.append((req, room))
         if not ready:  # chances counted, nothing to propose (the usual step)
-            return
+            return 0
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
             if not self.pays(running, expected):  # they would not pay for the others' rows
                 self.defer([req for req, _ in ready], len(running))
-                return
+                return 0
         asks = []  # lanes the engine's drafter proposes for, all in one call
-        looked, start = 0, time.perf_counter()  # the host's lookups, timed (Gate.found)
+        looked = 0  # lookups on the host (the MTP head's steps are priced in its verify pass)
         for req, room in ready:
             d = req.lane.draft
             unread = req.lane.pending >= 0  # its last token on the device: its drafters guess it
@@ -160,9 +164,8 @@ class Drafting:
                 if d.proposal:
                     d.source = drafter
                     break
-        if looked:
-            self.prices.lookups.append((time.perf_counter() - start) / looked)
-        share = self.prices.lookup_share(len(running))
+        # what the lanes' lookups cost a plain step, at the chances timed before (Gate.found)
+        share = self.prices.lookup_share(len(running)) if looked else None
         if asks:
             many = [(r.lane.draft.drafters[-1], r.all_ids, r.output_ids, n) for r, n in asks]
             for (req, room), proposal in zip(asks, self.default.propose_many(many)):
@@ -177,6 +180,7 @@ class Drafting:
                 d.pad(room)
         if ride:
             self.share_pass(running)
+        return looked
 
     def share_pass(self, running: list[Request]) -> None:
         """An aligned pass replays a graph only when every lane feeds the same rows. When some
