@@ -21,12 +21,13 @@ from tensorfold.batch import CHUNK, LaneIndex, Segment
 from tensorfold.cache.state_pool import StatePool
 from tensorfold.ops import gated_delta as ref
 from tensorfold.ops.dispatch import lane_index
-from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
+from tensorfold.ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid, gated_delta_rows
 from tensorfold.tools.shapes import text_config
 
 # (block_v, warps, value blocks a program); the first is shipped. 32-column blocks are left out:
 # Triton 3.6 compiles the kernel at that width into code that faults on a card.
 GRID_VARIANTS = [(64, 4, 1), (64, 4, 2), (128, 4, 1), (64, 8, 1)]
+ROWS_VARIANTS = [64, 32]  # the rows form's value columns a program; the first is shipped
 
 
 def _layer(cfg: dict) -> ref.GDNShape:
@@ -83,6 +84,10 @@ def decode_rows(s: ref.GDNShape, lanes: int, rows: int) -> dict[str, float]:
                 x, g, beta, states, s, index, block_v=bv, num_warps=warps, blocks_per_program=per
             )
         )
+    for bv in ROWS_VARIANTS:
+        out[f"rows bv{bv}"] = timed(
+            lambda: gated_delta_rows.rows_lanes(x, g, beta, states, s, index, block_v=bv)  # noqa: B023
+        )
     return {k: v * 1e6 for k, v in out.items()}
 
 
@@ -108,11 +113,17 @@ def prompt_rows(s: ref.GDNShape, tokens: int) -> dict[str, float]:
             3,
             False,
         )
+    for bv in ROWS_VARIANTS:
+        out[f"rows bv{bv}"] = timed(
+            lambda: gated_delta_rows.rows_lanes(x, g, beta, states, s, index, block_v=bv),  # noqa: B023
+            3,
+            False,
+        )
     return {k: v * 1e6 for k, v in out.items()}
 
 
-def grid_cut_free(s: ref.GDNShape) -> str:
-    """The shipped grid configuration at this shape: 300 rows as one pass = passes of 37 =
+def cut_free(s: ref.GDNShape, lanes_fn=gated_delta_grid.grid_lanes) -> str:
+    """A form's shipped configuration at this shape: 300 rows as one pass = passes of 37 =
     decode steps (rows and state), the check the timings rest on."""
     x, g, beta, _ = _inputs(s, 300, 1)
 
@@ -124,7 +135,7 @@ def grid_cut_free(s: ref.GDNShape) -> str:
             seg = (Segment(0, start, 0, c, torch.arange(start + c, device="cuda")),)
             r = slice(start, start + c)
             lanes = lane_index(seg, "cuda", 4, chunked=True)
-            outs.append(gated_delta_grid.grid_lanes(x[r], g[r], beta[r], states, s, lanes))
+            outs.append(lanes_fn(x[r], g[r], beta[r], states, s, lanes))
             start += c
         return torch.cat(outs), states.recurrent[0].clone()
 
@@ -166,7 +177,8 @@ def main() -> None:
     p.add_argument("--lanes", default="1,4,16,64")
     args = p.parse_args()
     s = _layer(text_config(args.shape))
-    print("grid form at this shape:", grid_cut_free(s), flush=True)
+    print("grid form at this shape:", cut_free(s), flush=True)
+    print("rows form at this shape:", cut_free(s, gated_delta_rows.rows_lanes), flush=True)
     print(same_bits_across_blocks(s), flush=True)
     table = {}
     for lanes in map(int, args.lanes.split(",")):
@@ -179,8 +191,10 @@ def main() -> None:
     print(f"\n{args.shape}: the recurrence's time over each form's, {layers} GDN layers a token")
     for case, row in table.items():
         best = min((v, n) for n, v in row.items() if n.startswith("grid"))
+        rows = min((v, n) for n, v in row.items() if n.startswith("rows"))
         print(
-            f"  {case}: grid best ({best[1]}) {row['recurrence'] / best[0]:.2f}×, chunk (fla) "
+            f"  {case}: rows best ({rows[1]}) {row['recurrence'] / rows[0]:.2f}×, "
+            f"grid best ({best[1]}) {row['recurrence'] / best[0]:.2f}×, chunk (fla) "
             f"{row['recurrence'] / row['chunk (fla)']:.2f}×; the grid form adds "
             f"{(best[0] - row['recurrence']) * layers / 1e3:+.3f} ms a pass over the model"
         )

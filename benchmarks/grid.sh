@@ -13,7 +13,9 @@
 # a fault; sweep: launch configurations and the mma.sync path, run, timed and checked side by
 # side; compare: the recurrence beside the grid kernel on one 9B layer; profile: where an 8k
 # prompt's kernel time goes in each form, 4-bit.
-# Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4).
+# Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4); FORM
+# (the engine's form in tests, default grid; rows for the rows form), TESTS_K (their -k), FORMS_K
+# (the layer tests' -k: which forms).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
 PHASES=${2:-registry compare layer-tests layer tests model}
@@ -44,10 +46,11 @@ for p in $PHASES; do
                      done; wait ;;
         compare)     phase compare 150 $py benchmarks/grid_probe.py compare ;;
         registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
-        layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py ;;
+        layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py \
+                         -k "${FORMS_K:-chunk or grid or rows}" ;;
         layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;
-        tests)       phase tests 300 $py -m pytest -q -x tests/test_gpu.py --gdn-form grid \
-                         --gpu-format 4bit -k "not registry" ;;
+        tests)       phase tests 300 $py -m pytest -q -x tests/test_gpu.py --gdn-form "${FORM:-grid}" \
+                         --gpu-format 4bit -k "${TESTS_K:-not registry}" ;;
         model)       for form in recurrence grid; do
                          phase "model-$form" 240 $py benchmarks/h200.py --out /tmp/bench \
                              --gdn-form $form --models "${MODELS:-bf16,4bit}" \

@@ -77,7 +77,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--gdn-form",
         default="recurrence",
-        choices=("recurrence", "chunk", "grid"),
+        choices=("recurrence", "chunk", "grid", "rows"),
         help="the gated delta rule's exact form tests/test_gpu.py's 9B engines run",
     )
 

@@ -1,5 +1,6 @@
 """GPU (skipped without CUDA): the gated delta rule in grid chunks, at the 9B's layer shape, in
-both GPU forms (`chunk`: fla's kernels; `grid`: one launch a layer), gives a lane's rows and state
+each GPU form (`chunk`: fla's kernels; `grid`: one launch a layer; `rows`: one launch computing a
+pass's new rows only), gives a lane's rows and state
 the same bytes however its rows are cut into passes, in either layout (packed eager passes, padded
 CUDA-graph passes), beside other lanes or alone, and stays close to the per-token recurrence
 computed in float64."""
@@ -16,12 +17,13 @@ from tensorfold.cache.state_pool import StatePool  # noqa: E402
 from tensorfold.ops import gated_delta as ref  # noqa: E402
 from tensorfold.ops.dispatch import lane_index  # noqa: E402
 from tensorfold.ops.norm import l2_norm  # noqa: E402
-from tensorfold.ops.triton import gated_delta_chunk, gated_delta_grid  # noqa: E402
+from tensorfold.ops.triton import gated_delta_chunk, gated_delta_grid, gated_delta_rows  # noqa: E402
 
 SHAPE = ref.GDNShape(16, 32, 128, 128)  # the 9B's Gated DeltaNet heads
 CONV = 2 * SHAPE.key_dim + SHAPE.value_dim
 DEV = torch.device("cuda")
-FORMS = ("chunk", "grid")
+FORMS = ("chunk", "grid", "rows")
+OURS = {"grid": gated_delta_grid.grid_lanes, "rows": gated_delta_rows.rows_lanes}
 
 
 @pytest.fixture(params=FORMS)
@@ -51,17 +53,17 @@ def _eager(form, pool, lanes, x, g, beta):
         segs.append(Segment(slot, start, row0, n, torch.arange(start + n, device=DEV)))
         row0 += n
     index = lane_index(tuple(segs), DEV, 4, chunked=True)
-    if form == "grid":
-        return gated_delta_grid.grid_lanes(x, g, beta, pool.layer(0), SHAPE, index)
+    if form in OURS:
+        return OURS[form](x, g, beta, pool.layer(0), SHAPE, index)
     return gated_delta_chunk.gated_delta_lanes(x, g, beta, pool.layer(0), SHAPE, index)
 
 
 def _graph(form, pool, x, g, beta, slots, tails, rows):
     """One pass in a CUDA graph's layout: `rows` rows a lane, tail lengths on the device."""
-    if form == "grid":
+    if form in OURS:
         bounds = torch.arange(slots.shape[0] + 1, device=DEV) * rows
         index = LaneIndex(slots, bounds, bounds[:0], bounds[:0], None, tails)
-        return gated_delta_grid.grid_lanes(x, g, beta, pool.layer(0), SHAPE, index)
+        return OURS[form](x, g, beta, pool.layer(0), SHAPE, index)
     return gated_delta_chunk.graph_lanes(x, g, beta, pool.layer(0), SHAPE, slots, tails, rows)
 
 

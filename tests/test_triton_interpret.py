@@ -27,6 +27,10 @@ SCRIPTS = {
     "triton_interpret_grid.py": "grid form matches its reference and itself",
     # a tiny model's engine with the grid kernel in its GDN layers: decode, chunks, lanes
     "triton_interpret_grid_engine.py": "grid engine equals itself across passes and lanes",
+    # the rows form's kernel (a pass's new rows only): its reference, cuts, lanes, graph layout
+    "triton_interpret_rows.py": "rows form matches its reference and itself",
+    # and in a tiny model's engine
+    "triton_interpret_rows_engine.py": "rows engine equals itself across passes and lanes",
 }
 
 

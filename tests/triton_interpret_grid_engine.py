@@ -1,6 +1,7 @@
 """Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): a tiny model's engine with the
-grid form's Triton kernel in every Gated DeltaNet layer, on the CPU in fp32 (the op dispatches
-to the kernel as a GPU pass would: the engine's lanes, tails, pools and arrival counts). Bitwise:
+grid form's Triton kernel (or the rows form's: triton_interpret_rows_engine.py) in every Gated
+DeltaNet layer, on the CPU in fp32 (the op dispatches to the kernel as a GPU pass would: the
+engine's lanes, tails, pools and arrival counts). Bitwise:
 decode = prefill logits, any prompt chunking, concurrent = solo tokens, drafted = plain (some
 drafts rejected); and close to the chunk form's reference engine."""
 
@@ -17,17 +18,19 @@ from tensorfold.drafters.gate import PassPrices
 from tensorfold.engine.request import SamplingParams
 from tensorfold.ops import dispatch
 from tensorfold.ops.triton.gated_delta_grid import grid_lanes
+from tensorfold.ops.triton.gated_delta_rows import rows_lanes
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-def kernel_for_grid() -> None:
-    """ops.dispatch.gated_delta runs the grid kernel for the grid form on CPU tensors too."""
+def kernel_for_forms() -> None:
+    """ops.dispatch.gated_delta runs our kernels for the grid and rows forms on CPU tensors too."""
     reference = dispatch.gated_delta
+    kernels = {"grid": grid_lanes, "rows": rows_lanes}
 
     def gated_delta(x, gates, states, shape, batch, form="recurrence"):
-        if form == "grid":
-            return grid_lanes(x, *gates, states, shape, batch.lanes)
+        if form in kernels:
+            return kernels[form](x, *gates, states, shape, batch.lanes)
         return reference(x, gates, states, shape, batch, form)
 
     dispatch.gated_delta = gated_delta
@@ -39,12 +42,12 @@ def tokens(eng, prompts):
     return [r.output_ids for r in reqs]
 
 
-def main() -> None:
+def main(form: str = "grid") -> None:
     interpreter_dot.install()
-    kernel_for_grid()
+    kernel_for_forms()
     spec, kwargs = HF_VARIANTS["hf_tiny_c"]  # GDN 4 key heads → 8 value heads, dk 16, dv 32
     path = build_hf_checkpoint(Path(tempfile.mkdtemp()) / "hf_tiny_c", spec, **kwargs)
-    grid = lambda **c: make_engine(path, gdn_form="grid", **c)  # noqa: E731
+    grid = lambda **c: make_engine(path, gdn_form=form, **c)  # noqa: E731
     ids = sample_prompt(3, 70, 300)
     req, decoded = decoded_logits(grid(), ids, GREEDY)
     full = ids + req.output_ids[:-1]
@@ -67,7 +70,7 @@ def main() -> None:
     drafted.drafting.default = Script(replies, wrong=lambda p: p % 3 == 2)
     assert tokens(drafted, prompts) == solo, "drafted differs from plain"
     assert 0 < drafted.drafting.stats.accepted < drafted.drafting.stats.proposed
-    print("grid engine equals itself across passes and lanes")
+    print(f"{form} engine equals itself across passes and lanes")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ def add_model_flags(p: argparse.ArgumentParser, context: int | None, context_hel
         default="recurrence",
         help="the gated delta rule's exact form: recurrence (one token at a time; fastest "
         "decode), chunk (64-row grid chunks through fla's kernels on a GPU; faster prompts, "
-        "slower decode) or grid (the same chunks in one launch a layer; on a GPU at head dims "
-        "of 128, the ones its card checks cover); each keeps every invariant, and each rounds "
-        "its own way on a GPU (on the CPU chunk = grid)",
+        "slower decode), grid (the same chunks in one launch a layer) or rows (one launch that "
+        "computes a pass's new rows only, by substitution; grid and rows on a GPU at head dims "
+        "of 128, the ones their card checks cover); each keeps every invariant, and each rounds "
+        "its own way on a GPU (on the CPU chunk = grid = rows)",
     )
     add_unpacked_flag(p)
     add_split_flag(p)

@@ -21,7 +21,7 @@ from ..layers.mlp import MLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..ops import dispatch as op
-from ..ops.gated_delta import grid_card_refuses, grid_chunked
+from ..ops.gated_delta import OWN_KERNELS, grid_card_refuses, grid_chunked
 from ..ops.quant import QuantizedWeight
 from ..ops.rope import rope_tables
 
@@ -119,7 +119,8 @@ class Qwen35Model:
         """Every Gated DeltaNet layer's exact form (ops.dispatch.gated_delta)."""
         grid_chunked(form)  # names an unknown form
         mixers = [layer.mixer for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
-        if form == "grid" and self.device.type == "cuda":  # the CPU runs the reference: any shape
+        # our chunk kernels' card limits; the CPU runs the reference at any shape
+        if form in OWN_KERNELS and self.device.type == "cuda":
             refused = next(filter(None, (grid_card_refuses(m.shape) for m in mixers)), None)
             if refused:
                 raise ValueError(refused)

@@ -290,7 +290,8 @@ def gated_delta(
     l2-normalises and scales q and k), in one of the exact forms (docs/exactness.md): "recurrence",
     one token at a time from the state after the lane's last row, or grid chunks of 64 rows from
     the state at its last boundary and the rows since (its tail): "chunk" (fla's kernels on the
-    GPU) or "grid" (one launch on the GPU); the CPU runs one reference for both. `gates`: (g,
+    GPU), "grid" (one launch on the GPU) or "rows" (one launch computing a pass's new rows
+    only); the CPU runs one reference for all three. `gates`: (g,
     beta), or on a GPU their inputs, which the per-token kernel reads as they are."""
     if ref_gdn.grid_chunked(form) and batch.lanes.writes is not None:
         raise ValueError(f"the {form} form keeps each lane's state in its own slot; got writes")
@@ -300,6 +301,10 @@ def gated_delta(
         from .triton.gated_delta_grid import grid_lanes
 
         return grid_lanes(x, g, beta, states, shape, batch.lanes)
+    if form == "rows" and x.is_cuda:
+        from .triton.gated_delta_rows import rows_lanes
+
+        return rows_lanes(x, g, beta, states, shape, batch.lanes)
     if ref_gdn.grid_chunked(form):
         if x.is_cuda:
             from .triton.gated_delta_chunk import gated_delta_lanes

@@ -21,9 +21,10 @@ from .gates import untailed
 from .norm import l2_norm
 
 # The exact forms of the rule (docs/exactness.md): one token at a time, or grid chunks of 64 rows
-# (on the GPU "chunk" runs fla's chunk kernels and "grid" our one-launch kernel; the CPU runs this
-# module's reference for both)
-FORMS = ("recurrence", "chunk", "grid")
+# (on the GPU "chunk" runs fla's chunk kernels, "grid" our one-launch kernel and "rows" our kernel
+# that computes only a pass's new rows; the CPU runs this module's reference for all three)
+FORMS = ("recurrence", "chunk", "grid", "rows")
+OWN_KERNELS = ("grid", "rows")  # the chunk forms of our own kernels (their card limits)
 
 
 def grid_chunked(form: str) -> bool:

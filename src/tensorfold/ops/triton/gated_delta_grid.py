@@ -121,16 +121,17 @@ def _inverse(a):
 @triton.jit
 def _keep_tail(
     x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0,
-    CONV: tl.constexpr, HV: tl.constexpr,
+    CONV: tl.constexpr, HV: tl.constexpr, COLS: tl.constexpr,
 ):  # fmt: skip
-    """The pass's rows in the lane's unfinished chunk become its tail rows (slot · 64 + place),
-    with their log-decays and betas in fp32."""
+    """The pass's rows in the lane's unfinished chunk become its tail rows (slot · 64 + place):
+    their first COLS columns (all CONV here; the rows form keeps its own v' past the keys), with
+    their log-decays and betas in fp32."""
     cols = tl.arange(0, 1024)
     heads = tl.arange(0, triton.next_power_of_2(HV))
     for p in range(tl.maximum(t0, total // 64 * 64), total):
         src, dst = row0 + (p - t0), slot * 64 + p % 64
-        for c in tl.static_range(0, CONV, 1024):
-            m = c + cols < CONV
+        for c in tl.static_range(0, COLS, 1024):
+            m = c + cols < COLS
             row = tl.load(x_ptr + src * CONV + c + cols, mask=m)
             tl.store(tail_ptr + dst * CONV + c + cols, row, mask=m)
         m = heads < HV
@@ -222,7 +223,7 @@ def _grid_chunks(
     before = tl.atomic_add(arrivals_ptr + lane, 1, sem="acq_rel")
     if before == HV * GROUPS - 1:
         tl.store(arrivals_ptr + lane, 0)  # the next pass counts from zero
-        _keep_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV)
+        _keep_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV, CONV)
 
 
 def grid_lanes(
