@@ -164,12 +164,38 @@ def _row_chunks(
         else:  # the unfinished chunk's new rows keep their v' (this program's columns alone)
             tl.store(tail, vn, mask=new[:, None])
         tl.debug_barrier()  # the next chunk reads the state other threads wrote
-    before = tl.atomic_add(arrivals_ptr + lane, 1, sem="acq_rel")
-    if before == HV * NB - 1:  # the last of the lane's programs: the new tail's keys and gates
-        tl.store(arrivals_ptr + lane, 0)
-        _keep_tail(
-            x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV, 2 * HK * DK
-        )
+    # New tail rows in places another program may still read (the old tail's, reused past a
+    # boundary) wait for the last program to arrive; any others are written at once, each head's
+    # part by one of its programs (a decode step waits for no other program)
+    if (t0 > 0) & (total > 64) & (total % 64 > 0):
+        before = tl.atomic_add(arrivals_ptr + lane, 1, sem="acq_rel")
+        if before == HV * NB - 1:  # the last of the lane's programs: every head's keys, gates
+            tl.store(arrivals_ptr + lane, 0)
+            _keep_tail(
+                x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV, 2 * HK * DK
+            )
+    elif vb == 0:
+        _own_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, hv, hk,
+                  hv % (HV // HK) == 0, CONV, HK, HV, DK)  # fmt: skip
+
+
+@triton.jit
+def _own_tail(
+    x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, hv, hk, keys,
+    CONV: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+):  # fmt: skip
+    """A value head's part of its lane's new tail rows: their gates, and where `keys` (its key
+    head's first value head) that key head's q and k."""
+    d = tl.arange(0, DK)
+    for p in range(tl.maximum(t0, total // 64 * 64), total):
+        src, dst = row0 + (p - t0), slot * 64 + p % 64
+        if keys:
+            for part in tl.static_range(2):
+                at = (part * HK + hk) * DK + d
+                tl.store(tail_ptr + dst * CONV + at, tl.load(x_ptr + src * CONV + at))
+        tl.store(tg_ptr + dst * (2 * HV) + hv, tl.load(g_ptr + src * HV + hv).to(tl.float32))
+        beta = tl.load(b_ptr + src * HV + hv).to(tl.float32)
+        tl.store(tg_ptr + dst * (2 * HV) + HV + hv, beta)
 
 
 def rows_lanes(
