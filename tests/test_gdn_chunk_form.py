@@ -127,17 +127,18 @@ def test_forms_differ_in_bits_not_in_tokens_much(hf_tiny_b):
     assert (a - b).abs().max() < 1e-3 * a.abs().max()
 
 
-def test_grid_form_is_the_chunk_reference_on_the_cpu(hf_tiny_b, monkeypatch):
-    """`grid` differs from `chunk` only in the GPU's kernels: the CPU computes both with one
-    reference, so their bits and fingerprints agree there, while a GPU names each form."""
+def test_grid_and_rows_forms_are_the_chunk_reference_on_the_cpu(hf_tiny_b, monkeypatch):
+    """`grid` and `rows` differ from `chunk` only in the GPU's kernels: the CPU computes all three
+    with one reference, so their bits and fingerprints agree there, while a GPU names each."""
     ids = sample_prompt(15, 90, 300)
-    grid = make_engine(hf_tiny_b, gdn_form="grid")
-    assert torch.equal(position_logits(grid, ids), position_logits(_chunk_engine(hf_tiny_b), ids))
+    chunk = position_logits(_chunk_engine(hf_tiny_b), ids)
+    for form in ("grid", "rows"):
+        assert torch.equal(position_logits(make_engine(hf_tiny_b, gdn_form=form), ids), chunk)
     fp = {f: system_fingerprint(hf_tiny_b, torch.float32, "cpu", "d", f) for f in ref.FORMS}
-    assert fp["grid"] == fp["chunk"] != fp["recurrence"]
+    assert fp["grid"] == fp["rows"] == fp["chunk"] != fp["recurrence"]
     monkeypatch.setattr(fingerprint, "device_class", lambda device: "cuda:a card:sm90")
     gpu = {f: system_fingerprint(hf_tiny_b, torch.bfloat16, "cuda", "d", f) for f in ref.FORMS}
-    assert len(set(gpu.values())) == 3
+    assert len(set(gpu.values())) == len(ref.FORMS) == 4
     with pytest.raises(ValueError, match="gdn form 'wy'"):
         make_engine(hf_tiny_b, gdn_form="wy")
 

@@ -86,6 +86,21 @@ def _grid_early_state(x, g, beta, states, shape, lanes):
     return grid_lanes(x, g, beta, states, shape, lanes, FAULT_EARLY_STATE)
 
 
+def _rows_tail_skipped(x, g, beta, states, shape, lanes):
+    """Planted: a block's substitution leaves the tail's rows out of each row's sum (as a
+    decode step that forgot the v' its tail keeps would)."""
+    from ..ops.triton.gated_delta_rows import FAULT_TAIL_SKIPPED, rows_lanes
+
+    return rows_lanes(x, g, beta, states, shape, lanes, FAULT_TAIL_SKIPPED)
+
+
+def _rows_early_state(x, g, beta, states, shape, lanes):
+    """Planted: the rows form's boundary state advances over an unfinished chunk too."""
+    from ..ops.triton.gated_delta_rows import FAULT_EARLY_STATE, rows_lanes
+
+    return rows_lanes(x, g, beta, states, shape, lanes, FAULT_EARLY_STATE)
+
+
 def _split_k(x, w, plan, out=None):
     """Planted: small batches reduce K in two halves added afterwards (cuBLAS's small-M habit)."""
     if x.shape[0] > 16:
@@ -139,6 +154,8 @@ CONTROLS = [  # (kernel, what is planted, faulty implementation)
     ("gdn.chunk", "another row-sum tree for short passes", _short_passes_other_row_sum),
     ("gdn.grid", "a partial chunk's solve skips the tail's rows", _grid_tail_solved),
     ("gdn.grid", "the boundary advances over an unfinished chunk", _grid_early_state),
+    ("gdn.rows", "a block's substitution skips the tail's rows", _rows_tail_skipped),
+    ("gdn.rows", "the boundary advances over an unfinished chunk", _rows_early_state),
     ("conv", "a conv window not carried over", _conv_no_state),
     ("conv", "state left where it was read", _in_place(tconv.conv_lanes)),
 ]

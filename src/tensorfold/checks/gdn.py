@@ -1,4 +1,4 @@
-"""The registry's Gated DeltaNet entries: the per-token recurrence and the two chunk forms, each
+"""The registry's Gated DeltaNet entries: the per-token recurrence and the chunk forms, each
 against the fp32 per-token recurrence on the CPU and its rules (chunks, decode, lanes)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..batch import CHUNK, GDNState, Segment
 from ..ops import gated_delta as ref_gdn
 from ..ops import norm as ref_norm
 from ..ops.dispatch import lane_index
-from ..ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid
+from ..ops.triton import gated_delta, gated_delta_chunk, gated_delta_grid, gated_delta_rows
 from .moe import rel as _rel
 
 
@@ -210,9 +210,11 @@ ENTRIES: list[tuple[str, str, str, str, Callable]] = [  # (name, reference, shap
     ("gdn.recurrence", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv", "ref 1e-2, chunks, lanes", check_recurrence),
     ("gdn.chunk", "ops.gated_delta (fp32)", "GVA Hv/Hk any, dk = dv ≤ 256 power of two", "ref 1e-2, chunks, decode, lanes", check_gdn),
     ("gdn.grid", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv ≥ 16", "ref 1e-2, chunks, decode, lanes", check_gdn),
+    ("gdn.rows", "ops.gated_delta (fp32)", "GVA Hv/Hk any, power-of-two dk, dv ≥ 16", "ref 1e-2, chunks, decode, lanes", check_gdn),
 ]  # fmt: skip
 IMPLS = {
     "gdn.recurrence": gated_delta.gated_delta_lanes,
     "gdn.chunk": gated_delta_chunk.gated_delta_lanes,
     "gdn.grid": gated_delta_grid.grid_lanes,
+    "gdn.rows": gated_delta_rows.rows_lanes,
 }
