@@ -15,7 +15,7 @@
 # prompt's kernel time goes in each form, 4-bit.
 # Settings: MODELS (default bf16,4bit), SIZES (default 2048,8192), LANES (default 1,4); FORM
 # (the engine's form in tests, default grid; rows for the rows form), TESTS_K (their -k), FORMS_K
-# (the layer tests' -k: which forms).
+# (the layer tests' -k: which forms), ONLY (the registry's entries, default gdn.).
 set -u
 OUT=${1:?usage: grid.sh OUT [phases]}
 PHASES=${2:-registry compare layer-tests layer tests model}
@@ -45,7 +45,7 @@ for p in $PHASES; do
                              | grep -E "ran|timing|registry|Error" | head -3 | sed "s/^/[$args] /") &
                      done; wait ;;
         compare)     phase compare 150 $py benchmarks/grid_probe.py compare ;;
-        registry)    phase registry 240 $py -m tensorfold.checks.registry --only gdn. ;;
+        registry)    phase registry 240 $py -m tensorfold.checks.registry --only "${ONLY:-gdn.}" ;;
         layer-tests) phase layer-tests 150 $py -m pytest -q -x tests/test_gpu_gdn_chunk.py \
                          -k "${FORMS_K:-chunk or grid or rows}" ;;
         layer)       TAIL=30 phase layer 240 $py benchmarks/gdn_forms.py --shape 9b ;;
