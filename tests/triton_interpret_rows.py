@@ -114,7 +114,7 @@ def main() -> None:
             assert torch.equal(a.tail[slot, :kept], b.tail[slot, :kept]), step
             assert torch.equal(a.tail_gates[slot, :kept], b.tail_gates[slot, :kept]), step
     # the planted faults, each caught by the check it plants against
-    halves = run([n - 40] + [1] * 40, x, g, beta, fault=form.FAULT_TAIL_SKIPPED)
+    halves = run([37] * 4 + [2], x, g, beta, fault=form.FAULT_TAIL_SKIPPED)
     assert not same(halves, run([n], x, g, beta, fault=form.FAULT_TAIL_SKIPPED))
     early = run([37] * 4 + [2], x, g, beta, fault=form.FAULT_EARLY_STATE)
     assert not same(early, run([n], x, g, beta, fault=form.FAULT_EARLY_STATE))
