@@ -226,6 +226,22 @@ def _grid_chunks(
         _keep_tail(x_ptr, g_ptr, b_ptr, tail_ptr, tg_ptr, slot, t0, total, row0, CONV, HV, CONV)
 
 
+def pass_output(x, states: GDNState, s: GDNShape, lanes: LaneIndex, form: str) -> torch.Tensor:
+    """The outputs [n, Hv, dv] a pass of our chunk kernels writes, after naming what they cannot
+    run: the layer's shape, rows of another width, a pool without arrival counts for its lanes."""
+    refused = grid_kernel_refuses(s)
+    if refused:
+        raise ValueError(refused)
+    if x.shape[-1] != 2 * s.key_dim + s.value_dim:
+        raise ValueError(f"rows of {x.shape[-1]} values, not the layer's q | k | v")
+    count = lanes.slots.shape[0]
+    if states.arrivals is None or count > states.arrivals.shape[0]:
+        raise ValueError(f"the {form} form needs a pool's arrival counts for {count} lanes")
+    # every row of a pass belongs to a lane and is written, unless a graph pads a lane's rows
+    shape = (x.shape[0], s.num_v_heads, s.v_head_dim)
+    return (torch.zeros if lanes.padded else torch.empty)(shape, dtype=x.dtype, device=x.device)
+
+
 def grid_lanes(
     x,
     g,
@@ -246,16 +262,8 @@ def grid_lanes(
     Values other than the defaults (BLOCK_V, NUM_WARPS, read at the call) are for the benchmarks
     only until a card shows their bits equal (the warps decide reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
-    refused = grid_kernel_refuses(s)
-    if refused:
-        raise ValueError(refused)
-    if x.shape[-1] != 2 * s.key_dim + s.value_dim:
-        raise ValueError(f"rows of {x.shape[-1]} values, not the layer's q | k | v")
+    o = pass_output(x, states, s, lanes, "grid")
     n, hv, count = x.shape[0], s.num_v_heads, lanes.slots.shape[0]
-    if states.arrivals is None or count > states.arrivals.shape[0]:
-        raise ValueError(f"the grid form needs a pool's arrival counts for {count} lanes")
-    # every row of a pass belongs to a lane and is written, unless a graph pads a lane's rows
-    o = (torch.zeros if lanes.padded else torch.empty)(n, hv, dv, dtype=x.dtype, device=x.device)
     bv, num_warps = min(block_v or BLOCK_V, dv), num_warps or NUM_WARPS
     per = min(blocks_per_program, dv // bv)
     if n and count:

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ...batch import GDNState, LaneIndex
-from ..gated_delta import GDNShape, grid_kernel_refuses
-from .gated_delta_grid import _gates, _keep_tail, _normed, _rows, _state
+from ..gated_delta import GDNShape
+from .gated_delta_grid import _gates, _keep_tail, _normed, _rows, _state, pass_output
 
 EPS = 1e-6  # the l2 norm's epsilon, as ops/norm.py l2_norm
 BLOCK_V = 64  # value columns a program
@@ -213,15 +213,8 @@ def rows_lanes(
     v' inside the kernel. `block_v` other than BLOCK_V is for the benchmarks only (the value
     block's width decides the layouts, so the reduction trees)."""
     dk, dv = s.k_head_dim, s.v_head_dim
-    refused = grid_kernel_refuses(s)
-    if refused:
-        raise ValueError(refused)
-    if x.shape[-1] != 2 * s.key_dim + s.value_dim:
-        raise ValueError(f"rows of {x.shape[-1]} values, not the layer's q | k | v")
+    o = pass_output(x, states, s, lanes, "rows")
     n, hv, count = x.shape[0], s.num_v_heads, lanes.slots.shape[0]
-    if states.arrivals is None or count > states.arrivals.shape[0]:
-        raise ValueError(f"the rows form needs a pool's arrival counts for {count} lanes")
-    o = (torch.zeros if lanes.padded else torch.empty)(n, hv, dv, dtype=x.dtype, device=x.device)
     bv = min(block_v or BLOCK_V, dv)
     if n and count:
         _row_chunks[(count, hv * (dv // bv))](
