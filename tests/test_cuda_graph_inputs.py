@@ -239,3 +239,4 @@ def test_a_chunk_form_graph_takes_no_write_slots_and_refuses_a_lane_that_asks(hf
 def test_index_lists_become_int64_tensors(values, want):
     got = longs(values)
     assert got.dtype == torch.long and torch.equal(got, torch.tensor(want, dtype=torch.long))
+    assert torch.equal(longs(values, "cpu"), got)  # on a device: the same values

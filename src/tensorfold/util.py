@@ -22,11 +22,14 @@ DTYPES = {
 }
 
 
-def longs(values) -> torch.Tensor:
-    """Python ints (a sequence, or equal-length sequences) as a CPU int64 tensor, made through
+def longs(values, device=None) -> torch.Tensor:
+    """Python ints (a sequence, or equal-length sequences) as an int64 tensor, made through
     numpy: a pass's fed ids and positions, its index lists. torch.tensor from a list reads it
-    element by element: 4.9 against 1.8 µs for 2 × 1 values, 43 against 8 for 2 × 128."""
-    return torch.from_numpy(np.array(values, dtype=np.int64))
+    element by element: 4.9 against 1.8 µs for 2 × 1 values, 43 against 8 for 2 × 128. On
+    `device` by a non-blocking copy (a blocking one waits for the card's queue: an overlapped
+    engine plans the next pass while the card runs this one)."""
+    host = torch.from_numpy(np.array(values, dtype=np.int64))
+    return host if device is None else host.to(device, non_blocking=True)
 
 
 def token_sha(ids: list[int]) -> str:

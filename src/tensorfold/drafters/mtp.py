@@ -96,7 +96,7 @@ class MTPDrafter(Drafter):
     def run(self, kv_rows: torch.Tensor, start: int, tokens: list[int], hidden: torch.Tensor):
         """The head over positions start.. of the lane whose KV rows are `kv_rows`: (last row's
         logits, every row's output)."""
-        ids = longs(tokens).to(self.target.device, non_blocking=True)
+        ids = longs(tokens, self.target.device)
         with torch.inference_mode():
             return self.head.forward(
                 self.target,

@@ -50,7 +50,7 @@ def _catch_up(drafter, lanes, rows) -> None:
         row += n
     last = [s.row0 + s.length - 1 for s in segments]
     dev = drafter.target.device
-    token_ids = longs(ids).to(dev, non_blocking=True)
+    token_ids = longs(ids, dev)
     batch = eager_batch(drafter.target, tuple(segments), token_ids, last)
     hidden = torch.cat([r for _, r in rows]).to(drafter.head.fc.weight.dtype)
     kv = (drafter.kv.k[0], drafter.kv.v[0])

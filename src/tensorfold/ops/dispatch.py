@@ -46,9 +46,7 @@ def lane_index(
     for seg in segments:
         bounds.append(bounds[-1] + seg.length)
     taps, keep = ref_conv.conv_gather(segments, conv_kernel)
-    # non-blocking: a blocking copy to a GPU waits for its queue (an overlapped engine's host
-    # plans the next pass while the card runs this one)
-    as_t = lambda v: longs(v).to(device, non_blocking=True)  # noqa: E731
+    as_t = lambda v: longs(v, device)  # noqa: E731
     plan = None
     if torch.device(device).type == "cuda" and chunked:
         from .triton.gated_delta_chunk import LanePlan

@@ -37,7 +37,7 @@ def eager_batch(
         positions=positions.to(dev, non_blocking=True),  # copies that wait for no queue
         kv_write=torch.cat([s.kv_rows[s.start :] for s in segments]),
         segments=segments,
-        logit_rows=longs(logit_rows).to(dev, non_blocking=True),
+        logit_rows=longs(logit_rows, dev),
         lanes=lane_index(segments, dev, model.config.conv_kernel, model.gdn_form == "chunk"),
     )
 
@@ -135,7 +135,7 @@ class ModelRunner:
             logit_rows += [row + j for j in lane.logits]
             owners += [i] * len(lane.logits)
             row += n
-        ids = longs(ids).to(self.device, non_blocking=True)
+        ids = longs(ids, self.device)
         if plan.fed is not None:
             plan.fed.apply(ids)
         return eager_batch(self.model, tuple(segments), ids, logit_rows), owners

@@ -63,8 +63,7 @@ class Fed:
         if self.rows == tuple(range(r0, r0 + n)) and self.picks == tuple(range(p0, p0 + n)):
             ids[r0 : r0 + n].copy_(self.tokens[p0 : p0 + n])  # the usual step: one device copy
             return
-        at = longs((self.rows, self.picks))  # one copy for both
-        rows, picks = at.to(ids.device, non_blocking=True)
+        rows, picks = longs((self.rows, self.picks), ids.device)  # one copy for both
         ids[rows] = self.tokens[picks].to(ids.dtype)
 
     def shifted(self, after: int, by: int) -> Fed:
