@@ -120,14 +120,10 @@ class Drafting:
         (runner/cuda_graph.py): a padded token is a guess like any draft."""
         if self.lull.holds(running):  # every gate closed at this chance too
             return
-        start = time.perf_counter()
-        looked = self._ask(running)
+        self._ask(running)
         self.lull.begin(running)  # when no lane proposed and every gate stays closed a while
-        if looked:  # a chance's host time a lookup, its bookkeeping included (Gate.found)
-            self.prices.lookups.append((time.perf_counter() - start) / looked)
 
-    def _ask(self, running: list[Request]) -> int:
-        """Asks the lanes whose gates open; returns how many lookups ran on the host."""
+    def _ask(self, running: list[Request]) -> None:
         ready = []
         for req in running:
             d = req.lane.draft
@@ -137,15 +133,17 @@ class Drafting:
             if room > 0:
                 ready.append((req, room))
         if not ready:  # chances counted, nothing to propose (the usual step)
-            return 0
+            return
         ride = self.align and self.can_ride(running)  # proposing changes no lane's room
         if ride and 0 < len(ready) < len(running):
             expected = [req.lane.draft.gate.expected(room) for req, room in ready]
             if not self.pays(running, expected):  # they would not pay for the others' rows
                 self.defer([req for req, _ in ready], len(running))
-                return 0
+                return
         asks = []  # lanes the engine's drafter proposes for, all in one call
-        looked = 0  # lookups on the host (the MTP head's steps are priced in its verify pass)
+        # lookups on the host, timed with their bookkeeping (the MTP head's steps are priced in
+        # its verify pass); only at a chance: a step with no lane asking times nothing
+        looked, start = 0, time.perf_counter()
         for req, room in ready:
             d = req.lane.draft
             unread = req.lane.pending >= 0  # its last token on the device: its drafters guess it
@@ -180,7 +178,8 @@ class Drafting:
                 d.pad(room)
         if ride:
             self.share_pass(running)
-        return looked
+        if looked:  # a chance's host time a lookup (Gate.found)
+            self.prices.lookups.append((time.perf_counter() - start) / looked)
 
     def share_pass(self, running: list[Request]) -> None:
         """An aligned pass replays a graph only when every lane feeds the same rows. When some

@@ -185,7 +185,8 @@ def _own_tail(
     CONV: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
 ):  # fmt: skip
     """A value head's part of its lane's new tail rows: their gates, and where `keys` (its key
-    head's first value head) that key head's q and k."""
+    head's first value head) that key head's q and k (no step reads a tail row's q, but a
+    lane's fingerprint hashes its tail rows whole, so they never hold a slot's old values)."""
     d = tl.arange(0, DK)
     for p in range(tl.maximum(t0, total // 64 * 64), total):
         src, dst = row0 + (p - t0), slot * 64 + p % 64
