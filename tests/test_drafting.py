@@ -429,16 +429,22 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
         (Request(f"r{i}", [1, 2], p), torch.randn(i + 2, 50, generator=g))
         for i, p in enumerate(kinds)
     ]
-    picks = sampler.greedy_picks(lanes)
+    picks, none = sampler.greedy_picks(lanes)
+    assert none == []
     assert picks[0] == lanes[0][1].argmax(-1).tolist() and len(picks[0]) == 2
     assert picks[1] == [] and picks[2] == []
     assert picks[3] == lanes[3][1].argmax(-1).tolist() and len(picks[3]) == 5
     assert reads == [7]  # one argmax for both lanes' rows
+    # drafts left on the device come back with the picks, after them, in the same read
+    drafts = torch.tensor([5, 6, 7], dtype=torch.int32)
+    again, ids = sampler.greedy_picks(lanes, along=drafts)
+    assert again == picks and ids == [5, 6, 7] and reads == [7, 7]
+    assert sampler.greedy_picks(lanes[1:3], along=drafts) == ([[], []], [5, 6, 7])
     # a graph's lanes, each a block of one logits tensor: one argmax over a view of them all
     logits = torch.randn(12, 50, generator=g)
     blocks = [(Request(f"g{i}", [1], kinds[0]), logits[4 * i : 4 * i + 4]) for i in range(3)]
     reads.clear()
-    picks = sampler.greedy_picks(blocks)
+    picks, _ = sampler.greedy_picks(blocks)
     assert sum(picks, []) == logits.argmax(-1).tolist() and reads == [12]
     # two tensors of their own that happen to lie end to end (as two allocations of the GPU's
     # caching allocator may): copied, not viewed past the first one's storage
@@ -448,7 +454,7 @@ def test_greedy_picks_read_every_plain_greedy_lane_at_once():
     assert apart[0].data_ptr() + 800 == apart[1].data_ptr()
     apart[0].copy_(logits[:4])
     apart[1].copy_(logits[4:8])
-    picks = sampler.greedy_picks(
+    picks, _ = sampler.greedy_picks(
         [(Request(f"a{i}", [1], kinds[0]), t) for i, t in enumerate(apart)]
     )
     assert sum(picks, []) == logits[:8].argmax(-1).tolist()

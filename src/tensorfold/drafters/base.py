@@ -130,14 +130,17 @@ class LaneDraft:
             drafter.read_prompt(prompt, upto)
 
 
-def read_drafts(drafts: list[LaneDraft]) -> None:
-    """The proposals left on the device, read back in one copy (after the pass that fed them
-    was launched: the copy waits for it, as the walk does)."""
-    waiting = [d for d in drafts if d.on_device is not None]
-    if not waiting:
-        return
-    ids = torch.cat([d.on_device for d in waiting]).tolist()
+def unread(drafts: list[LaneDraft]) -> torch.Tensor | None:
+    """The proposals left on the device, as one tensor (None when none is): read back after the
+    pass that fed them was launched, in the copy that reads its picks (Sampler.greedy_picks)."""
+    waiting = [d.on_device for d in drafts if d.on_device is not None]
+    return torch.cat(waiting) if waiting else None
+
+
+def take_read(drafts: list[LaneDraft], ids: list[int]) -> None:
+    """The proposals `unread` gave, their ids now read back, kept on the host."""
     at = 0
-    for d in waiting:
-        n = len(d.proposal)
-        d.proposal, d.on_device, at = ids[at : at + n], None, at + n
+    for d in drafts:
+        if d.on_device is not None:
+            n = len(d.proposal)
+            d.proposal, d.on_device, at = ids[at : at + n], None, at + n

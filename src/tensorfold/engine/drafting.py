@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..cache import StatePool
-from ..drafters.base import LaneDraft, LaneDrafter, read_drafts
+from ..drafters.base import LaneDraft, LaneDrafter, take_read, unread
 from ..drafters.choice import DraftConfig, refuse_split_draft
 from ..drafters.gate import MEASURE, LaneHistory, Lull, PassPrices, verify_pays
 from ..drafters.lookup import PredictionDrafter, make_drafter
@@ -318,12 +318,12 @@ class Drafting:
         """Verifies each drafting lane of the pass: {index in work: the events of the tokens it
         committed}. The engine finishes a lane whose last event says it ended."""
         lanes = [i for i, w in enumerate(work) if w.request.drafting]
-        read_drafts([work[i].request.lane.draft for i in lanes])  # left on the device
-        rows = [
-            (work[i].request, logits[i][: len(work[i].request.lane.draft.proposal) + 1])
-            for i in lanes
-        ]
-        picks, restores = sampler.greedy_picks(rows), []
+        drafts = [work[i].request.lane.draft for i in lanes]
+        # a draft left on the device holds its place (PENDING): its rows are known
+        rows = [(work[i].request, logits[i][: len(d.proposal) + 1]) for i, d in zip(lanes, drafts)]
+        picks, ids = sampler.greedy_picks(rows, along=unread(drafts))  # one copy back
+        take_read(drafts, ids)
+        restores = []
         done = {}
         for i, p in zip(lanes, picks):
             price = self.prices.ratio(len(work), work[i].rows)

@@ -127,20 +127,27 @@ class Sampler:
             return int(torch.argmax(row))
         return int(self.sample([(req, row)])[0])  # the batched passes' rule, one row
 
-    def greedy_picks(self, lanes: list[tuple[Request, torch.Tensor]]) -> list[list[int]]:
+    def greedy_picks(
+        self, lanes: list[tuple[Request, torch.Tensor]], along: torch.Tensor | None = None
+    ) -> tuple[list[list[int]], list[int]]:
         """choose_token of every row of each (request, rows) at once where the request is plain
         greedy (its choice does not depend on the tokens before it), else [] for it (choose row
         by row): one argmax over all their rows, read back in one copy (a verify pass of 16 lanes
-        read each lane's apart, a wait on the device each, then launched one argmax a lane)."""
+        read each lane's apart, a wait on the device each, then launched one argmax a lane).
+        `along`: ids on the rows' device read back in the same copy (the drafts a pass fed from
+        the device), returned second."""
         plain = [plain_greedy(req) for req, _ in lanes]
         rows = [x for (_, x), p in zip(lanes, plain) if p]
-        flat = self.greedy(joined(rows)).tolist() if rows else []
+        ids = [self.greedy(joined(rows))] if rows else []
+        if along is not None:
+            ids.append(along.to(torch.long))
+        flat = (torch.cat(ids) if len(ids) > 1 else ids[0]).tolist() if ids else []
         picks, at = [], 0
         for (_, x), p in zip(lanes, plain):
             n = x.shape[0] if p else 0
             picks.append(flat[at : at + n])
             at += n
-        return picks
+        return picks, flat[at:]
 
 
 def joined(rows: list[torch.Tensor]) -> torch.Tensor:
