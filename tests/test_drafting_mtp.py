@@ -344,3 +344,21 @@ def test_an_overlapped_engine_prices_no_pass_while_every_head_rests(hf_mtp, monk
     eng.run_until_done()
     assert req.output_ids == want.output_ids
     assert eng.drafting.stats.proposed == 0 and records == []
+
+
+def test_held_rows_are_the_held_pieces_cut_at_the_last_read_token():
+    """A lane's held states come back as its pieces in order, cut where the read tokens end (an
+    overlapped pass's last row waits for its token): the rows a concatenation would give."""
+    from tensorfold.drafters.mtp import MTPLane
+
+    lane = MTPLane.__new__(MTPLane)
+    lane.pending = [torch.randn(n, 4) for n in (3, 2, 4)]
+    lane.done, lane.upto = 10, 19
+    tokens = list(range(19))  # position 18's next token still on the device: 8 rows read
+    ids, pieces = lane.held(tokens)
+    assert ids == tokens[11:19] and [p.shape[0] for p in pieces] == [3, 2, 3]
+    assert torch.equal(torch.cat(pieces), torch.cat(lane.pending)[:8])
+    ids, pieces = lane.held(tokens + [19])
+    assert len(ids) == 9 and torch.equal(torch.cat(pieces), torch.cat(lane.pending))
+    lane.done = 19
+    assert lane.held(tokens + [19]) is None

@@ -140,10 +140,10 @@ def test_mtp_head_graphs_replay_their_eager_run_and_draft_the_demo():
         rows = torch.randn(n, model.config.hidden_size, generator=g, device="cuda")
         runs = []
         for trial in range(4):  # eager, recorded, replayed, replayed after the other lane
-            graphs.catch_up(lanes[0], 40, ids, rows.to(torch.bfloat16))
+            graphs.catch_up(lanes[0], 40, ids, [rows.to(torch.bfloat16)])
             runs.append(graphs.chain(lanes[0], 40 + n, 4))
             if trial == 2:
-                graphs.catch_up(lanes[1], 7, ids[:1], rows[:1].to(torch.bfloat16))
+                graphs.catch_up(lanes[1], 7, ids[:1], [rows[:1].to(torch.bfloat16)])
                 graphs.chain(lanes[1], 8, 4)
         assert runs[1:] == runs[:1] * 3, n
         assert graphs.catch_ups[n][1].graph is not None

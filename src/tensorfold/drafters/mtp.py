@@ -138,13 +138,20 @@ class MTPLane(LaneDrafter):
         if self.upto - self.done >= self.MOST_PENDING:
             self._catch_up()
 
-    def held(self, tokens: list[int]) -> tuple[list[int], torch.Tensor] | None:
+    def held(self, tokens: list[int]) -> tuple[list[int], list[torch.Tensor]] | None:
         """(t[p+1], h[p]) of the held rows whose next token is read back (an overlapped pass's
-        last row waits for its token, still on the device), or None when there are none."""
+        last row waits for its token, still on the device), or None when there are none; the
+        states as the held pieces, in order (each reader copies them once, where it needs them)."""
         ids = tokens[self.done + 1 : self.upto + 1]
         if not ids:
             return None
-        return ids, torch.cat(self.pending)[: len(ids)]
+        pieces, left = [], len(ids)
+        for piece in self.pending:
+            pieces.append(piece[:left])
+            left -= pieces[-1].shape[0]
+            if not left:
+                break
+        return ids, pieces
 
     def ran(self, n: int) -> None:
         """The head ran the first n held rows: the rest stay held."""
@@ -159,12 +166,13 @@ class MTPLane(LaneDrafter):
         held = self.held(self.req.all_ids)
         if held is None:
             return False
-        ids, rows = held
+        ids, pieces = held
         graphs = self.drafter.graphs
         if graphs is not None and len(ids) <= graphs.rows:
-            graphs.catch_up(self.req.rows(), self.done, ids, rows)
+            graphs.catch_up(self.req.rows(), self.done, ids, pieces)
             self.logits = self.out = None
         else:
+            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
             self.logits, out = self.drafter.run(self.req.lane.kv_rows, self.done, ids, rows)
             self.out = out[-1:]
         self.ran(len(ids))

@@ -52,7 +52,7 @@ def _catch_up(drafter, lanes, rows) -> None:
     dev = drafter.target.device
     token_ids = longs(ids, dev)
     batch = eager_batch(drafter.target, tuple(segments), token_ids, last)
-    hidden = torch.cat([r for _, r in rows]).to(drafter.head.fc.weight.dtype)
+    hidden = torch.cat([p for _, pieces in rows for p in pieces]).to(drafter.head.fc.weight.dtype)
     kv = (drafter.kv.k[0], drafter.kv.v[0])
     with torch.inference_mode():
         logits, x = drafter.head.forward_pass(

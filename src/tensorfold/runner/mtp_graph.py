@@ -82,9 +82,12 @@ class MTPGraphs:
             self.table[0, : place.capacity] = place.kv_rows.to(torch.int32)
             self.member = ((place.key, place.kv_rows),)
 
-    def catch_up(self, place: LaneRows, start: int, ids: list[int], rows: torch.Tensor) -> None:
-        """The head over positions start.. (ids: t[p+1]; rows: h[p]); leaves the first draft in
-        drafts[0] and the last row's output in `out`, where a chain reads them."""
+    def catch_up(
+        self, place: LaneRows, start: int, ids: list[int], pieces: list[torch.Tensor]
+    ) -> None:
+        """The head over positions start.. (ids: t[p+1]; pieces: h[p], in order, copied into the
+        graph's buffer as they are); leaves the first draft in drafts[0] and the last row's
+        output in `out`, where a chain reads them."""
         n = len(ids)
         if n not in self.catch_ups:
             lane = self._lane(n)
@@ -92,7 +95,10 @@ class MTPGraphs:
         lane, run = self.catch_ups[n]
         self._load(place)
         lane.inputs.copy_(longs((ids, range(start, start + n))), non_blocking=True)
-        self.hidden[:n].copy_(rows)
+        at = 0
+        for piece in pieces:
+            self.hidden[at : at + piece.shape[0]].copy_(piece)
+            at += piece.shape[0]
         self.cold_runs += run.cold
         with torch.inference_mode():
             run()
