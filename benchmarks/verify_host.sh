@@ -16,7 +16,8 @@
 # a state left in another slot among them, with their planted controls), demo (the bundled
 # demo plain against drafted at ngram:4, mtp:4 and mtp:7, demo_drafting.py), host (a
 # sequential step's host time by part, step_profile.py; an n-gram lane that drafts nothing
-# against engines of the same work, lookup_cost.py), step (host's step profile alone), base
+# against engines of the same work, lookup_cost.py), step (host's step profile alone), lookup
+# (lookup_cost.py alone), base
 # (the same on the tree at $BASE, default HEAD~1, in the same call), lanes
 # (tests/test_gpu_lanes.py: concurrent = solo and overlapped = sequential at 64 and 256
 # lanes), ops (host_ops.py: what the host's primitives around a replay cost on this machine)
@@ -67,6 +68,8 @@ for p in $PHASES; do
                  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
                      --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
         step)    TAIL=6 within 60 200 host-step $py "${STEP[@]}" ;;
+        lookup)  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
+                     --rounds 100 --variants plain,closed,ngram,plain2,closed2,ngram2 ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
         ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000 ;;
         base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue
