@@ -134,7 +134,9 @@ def unread(drafts: list[LaneDraft]) -> torch.Tensor | None:
     """The proposals left on the device, as one tensor (None when none is): read back after the
     pass that fed them was launched, in the copy that reads its picks (Sampler.greedy_picks)."""
     waiting = [d.on_device for d in drafts if d.on_device is not None]
-    return torch.cat(waiting) if waiting else None
+    if len(waiting) < 2:  # one lane's (or none): itself, no copy
+        return waiting[0] if waiting else None
+    return torch.cat(waiting)
 
 
 def take_read(drafts: list[LaneDraft], ids: list[int]) -> None:
