@@ -48,6 +48,8 @@ again() { verify_checkpoint "$M"; }
 V="$py benchmarks/verify_cost.py --out /tmp/verify --models $M"
 # a sequential step's host time by part (host, step; base on the tree before)
 STEP=(benchmarks/step_profile.py --models "$M" --lanes "${HOST_LANES:-1}" --no-overlap --steps 48)
+# an n-gram lane that drafts nothing against engines of the same work (host, lookup)
+LOOKUP=(benchmarks/lookup_cost.py --device cuda --rounds 100 --variants)
 
 for p in $PHASES; do
     case $p in
@@ -65,11 +67,10 @@ for p in $PHASES; do
         demo)    TAIL=16 within 60 300 demo $py benchmarks/demo_drafting.py --device cuda \
                      --tasks 12 --rounds 3 --drafts ngram:4,mtp:4,mtp:7 ;;
         host)    TAIL=6 within 60 200 host-step $py "${STEP[@]}"
-                 TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
-                     --rounds 100 --variants plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
+                 TAIL=12 within 40 150 host-lookup $py "${LOOKUP[@]}" \
+                     plain,closed,ngram,bare,plain2,closed2,ngram2,bare2 ;;
         step)    TAIL=6 within 60 200 host-step $py "${STEP[@]}" ;;
-        lookup)  TAIL=12 within 40 150 host-lookup $py benchmarks/lookup_cost.py --device cuda \
-                     --rounds 100 --variants plain,closed,ngram,plain2,closed2,ngram2 ;;
+        lookup)  TAIL=12 within 40 150 host-lookup $py "${LOOKUP[@]}" plain,closed,ngram,plain2,closed2,ngram2 ;;
         lanes)   TAIL=8 within 240 450 lanes $py -m pytest -q -x tests/test_gpu_lanes.py ;;
         ops)     TAIL=40 within 20 90 ops $py benchmarks/host_ops.py --reps 1000 ;;
         base)    base_tree "${BASE:-HEAD~1}" /tmp/base || continue

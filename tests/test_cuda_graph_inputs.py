@@ -14,7 +14,7 @@ from tensorfold.engine.passes import logit_rows
 from tensorfold.engine.request import SamplingParams, Watch
 from tensorfold.runner.cuda_graph import PassGraph, graph_rows, lane_logits
 from tensorfold.runner.plan import PassPlan
-from tensorfold.util import longs
+from tensorfold.util import join, longs
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
@@ -240,3 +240,11 @@ def test_index_lists_become_int64_tensors(values, want):
     got = longs(values)
     assert got.dtype == torch.long and torch.equal(got, torch.tensor(want, dtype=torch.long))
     assert torch.equal(longs(values, "cpu"), got)  # on a device: the same values
+
+
+def test_a_lone_tensor_is_joined_as_it_is_and_more_are_concatenated():
+    """util.join: one tensor comes back itself (no copy, no launch on a GPU); several as
+    torch.cat gives them."""
+    a, b = torch.arange(3), torch.arange(3, 5)
+    assert join([a]) is a
+    assert torch.equal(join([a, b]), torch.arange(5))

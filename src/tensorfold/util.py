@@ -32,6 +32,12 @@ def longs(values, device=None) -> torch.Tensor:
     return host if device is None else host.to(device, non_blocking=True)
 
 
+def join(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Tensors as one along their first axis: a lone one as it is (torch.cat would copy it, a
+    launch on a GPU), more joined."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
 def token_sha(ids: list[int]) -> str:
     """sha256 hex of the ids written as comma-separated decimals."""
     return hashlib.sha256(",".join(str(i) for i in ids).encode()).hexdigest()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runner.plan import PENDING
+from ..util import join
 from .gate import Gate
 
 
@@ -134,9 +135,7 @@ def unread(drafts: list[LaneDraft]) -> torch.Tensor | None:
     """The proposals left on the device, as one tensor (None when none is): read back after the
     pass that fed them was launched, in the copy that reads its picks (Sampler.greedy_picks)."""
     waiting = [d.on_device for d in drafts if d.on_device is not None]
-    if len(waiting) < 2:  # one lane's (or none): itself, no copy
-        return waiting[0] if waiting else None
-    return torch.cat(waiting)
+    return join(waiting) if waiting else None
 
 
 def take_read(drafts: list[LaneDraft], ids: list[int]) -> None:

@@ -21,7 +21,7 @@ from ..models.mtp import MTPHead, load_mtp
 from ..models.qwen3_5 import Qwen35Model
 from ..runner.model_runner import SMALL_MODEL_BYTES
 from ..runner.mtp_graph import MTPGraphs
-from ..util import longs
+from ..util import join, longs
 from .base import Drafter, LaneDrafter
 from .mtp_lanes import propose_lanes
 
@@ -172,8 +172,7 @@ class MTPLane(LaneDrafter):
             graphs.catch_up(self.req.rows(), self.done, ids, pieces)
             self.logits = self.out = None
         else:
-            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-            self.logits, out = self.drafter.run(self.req.lane.kv_rows, self.done, ids, rows)
+            self.logits, out = self.drafter.run(self.req.lane.kv_rows, self.done, ids, join(pieces))
             self.out = out[-1:]
         self.ran(len(ids))
         return True

@@ -17,6 +17,7 @@ import torch
 
 from ..ops.sampling import top_logprobs_of
 from ..runner.plan import Fed
+from ..util import join
 from .request import Request
 from .scheduler import Work
 
@@ -110,5 +111,5 @@ def fed(work: list[Work], chosen: Chosen | None) -> Fed | None:
         row0 += w.rows
     if not rows:
         return None
-    tokens = sources[0] if len(sources) == 1 else torch.cat(sources)
+    tokens = join(sources)
     return Fed(tuple(rows), tokens, tuple(picks))

@@ -9,6 +9,7 @@ import torch
 from ..errors import InvalidRequest
 from ..ops import dispatch as op
 from ..ops.sampling import uniform
+from ..util import join
 from .constraints import GrammarBook, end_only, unpack
 from .logits_rules import shape_rows, shapes_logits
 from .request import Request
@@ -141,7 +142,7 @@ class Sampler:
         ids = [self.greedy(joined(rows))] if rows else []
         if along is not None:
             ids.append(along.to(torch.long))
-        flat = (torch.cat(ids) if len(ids) > 1 else ids[0]).tolist() if ids else []
+        flat = join(ids).tolist() if ids else []
         picks, at = [], 0
         for (_, x), p in zip(lanes, plain):
             n = x.shape[0] if p else 0

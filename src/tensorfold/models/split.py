@@ -19,6 +19,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import SplitRefused
+from ..util import join
 
 Ranges = tuple[tuple[int, int], ...]  # row ranges [start, stop) of a weight, in order
 
@@ -183,4 +184,4 @@ def take_rows(t: torch.Tensor, ranges: Ranges | None) -> torch.Tensor:
     if ranges is None:
         return t
     parts = [t[a:b] for a, b in ranges]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return join(parts)
